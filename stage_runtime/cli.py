@@ -1,0 +1,151 @@
+"""``stage-runtime``: generate, validate, make-tiny-model.
+
+Exit codes (DESIGN.md §3): 0 ok, 2 configuration / topology / input error, 1 anything unexpected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from stage_runtime.config import StageConfig, load_config, load_config_file, merge_overrides
+from stage_runtime.errors import ConfigError, InvalidRequestError, ModelLoadError
+
+# CLI flag → (section, field) of StageConfig.
+ENGINE_FLAGS = {
+    "model": ("model", "path"), "served_name": ("model", "served_name"), "dtype": ("model", "dtype"),
+    "device": (None, "device"), "executor": (None, "executor"),
+    "num_gpus": ("parallel", "num_gpus"), "tensor_parallel_size": ("parallel", "tensor_parallel_size"),
+    "ulysses_degree": ("parallel", "ulysses_degree"), "ring_degree": ("parallel", "ring_degree"),
+    "cfg_parallel_size": ("parallel", "cfg_parallel_size"), "data_parallel_size": ("parallel", "data_parallel_size"),
+    "pipeline_parallel_size": ("parallel", "pipeline_parallel_size"),
+    "execution_mode": ("scheduler", "execution_mode"), "max_num_seqs": ("scheduler", "max_num_seqs"),
+    "request_batch_max_wait_ms": ("scheduler", "request_batch_max_wait_ms"),
+    "max_waiting": ("scheduler", "max_waiting"),
+}
+
+
+def add_engine_flags(p: argparse.ArgumentParser, model_required: bool = False) -> None:
+    p.add_argument("--config", help="stage.yaml (explicit flags win over it)")
+    p.add_argument("--model", required=model_required, help="local diffusers pipeline folder")
+    p.add_argument("--served-name")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--executor", help="uni | mp | package.module:Class")
+    for flag in ("num-gpus", "tensor-parallel-size", "ulysses-degree", "ring-degree", "cfg-parallel-size",
+                 "data-parallel-size", "pipeline-parallel-size", "max-num-seqs", "max-waiting"):
+        p.add_argument(f"--{flag}", type=int)
+    p.add_argument("--execution-mode", choices=["request", "step"])
+    p.add_argument("--request-batch-max-wait-ms", type=float)
+
+
+def config_from_args(args: argparse.Namespace) -> StageConfig:
+    overrides: dict = {}
+    for flag, (section, field) in ENGINE_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            (overrides.setdefault(section, {}) if section else overrides)[field] = value
+    if args.config:
+        base = load_config_file(args.config).model_dump(exclude_unset=True)
+        return load_config(merge_overrides(base, overrides))
+    if "model" not in overrides:
+        raise ConfigError("model.path: give --model DIR or --config stage.yaml")
+    return load_config(overrides)
+
+
+def parse_size(size: str) -> tuple[int, int]:
+    try:
+        width, height = (int(v) for v in size.lower().split("x"))
+    except ValueError:
+        raise InvalidRequestError("size", size, "must be WIDTHxHEIGHT, e.g. 64x64") from None
+    return width, height
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    p = config.parallel
+    print(f"topology: {p.describe()}")
+    print(f"executor: {config.resolved_executor}  execution_mode: {config.scheduler.execution_mode}  "
+          f"max_num_seqs: {config.scheduler.max_num_seqs}")
+    for coords in p.rank_layout():
+        print("  rank {0.rank}: tp={0.tp} sp={0.sp} pp={0.pp} cfg={0.cfg} dp={0.dp}".format(coords))
+    return 0
+
+
+def cmd_make_tiny_model(args: argparse.Namespace) -> int:
+    from stage_runtime.models.tiny import make_tiny_model
+
+    t0 = time.perf_counter()
+    out = make_tiny_model(args.out_dir, kind=args.kind, seed=args.seed)
+    print(f"wrote tiny {args.kind} pipeline to {out} in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from stage_runtime.engine import DiffusionEngine
+    from stage_runtime.imageio import encode_png
+
+    config = config_from_args(args)
+    sampling = {"num_inference_steps": args.steps, "seed": args.seed, "guidance_scale": args.guidance,
+                "negative_prompt": args.negative_prompt}
+    if args.size:
+        sampling["width"], sampling["height"] = parse_size(args.size)
+    t0 = time.perf_counter()
+    engine = DiffusionEngine.make_engine(config)
+    t1 = time.perf_counter()
+    try:
+        output = engine.generate(args.prompt, **{k: v for k, v in sampling.items() if v is not None})
+    finally:
+        engine.close()
+    t2 = time.perf_counter()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(encode_png(output.images[0]))
+    t3 = time.perf_counter()
+    print(f"wrote {out.resolve()} ({output.images.shape[2]}x{output.images.shape[1]} PNG, {out.stat().st_size} bytes)")
+    print(json.dumps({"engine_start_s": round(t1 - t0, 3), "generate_s": round(t2 - t1, 3),
+                      "queue_ms": round(output.metrics["queue_ms"], 2), "exec_ms": round(output.metrics["exec_ms"], 2),
+                      "save_s": round(t3 - t2, 3)}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stage-runtime", description="diffstage stage runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate one image through the engine")
+    add_engine_flags(gen)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--negative-prompt")
+    gen.add_argument("--steps", type=int)
+    gen.add_argument("--size", help="WIDTHxHEIGHT")
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--guidance", type=float)
+    gen.add_argument("--out", default="out.png")
+    gen.set_defaults(func=cmd_generate)
+    val = sub.add_parser("validate", help="validate a configuration and print its topology")
+    add_engine_flags(val)
+    val.set_defaults(func=cmd_validate)
+    tiny = sub.add_parser("make-tiny-model", help="write a tiny random-weight diffusers pipeline")
+    tiny.add_argument("out_dir")
+    tiny.add_argument("--kind", choices=["sd", "dit"], default="sd")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=cmd_make_tiny_model)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "validate" and not (args.model or args.config):
+        args.model = "<unset>"          # validate checks the topology; the model folder is not opened
+    try:
+        return args.func(args)
+    except (ConfigError, ModelLoadError, InvalidRequestError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

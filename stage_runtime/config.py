@@ -1,0 +1,277 @@
+"""Stage configuration and parallel topology — the single source of truth for both halves.
+
+Imported by the stage process *and* the Kubernetes operator, so it must never import torch or
+diffusers and never reads the environment. Edge functions (:func:`load_config`,
+:func:`load_config_file`) turn every validation failure into one :class:`ConfigError` whose
+one-line message names each bad field and its value (a stage exits 2 on it).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from stage_runtime.errors import ConfigError
+
+__all__ = [
+    "ConfigError", "ExecutionMode", "ParallelDim", "ModelConfig", "ParallelConfig", "SchedulerConfig",
+    "StageConfig", "RankCoords", "load_config", "load_config_file", "merge_overrides",
+]
+
+ExecutionMode = Literal["request", "step"]
+ParallelDim = Literal["tp", "sp", "pp", "cfg", "dp"]
+# Rank layout order, fastest-varying first (Megatron-style orthogonal groups): tp-sp-pp-cfg-dp.
+_LAYOUT: tuple[str, ...] = ("tp", "sp", "pp", "cfg", "dp")
+_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_import_path(field: str, value: str, also: str = "") -> str:
+    if not _IMPORT_PATH.match(value):
+        raise ValueError(f"{field} must be {also}'package.module:ClassName', got {value!r}")
+    return value
+
+
+class ModelConfig(BaseModel):
+    """Which local diffusers folder to serve (existence is checked at load time, not here)."""
+
+    model_config = _FROZEN
+    path: str = Field(min_length=1)
+    served_name: str | None = None
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    adapter: str | None = None  # "package.module:ClassName", overrides the pipeline registry
+
+    @field_validator("adapter")
+    @classmethod
+    def _adapter_path(cls, v: str | None) -> str | None:
+        return None if v is None else _check_import_path("adapter", v)
+
+
+class RankCoords(NamedTuple):
+    """One rank's coordinates in the tp-sp-pp-cfg-dp grid."""
+
+    rank: int
+    tp: int
+    sp: int
+    pp: int
+    cfg: int
+    dp: int
+
+
+class ParallelConfig(BaseModel):
+    """Parallel topology. Fields hold what the user gave; derived sizes are properties.
+
+    world_size = TP × SP × PP × CFG × DP, with SP = ulysses × ring, and DP inferred from
+    ``num_gpus`` (the WORLD) when not given.
+    """
+
+    model_config = _FROZEN
+    tensor_parallel_size: int = Field(1, ge=1)
+    ulysses_degree: int = Field(1, ge=1)
+    ring_degree: int = Field(1, ge=1)
+    sequence_parallel_size: int | None = Field(None, ge=1)  # derived = ulysses × ring
+    cfg_parallel_size: int = Field(1, ge=1, le=2)  # cond / uncond branches
+    data_parallel_size: int | None = Field(None, ge=1)  # inferred from num_gpus when None
+    pipeline_parallel_size: int = Field(1, ge=1)
+    num_gpus: int | None = Field(None, ge=1)  # the WORLD: ranks (GPUs, or CPU processes)
+
+    @model_validator(mode="after")
+    def _check_topology(self) -> ParallelConfig:
+        # Rule: SP is derived from ulysses × ring; an explicit value must equal exactly that product.
+        sp = self.ulysses_degree * self.ring_degree
+        if self.sequence_parallel_size is not None and self.sequence_parallel_size != sp:
+            raise ValueError(
+                f"sequence_parallel_size={self.sequence_parallel_size} does not match "
+                f"ulysses_degree({self.ulysses_degree}) × ring_degree({self.ring_degree}) = {sp}")
+        # Rule: the WORLD must be divisible by the model-parallel product; DP is the quotient, and an
+        # explicit DP must equal it. (PP > 1 only enters this arithmetic; the runtime may refuse it.)
+        if self.num_gpus is not None:
+            mp = self.model_parallel_size
+            if self.num_gpus % mp:
+                raise ValueError(f"num_gpus={self.num_gpus} is not divisible by {self._mp_terms()} = {mp}")
+            dp = self.num_gpus // mp
+            if self.data_parallel_size is not None and self.data_parallel_size != dp:
+                raise ValueError(
+                    f"data_parallel_size={self.data_parallel_size} does not match the value derived from "
+                    f"num_gpus={self.num_gpus} / ({self._mp_terms()} = {mp}) = {dp}")
+        # Rule: TP without Ulysses works but usually leaves attention unsharded — warn, don't fail.
+        if self.tensor_parallel_size > 1 and self.ulysses_degree == 1:
+            warnings.warn(
+                f"tensor_parallel_size={self.tensor_parallel_size} with ulysses_degree=1: consider "
+                "Ulysses sequence parallelism for attention-heavy DiT models", UserWarning, stacklevel=2)
+        return self
+
+    def _mp_terms(self) -> str:
+        return (f"tensor_parallel_size({self.tensor_parallel_size}) × sequence_parallel_size({self.sp_size})"
+                f" × pipeline_parallel_size({self.pipeline_parallel_size})"
+                f" × cfg_parallel_size({self.cfg_parallel_size})")
+
+    @property
+    def sp_size(self) -> int:
+        return self.ulysses_degree * self.ring_degree
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tensor_parallel_size * self.sp_size * self.pipeline_parallel_size * self.cfg_parallel_size
+
+    @property
+    def world_size(self) -> int:
+        if self.num_gpus is not None:
+            return self.num_gpus
+        return self.model_parallel_size * (self.data_parallel_size or 1)
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size // self.model_parallel_size
+
+    def sizes(self) -> dict[str, int]:
+        """Resolved size per dimension, in layout order (tp fastest, dp slowest)."""
+        return {"tp": self.tensor_parallel_size, "sp": self.sp_size, "pp": self.pipeline_parallel_size,
+                "cfg": self.cfg_parallel_size, "dp": self.dp_size}
+
+    def rank_layout(self) -> list[RankCoords]:
+        """Coordinates of every rank: rank = tp + TP*(sp + SP*(pp + PP*(cfg + CFG*dp)))."""
+        sizes = self.sizes()
+        out = []
+        for rank in range(self.world_size):
+            rest, coords = rank, []
+            for dim in _LAYOUT:
+                rest, c = divmod(rest, sizes[dim])
+                coords.append(c)
+            out.append(RankCoords(rank, *coords))
+        return out
+
+    def group_ranks(self, dim: ParallelDim) -> list[list[int]]:
+        """Process groups along ``dim``: ranks that differ only in that coordinate, ordered by rank."""
+        if dim not in _LAYOUT:
+            raise ValueError(f"unknown parallel dimension {dim!r}; expected one of {', '.join(_LAYOUT)}")
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for rc in self.rank_layout():
+            key = tuple(getattr(rc, d) for d in _LAYOUT if d != dim)
+            groups.setdefault(key, []).append(rc.rank)
+        return list(groups.values())
+
+    def describe(self) -> str:
+        """One line, e.g. ``world_size=4 (tp=1 sp=1[ulysses=1 ring=1] pp=1 cfg=2 dp=2)``."""
+        return (f"world_size={self.world_size} (tp={self.tensor_parallel_size} sp={self.sp_size}"
+                f"[ulysses={self.ulysses_degree} ring={self.ring_degree}] pp={self.pipeline_parallel_size}"
+                f" cfg={self.cfg_parallel_size} dp={self.dp_size})")
+
+
+class SchedulerConfig(BaseModel):
+    """Scheduling policy. ``streaming_output=True`` resolves ``execution_mode`` to ``"step"``."""
+
+    model_config = _FROZEN
+    execution_mode: ExecutionMode = "request"
+    max_num_seqs: int = Field(1, ge=1, le=1024)
+    request_batch_max_wait_ms: float = Field(0.0, ge=0, allow_inf_nan=False)
+    max_waiting: int = Field(256, ge=1)  # bounded waiting queue
+    streaming_output: bool = False
+
+    @model_validator(mode="after")
+    def _streaming_implies_step(self) -> SchedulerConfig:
+        if self.streaming_output and self.execution_mode != "step":
+            if "execution_mode" in self.model_fields_set:
+                raise ValueError("streaming_output=True requires execution_mode='step', "
+                                 "but execution_mode='request' was set explicitly")
+            object.__setattr__(self, "execution_mode", "step")  # frozen: resolve in place once
+        return self
+
+
+class StageConfig(BaseModel):
+    """Everything one stage process needs; the top level of ``stage.yaml``."""
+
+    model_config = _FROZEN
+    model: ModelConfig
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    executor: str | None = None  # "uni" | "mp" | "package.module:ClassName"; None → resolved_executor
+    warmup: bool = True
+
+    @field_validator("executor")
+    @classmethod
+    def _executor_name(cls, v: str | None) -> str | None:
+        return v if v in (None, "uni", "mp") else _check_import_path("executor", v, "'uni', 'mp' or ")
+
+    @model_validator(mode="after")
+    def _executor_fits_world(self) -> StageConfig:
+        world = self.parallel.world_size
+        if self.executor == "uni" and world > 1:
+            raise ValueError(f"executor='uni' runs exactly one rank but world_size={world}; "
+                             "use executor='mp' (or leave executor unset)")
+        return self
+
+    @property
+    def resolved_executor(self) -> str:
+        """``executor`` if given, else ``"uni"`` for a world of one rank and ``"mp"`` otherwise."""
+        if self.executor is not None:
+            return self.executor
+        return "uni" if self.parallel.world_size == 1 else "mp"
+
+
+def _format_errors(exc: ValidationError) -> str:
+    """One line: each problem as ``dotted.path=<input!r>: msg``, joined by '; '."""
+    problems = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            problems.append(f"unknown field {loc} (Extra inputs are not permitted)")
+        elif err["type"] == "missing":
+            problems.append(f"{loc}: Field required")
+        elif isinstance(err.get("input"), dict):  # model-level rule: the message names fields itself
+            problems.append(f"{loc}: {msg}" if loc else msg)
+        else:
+            problems.append(f"{loc}={err.get('input')!r}: {msg}")
+    return "; ".join(problems)
+
+
+def load_config(data: dict) -> StageConfig:
+    """Validate a StageConfig dict; raise :class:`ConfigError` naming every bad field."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"stage config must be a mapping, got {type(data).__name__}")
+    try:
+        return StageConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid stage config: {_format_errors(exc)}") from None
+
+
+def load_config_file(path: str | Path) -> StageConfig:
+    """Load a YAML file whose top level is the StageConfig dict."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return load_config(data)
+    except ConfigError as exc:
+        raise ConfigError(f"config file {str(path)!r}: {exc}") from None
+
+
+def merge_overrides(base: dict, overrides: dict) -> dict:
+    """Deep-merge ``overrides`` onto a copy of ``base``; None override values are ignored.
+
+    Used by the CLI: ``--config stage.yaml`` is the base and explicit flags win.
+    """
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if isinstance(value, dict):
+            current = merged.get(key)
+            merged[key] = merge_overrides(current if isinstance(current, dict) else {}, value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+

@@ -1,0 +1,19 @@
+"""Startup checks: can this model run in the configured execution mode?"""
+
+from __future__ import annotations
+
+from stage_runtime.config import StageConfig
+from stage_runtime.errors import ConfigError
+from stage_runtime.models.info import ModelInfo
+
+
+def check_execution_mode(config: StageConfig, info: ModelInfo) -> None:
+    """Fail at startup, never silently: step mode needs the step contract, fused batches need batch support."""
+    sched = config.scheduler
+    if sched.execution_mode == "step" and not info.supports_step_execution:
+        why = "streaming_output needs step mode, and " if sched.streaming_output else ""
+        raise ConfigError(f"scheduler.execution_mode='step': {why}pipeline {info.pipeline_class} "
+                          f"(adapter {info.adapter}) does not implement step execution")
+    if sched.execution_mode == "request" and sched.max_num_seqs > 1 and not info.supports_request_batch:
+        raise ConfigError(f"scheduler.max_num_seqs={sched.max_num_seqs}: pipeline {info.pipeline_class} cannot "
+                          f"fuse requests into one call; use max_num_seqs=1")

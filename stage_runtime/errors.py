@@ -1,0 +1,77 @@
+"""The errors diffstage raises on purpose, as one tree.
+
+    DiffStageError
+    ├── ConfigError            bad configuration or topology        CLI exit 2, HTTP 400
+    ├── ModelLoadError         the model folder cannot be served    CLI exit 2
+    ├── RequestError           one request's fault; never the engine's
+    │   ├── InvalidRequestError    bad parameters                   HTTP 400 (names the field)
+    │   ├── DuplicateRequestError  request id already in flight     HTTP 409
+    │   ├── QueueFullError         waiting queue at max_waiting      HTTP 429
+    │   ├── RequestAbortedError    aborted by a client or a drain    HTTP 409
+    │   └── RequestFailedError     the pipeline call failed          HTTP 500
+    ├── EngineStartupError     warmup or startup failed             CLI exit 1
+    ├── EngineClosedError      the engine is closed or closing       HTTP 503
+    └── EngineDeadError        a worker died / collective failed     HTTP 503, exit 3
+
+Per-request failures stay per-request: they end one request's stream and never the engine.
+"""
+
+
+class DiffStageError(Exception):
+    """Root of every error diffstage raises on purpose."""
+
+
+class ConfigError(DiffStageError, ValueError):
+    """Bad configuration or parallel topology (a stage exits 2 on it)."""
+
+
+class ModelLoadError(DiffStageError):
+    """The model folder is missing, unreadable, or its pipeline is not supported."""
+
+
+class RequestError(DiffStageError):
+    """A failure that belongs to one request."""
+
+    error_type = "request_error"
+
+
+class InvalidRequestError(RequestError, ValueError):
+    """Bad request parameters; ``field`` names the offending one."""
+
+    error_type = "invalid_request_error"
+
+    def __init__(self, field: str, value: object, reason: str):
+        self.field, self.value = field, value
+        super().__init__(f"{field}={value!r}: {reason}")
+
+
+class DuplicateRequestError(RequestError, ValueError):
+    error_type = "duplicate_request_id"
+
+
+class QueueFullError(RequestError):
+    error_type = "queue_full"
+
+
+class RequestAbortedError(RequestError):
+    error_type = "request_aborted"
+
+
+class RequestFailedError(RequestError):
+    error_type = "request_failed"
+
+
+class EngineClosedError(DiffStageError, RuntimeError):
+    error_type = "engine_closed"
+
+
+class EngineDeadError(DiffStageError, RuntimeError):
+    """A worker died or a collective failed: the engine is latched dead (fail closed)."""
+
+    error_type = "engine_dead"
+
+
+class EngineStartupError(DiffStageError, RuntimeError):
+    """The engine could not start (e.g. the warmup request failed); it was closed again."""
+
+    error_type = "engine_startup"

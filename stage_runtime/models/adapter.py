@@ -1,0 +1,105 @@
+"""PipelineAdapter: what the runner needs from a model, over a real diffusers pipeline.
+
+An adapter declares what the model supports (request batching, step execution), loads the pipeline
+from a local folder, validates a request against the model, and runs a fused batch of compatible
+requests as ONE pipeline call with one generator per image. It never admits, batches, cancels or
+routes requests: that is the scheduler's and the engine's job.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import numpy as np
+import torch
+from diffusers import DiffusionPipeline
+from diffusers.utils import logging as diffusers_logging
+from diffusers.models.attention_processor import Attention
+
+from stage_runtime.models.info import ModelInfo
+from stage_runtime.request import DiffusionRequest
+
+diffusers_logging.disable_progress_bar()
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class PipelineAdapter(ABC):
+    supports_request_batch: ClassVar[bool] = True
+    supports_step_execution: ClassVar[bool] = False
+    default_steps: ClassVar[int] = 20
+    default_guidance: ClassVar[float] = 7.5
+
+    def __init__(self, pipeline: DiffusionPipeline, device: torch.device):
+        self.pipe = pipeline
+        self.device = device
+        self.pipe.set_progress_bar_config(disable=True)
+
+    @classmethod
+    def load(cls, path: str, device: torch.device, dtype: str = "float32") -> "PipelineAdapter":
+        pipe = DiffusionPipeline.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True)
+        return cls(pipe.to(device), device)
+
+    @property
+    def vae_scale_factor(self) -> int:
+        return 2 ** (len(self.pipe.vae.config.block_out_channels) - 1)
+
+    # -- what the model is -----------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def denoiser(self) -> torch.nn.Module:
+        """The UNet / transformer: called exactly once per denoising step (CFG rows are fused)."""
+
+    @abstractmethod
+    def default_size(self) -> tuple[int, int]:
+        """(height, width) served when a request gives none."""
+
+    fixed_size: ClassVar[bool] = False
+
+    def size_multiple(self) -> int:
+        return 8
+
+    def info(self) -> ModelInfo:
+        height, width = self.default_size()
+        cls = type(self)
+        return ModelInfo(
+            pipeline_class=type(self.pipe).__name__, adapter=f"{cls.__module__}:{cls.__qualname__}",
+            default_height=height, default_width=width, default_steps=self.default_steps,
+            default_guidance=self.default_guidance, size_multiple=self.size_multiple(), fixed_size=self.fixed_size,
+            supports_request_batch=self.supports_request_batch,
+            supports_step_execution=self.supports_step_execution,
+            num_attention_heads=self.num_attention_heads())
+
+    def num_attention_heads(self) -> int:
+        """The head count every attention layer of the denoiser is divisible by (gcd over layers)."""
+        heads = [m.heads for m in self.denoiser.modules() if isinstance(m, Attention)]
+        return math.gcd(*heads) if heads else 1
+
+    # -- serving ---------------------------------------------------------------------------------------
+    def check_request(self, request: DiffusionRequest) -> None:
+        """Raise InvalidRequestError when this model cannot serve the (resolved) request."""
+
+    @abstractmethod
+    def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
+        """One pipeline call for key-compatible requests → uint8 images (n, H, W, 3) by request id."""
+
+    # -- helpers for subclasses -------------------------------------------------------------------------
+    @staticmethod
+    def generators(requests: list[DiffusionRequest]) -> list[torch.Generator]:
+        """One CPU generator per image, seeded seed+i: a request's images do not depend on its batch-mates."""
+        return [torch.Generator("cpu").manual_seed(r.sampling.seed + i)
+                for r in requests for i in range(r.sampling.num_outputs)]
+
+    @staticmethod
+    def split_images(requests: list[DiffusionRequest], images: np.ndarray) -> dict[str, np.ndarray]:
+        """Slice fused float images in [0, 1] back per request (rows are in request order)."""
+        pixels = (np.asarray(images) * 255).round().clip(0, 255).astype(np.uint8)
+        out, row = {}, 0
+        for r in requests:
+            n = r.sampling.num_outputs
+            out[r.request_id] = pixels[row:row + n]
+            row += n
+        if row != len(pixels):
+            raise RuntimeError(f"pipeline returned {len(pixels)} images for {row} requested")
+        return out

@@ -1,0 +1,20 @@
+"""What the engine needs to know about a loaded model, as plain data (crosses processes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    pipeline_class: str              # diffusers class name from model_index.json, e.g. "StableDiffusionPipeline"
+    adapter: str                     # "module:Class" of the adapter serving it
+    default_height: int
+    default_width: int
+    default_steps: int
+    default_guidance: float
+    size_multiple: int               # height and width must be multiples of this
+    fixed_size: bool                 # True when the model only serves (default_height, default_width), e.g. DiT
+    supports_request_batch: bool     # several requests fused into one pipeline call
+    supports_step_execution: bool    # the four-method step contract (step mode)
+    num_attention_heads: int         # of the denoiser; topology checks (Ulysses degree must divide it)

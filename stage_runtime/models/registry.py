@@ -1,0 +1,55 @@
+"""Pipeline registry: the diffusers class named in ``model_index.json`` → the adapter that serves it.
+
+Entries are import paths, imported only when a model is loaded (the registry itself never imports torch).
+``model.adapter`` in the stage config overrides the lookup with any ``package.module:Class``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+from stage_runtime.config import ModelConfig
+from stage_runtime.errors import ModelLoadError
+
+ADAPTERS: dict[str, str] = {
+    "StableDiffusionPipeline": "stage_runtime.models.sd:StableDiffusionAdapter",
+    "DiTPipeline": "stage_runtime.models.dit:DiTAdapter",
+}
+
+
+def read_pipeline_class(model_path: str | Path) -> str:
+    """The ``_class_name`` of a local diffusers pipeline folder."""
+    index = Path(model_path) / "model_index.json"
+    if not index.is_file():
+        raise ModelLoadError(f"model.path={str(model_path)!r}: no model_index.json (not a diffusers pipeline folder)")
+    try:
+        return json.loads(index.read_text())["_class_name"]
+    except (ValueError, KeyError) as exc:
+        raise ModelLoadError(f"model.path={str(model_path)!r}: unreadable model_index.json ({exc})") from None
+
+
+def import_object(path: str) -> type:
+    """Import ``package.module:Name``."""
+    module_name, _, attr = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ModelLoadError(f"cannot import {path!r}: {exc}") from None
+
+
+def resolve_adapter_path(model: ModelConfig) -> str:
+    if model.adapter:
+        return model.adapter
+    pipeline_class = read_pipeline_class(model.path)
+    try:
+        return ADAPTERS[pipeline_class]
+    except KeyError:
+        raise ModelLoadError(
+            f"model.path={model.path!r}: pipeline class {pipeline_class!r} is not supported "
+            f"(supported: {', '.join(sorted(ADAPTERS))})") from None
+
+
+def resolve_adapter_class(model: ModelConfig) -> type:
+    return import_object(resolve_adapter_path(model))

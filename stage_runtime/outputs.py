@@ -1,0 +1,69 @@
+"""Outputs as plain data: what the runner returns per request and what a request's stream delivers.
+
+Nothing here holds a tensor or a callable: images are numpy uint8 arrays, shape (num_outputs, H, W, 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class RunnerOutput:
+    """One request's result from one executed wave (request mode) or tick (step mode)."""
+
+    request_id: str
+    images: np.ndarray | None = None        # uint8 (num_outputs, H, W, 3), set when finished without error
+    error: str | None = None                 # this request failed; its batch-mates are unaffected
+    aborted: bool = False                    # the runner stopped computing it because it was aborted
+    step_index: int | None = None            # denoising steps completed so far
+    finished: bool = True
+
+
+@dataclass
+class BatchRunnerOutput:
+    """Results of one execute call, looked up by request id (never by position)."""
+
+    outputs: dict[str, RunnerOutput] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, *outputs: RunnerOutput) -> "BatchRunnerOutput":
+        return cls({o.request_id: o for o in outputs})
+
+    def get(self, request_id: str) -> RunnerOutput | None:
+        return self.outputs.get(request_id)
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """A denoising step finished for these requests (emitted during execution)."""
+
+    request_ids: tuple[str, ...]
+    step_index: int                          # steps completed
+    num_steps: int
+
+
+@dataclass
+class DiffusionOutput:
+    """What a request's output stream yields. Exactly one item per request has ``finished=True``."""
+
+    request_id: str
+    finished: bool = True
+    images: np.ndarray | None = None         # uint8 (num_outputs, H, W, 3) on success
+    error: str | None = None
+    error_type: str | None = None            # an errors.* error_type, e.g. "request_aborted"
+    step_index: int | None = None            # progress items: steps done of num_steps
+    num_steps: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)   # queue_ms, exec_ms, e2e_ms
+
+    @property
+    def ok(self) -> bool:
+        return self.finished and self.error is None and self.images is not None
+
+    def summary(self) -> dict[str, Any]:
+        shape = None if self.images is None else list(self.images.shape)
+        return {"request_id": self.request_id, "finished": self.finished, "error": self.error,
+                "error_type": self.error_type, "images": shape, "metrics": self.metrics}

@@ -1,0 +1,118 @@
+"""Requests: sampling parameters (validated at the edge), the request record and its state machine.
+
+    add_request → WAITING ──schedule──► RUNNING ──ok───────────► FINISHED_COMPLETED
+                     │                     ├──error / missing───► FINISHED_ERROR
+                     │                     └──abort─────────────► FINISHED_ABORTED
+                     └──abort──────────────────────────────────► FINISHED_ABORTED
+
+No torch here: the scheduler and the HTTP edge import this module.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+import time
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from stage_runtime.errors import InvalidRequestError
+from stage_runtime.models.info import ModelInfo
+
+MAX_PROMPT_CHARS = 2000
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    FINISHED_COMPLETED = 2
+    FINISHED_ABORTED = 3
+    FINISHED_ERROR = 4
+
+    @property
+    def finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_COMPLETED
+
+
+class SamplingParams(BaseModel):
+    """Per-request knobs. ``None`` means "the model's default", filled in once at admission."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_inference_steps: int | None = Field(None, ge=1, le=1000)
+    height: int | None = Field(None, ge=8, le=4096)
+    width: int | None = Field(None, ge=8, le=4096)
+    guidance_scale: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
+    negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    num_outputs: int = Field(1, ge=1, le=16)      # images for this one prompt ("n")
+
+    @classmethod
+    def parse(cls, data: dict) -> "SamplingParams":
+        """Validate untrusted input; the first problem becomes an InvalidRequestError naming the field."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"]) or "sampling"
+            raise InvalidRequestError(loc, err.get("input"), err["msg"]) from None
+
+
+class RequestBatchKey(NamedTuple):
+    """Requests fuse into one pipeline call only when every field here is equal (request mode)."""
+
+    height: int
+    width: int
+    num_inference_steps: int
+    guidance_scale: float
+
+
+@dataclass
+class DiffusionRequest:
+    """One prompt, one request id. The full request crosses to the workers once; after that only its id."""
+
+    request_id: str
+    prompt: str
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise InvalidRequestError("request_id", self.request_id, "must be a non-empty string")
+        if not isinstance(self.prompt, str):
+            raise InvalidRequestError("prompt", self.prompt, "must be a string")
+        if len(self.prompt) > MAX_PROMPT_CHARS:
+            raise InvalidRequestError("prompt", f"<{len(self.prompt)} chars>", f"longer than {MAX_PROMPT_CHARS} characters")
+        if self.sampling.seed is None:
+            # Assigned at creation so every rank (and a retry) derives the same generator.
+            self.sampling = self.sampling.model_copy(update={"seed": secrets.randbits(63)})
+
+    @property
+    def batch_key(self) -> RequestBatchKey:
+        s = self.sampling
+        return RequestBatchKey(s.height, s.width, s.num_inference_steps, s.guidance_scale)
+
+    @property
+    def num_steps(self) -> int:
+        return self.sampling.num_inference_steps or 0
+
+    def resolve(self, info: ModelInfo) -> "DiffusionRequest":
+        """Fill model defaults and check the request against what the model can serve (once, at admission)."""
+        s = self.sampling
+        height = s.height or info.default_height
+        width = s.width or info.default_width
+        for name, value, default in (("height", height, info.default_height), ("width", width, info.default_width)):
+            if info.fixed_size and value != default:
+                raise InvalidRequestError(
+                    name, value, f"{info.pipeline_class} only serves {info.default_width}x{info.default_height}")
+            if value % info.size_multiple:
+                raise InvalidRequestError(name, value, f"must be a multiple of {info.size_multiple}")
+        resolved = s.model_copy(update={
+            "height": height,
+            "width": width,
+            "num_inference_steps": s.num_inference_steps or info.default_steps,
+            "guidance_scale": info.default_guidance if s.guidance_scale is None else s.guidance_scale,
+        })
+        return replace(self, sampling=resolved)

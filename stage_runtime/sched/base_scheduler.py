@@ -1,0 +1,155 @@
+"""BaseScheduler: request states, the FIFO waiting queue, the running set, capacity and terminal transitions.
+
+Subclasses decide the compatibility key and how an execution result updates a request
+(``RequestScheduler``: whole requests per wave; ``StepScheduler``: one denoising step per tick).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+
+from stage_runtime.config import SchedulerConfig
+from stage_runtime.errors import DuplicateRequestError, QueueFullError
+from stage_runtime.outputs import BatchRunnerOutput, RunnerOutput
+from stage_runtime.request import DiffusionRequest, RequestStatus
+from stage_runtime.sched.output import NewRequestData, SchedulerOutput
+
+
+@dataclass
+class RequestState:
+    request: DiffusionRequest
+    key: Hashable
+    status: RequestStatus = RequestStatus.WAITING
+    error: str | None = None
+    result: RunnerOutput | None = None
+    step_index: int = 0
+    queued_at: float = 0.0
+    scheduled_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+class BaseScheduler(ABC):
+    def __init__(self, config: SchedulerConfig):
+        self.max_num_running_reqs = max(1, config.max_num_seqs)
+        self.max_waiting = config.max_waiting
+        self._states: dict[str, RequestState] = {}      # every request not yet popped by the engine
+        self._waiting: deque[str] = deque()
+        self._running: list[str] = []
+        self._running_key: Hashable | None = None
+        self._finished_since_schedule: set[str] = set()
+        self._step_id = 0
+
+    # -- policy hooks ---------------------------------------------------------------------------------
+    @abstractmethod
+    def compatibility_key(self, request: DiffusionRequest) -> Hashable:
+        """Requests run in the same wave only when their keys are equal."""
+
+    @abstractmethod
+    def update_from_output(self, sched_out: SchedulerOutput, runner_out: BatchRunnerOutput) -> list[str]:
+        """Apply one execution result; return the ids that became terminal."""
+
+    # -- admission --------------------------------------------------------------------------------------
+    def add_request(self, request: DiffusionRequest) -> str:
+        rid = request.request_id
+        if rid in self._states:
+            raise DuplicateRequestError(f"request_id={rid!r} is already in flight")
+        if len(self._waiting) >= self.max_waiting:
+            raise QueueFullError(f"waiting queue is full ({len(self._waiting)} of max_waiting={self.max_waiting})")
+        self._states[rid] = RequestState(request, self.compatibility_key(request), queued_at=time.monotonic())
+        self._waiting.append(rid)
+        return rid
+
+    def schedule(self) -> SchedulerOutput:
+        # NOTE: FIFO. Running requests go out as cached ids. The waiting head is admitted while capacity
+        # remains and its key equals the running key (the first admitted request defines it). The first
+        # incompatible head stops admission: head-of-line blocking is deliberate (no reordering, so no
+        # request can starve behind later compatible ones).
+        self._step_id += 1
+        out = SchedulerOutput(step_id=self._step_id, scheduled_cached_req_ids=list(self._running))
+        now = time.monotonic()
+        while self._waiting and len(self._running) < self.max_num_running_reqs:
+            state = self._states[self._waiting[0]]
+            if self._running and state.key != self._running_key:
+                break
+            self._waiting.popleft()
+            if not self._running:
+                self._running_key = state.key
+            state.status, state.scheduled_at = RequestStatus.RUNNING, now
+            self._running.append(state.request_id)
+            out.scheduled_new_reqs.append(NewRequestData(state.request_id, state.request))
+        out.finished_req_ids, self._finished_since_schedule = self._finished_since_schedule, set()
+        out.num_waiting_reqs = len(self._waiting)
+        return out
+
+    # -- terminal transitions ---------------------------------------------------------------------------
+    def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus,
+                        error: str | None = None) -> list[str]:
+        """Move known, unfinished requests to a terminal status; unknown or finished ids are ignored."""
+        assert status.finished, status
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        done = []
+        for rid in ids:
+            state = self._states.get(rid)
+            if state is None or state.status.finished:
+                continue
+            if state.status == RequestStatus.WAITING:
+                self._waiting.remove(rid)
+            else:
+                self._running.remove(rid)
+            state.status, state.finished_at = status, time.monotonic()
+            if status == RequestStatus.FINISHED_ERROR:
+                state.error = error or "request failed"
+            self._finished_since_schedule.add(rid)
+            done.append(rid)
+        if not self._running:
+            self._running_key = None
+        return done
+
+    def pop_request_state(self, request_id: str) -> RequestState:
+        """Remove a terminal request's state for good (the engine calls it once, when it delivers)."""
+        state = self._states[request_id]
+        assert state.status.finished, f"{request_id} is {state.status.name}"
+        return self._states.pop(request_id)
+
+    def update_progress(self, request_ids: Iterable[str], step_index: int) -> None:
+        for rid in request_ids:
+            state = self._states.get(rid)
+            if state is not None and state.status == RequestStatus.RUNNING:
+                state.step_index = step_index
+
+    # -- queries ----------------------------------------------------------------------------------------
+    def get_request_state(self, request_id: str) -> RequestState | None:
+        return self._states.get(request_id)
+
+    def has_requests(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    @property
+    def num_waiting_reqs(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running_reqs(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_states(self) -> int:
+        return len(self._states)
+
+    def request_ids(self) -> list[str]:
+        return list(self._states)
+
+    def close(self) -> None:
+        self._states.clear()
+        self._waiting.clear()
+        self._running.clear()
+        self._finished_since_schedule.clear()
+        self._running_key = None

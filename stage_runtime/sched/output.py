@@ -1,0 +1,39 @@
+"""SchedulerOutput: the only boundary between scheduling policy and execution.
+
+A request's full payload crosses once (``scheduled_new_reqs``); afterwards only its id does
+(``scheduled_cached_req_ids``). ``finished_req_ids`` tells workers which per-request state to drop.
+No tensors, no callables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from stage_runtime.request import DiffusionRequest
+
+
+@dataclass(frozen=True)
+class NewRequestData:
+    request_id: str
+    request: DiffusionRequest          # resolved at admission: every sampling field is concrete
+
+
+@dataclass
+class SchedulerOutput:
+    step_id: int                                                       # global wave / tick counter
+    scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
+    scheduled_cached_req_ids: list[str] = field(default_factory=list)  # already sent, still running
+    finished_req_ids: set[str] = field(default_factory=set)            # terminal since the last schedule()
+    num_waiting_reqs: int = 0
+
+    @property
+    def scheduled_request_ids(self) -> list[str]:
+        return [r.request_id for r in self.scheduled_new_reqs] + list(self.scheduled_cached_req_ids)
+
+    @property
+    def num_scheduled_reqs(self) -> int:
+        return len(self.scheduled_new_reqs) + len(self.scheduled_cached_req_ids)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.num_scheduled_reqs == 0

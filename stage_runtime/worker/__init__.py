@@ -1,0 +1,1 @@
+"""Workers: one per rank; each owns its device and delegates to its model runner."""

@@ -1,0 +1,132 @@
+"""DiffusionModelRunner: the loaded pipeline and per-request execution on one rank.
+
+Request mode: one wave of key-compatible requests runs as ONE pipeline call (per-image generators,
+results mapped back by request id). A forward pre-hook on the denoiser marks each denoising step: it
+reports progress to the engine and stops work the engine cancelled (an abort lands within one step).
+A failing fused call is retried request by request, so one bad request never fails its batch-mates.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+import torch
+
+from stage_runtime.config import StageConfig
+from stage_runtime.errors import ConfigError, InvalidRequestError
+from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.info import ModelInfo
+from stage_runtime.models.registry import resolve_adapter_class
+from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, RunnerOutput
+from stage_runtime.request import DiffusionRequest
+from stage_runtime.sched.output import SchedulerOutput
+
+log = logging.getLogger(__name__)
+
+ProgressHook = Callable[[ProgressEvent], Iterable[str]]
+
+
+class _Interrupted(Exception):
+    """Every request of the running pipeline call was cancelled: unwind out of the denoising loop."""
+
+
+class StepTracker:
+    """Forward pre-hook on the denoiser for one pipeline call: one invocation = one denoising step."""
+
+    def __init__(self, request_ids: list[str], num_steps: int, hook: ProgressHook | None):
+        self.request_ids = tuple(request_ids)
+        self.num_steps = num_steps
+        self.hook = hook
+        self.step_index = 0                    # steps completed
+        self.cancelled: set[str] = set()
+
+    def __call__(self, module: torch.nn.Module, args: tuple) -> None:
+        if self.hook is not None:
+            event = ProgressEvent(self.request_ids, self.step_index, self.num_steps)
+            self.cancelled.update(set(self.hook(event)) & set(self.request_ids))
+        if len(self.cancelled) == len(self.request_ids):
+            raise _Interrupted()
+        self.step_index += 1
+
+
+class DiffusionModelRunner:
+    def __init__(self, config: StageConfig, device: torch.device, progress_hook: ProgressHook | None = None):
+        self.config = config
+        self.device = device
+        self.progress_hook = progress_hook
+        self.adapter: PipelineAdapter | None = None
+        self.model_info: ModelInfo | None = None
+        self._active: StepTracker | None = None       # the pipeline call in flight, if any
+
+    def load_model(self) -> ModelInfo:
+        adapter_cls = resolve_adapter_class(self.config.model)
+        self.adapter = adapter_cls.load(self.config.model.path, self.device, self.config.model.dtype)
+        self.model_info = self.adapter.info()
+        return self.model_info
+
+    # -- request mode ----------------------------------------------------------------------------------
+    def execute_model_batch(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
+        out = BatchRunnerOutput()
+        runnable: list[DiffusionRequest] = []
+        for new in sched_out.scheduled_new_reqs:
+            try:
+                self.adapter.check_request(new.request)
+                runnable.append(new.request)
+            except InvalidRequestError as exc:
+                out.outputs[new.request_id] = RunnerOutput(new.request_id, error=str(exc))
+        groups = [runnable] if self.adapter.supports_request_batch else [[r] for r in runnable]
+        for group in filter(None, groups):
+            out.outputs.update(self._run_isolated(group))
+        return out
+
+    def _run_isolated(self, requests: list[DiffusionRequest]) -> dict[str, RunnerOutput]:
+        try:
+            return self._call(requests)
+        except Exception as exc:
+            if len(requests) == 1:
+                rid = requests[0].request_id
+                log.warning("request %s failed: %s: %s", rid, type(exc).__name__, exc)
+                return {rid: RunnerOutput(rid, error=f"{type(exc).__name__}: {exc}")}
+            log.warning("fused call of %d requests failed (%s); retrying one by one", len(requests), exc)
+            results: dict[str, RunnerOutput] = {}
+            for request in requests:
+                results.update(self._run_isolated([request]))
+            return results
+
+    def _call(self, requests: list[DiffusionRequest]) -> dict[str, RunnerOutput]:
+        """ONE pipeline call for the group; outputs keyed by request id."""
+        ids = [r.request_id for r in requests]
+        tracker = StepTracker(ids, requests[0].num_steps, self.progress_hook)
+        handle = self.adapter.denoiser.register_forward_pre_hook(tracker)
+        self._active = tracker
+        try:
+            with torch.inference_mode():
+                images = self.adapter.run_batch(requests)
+        except _Interrupted:
+            images = {}
+        finally:
+            handle.remove()
+            self._active = None
+        outputs = {}
+        for rid in ids:
+            if rid in tracker.cancelled:
+                outputs[rid] = RunnerOutput(rid, aborted=True, step_index=tracker.step_index)
+            elif rid in images:
+                outputs[rid] = RunnerOutput(rid, images=images[rid], step_index=tracker.step_index)
+            # A missing id is left out on purpose: the scheduler ends it FINISHED_ERROR ("No output result").
+        return outputs
+
+    # -- step mode -------------------------------------------------------------------------------------
+    def execute_step(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
+        raise ConfigError(f"{self.model_info.pipeline_class} does not support step execution "
+                          f"(adapter {self.model_info.adapter}); use execution_mode=request")
+
+    # -- bookkeeping -----------------------------------------------------------------------------------
+    def num_request_states(self) -> int:
+        """Per-request state this runner holds right now (0 between calls in request mode)."""
+        return 0 if self._active is None else len(self._active.request_ids)
+
+    def close(self) -> None:
+        self.adapter = None
+        self._active = None

@@ -1,0 +1,67 @@
+"""DiffusionWorker: one rank's device and its model runner. Never admits or reorders requests."""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Callable, Iterable
+
+import torch
+
+from stage_runtime.config import StageConfig
+from stage_runtime.errors import ConfigError
+from stage_runtime.models.info import ModelInfo
+from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent
+from stage_runtime.sched.output import SchedulerOutput
+from stage_runtime.worker.model_runner import DiffusionModelRunner
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(requested: str, local_rank: int) -> torch.device:
+    """``auto`` → CUDA when visible, else CPU; one device per rank (local_rank modulo the device count)."""
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("device='cuda' but no CUDA device is visible")
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+class DiffusionWorker:
+    def __init__(self, config: StageConfig, rank: int = 0, local_rank: int | None = None,
+                 progress_hook: Callable[[ProgressEvent], Iterable[str]] | None = None):
+        self.config = config
+        self.rank = rank
+        self.local_rank = rank if local_rank is None else local_rank
+        self.progress_hook = progress_hook
+        self.device: torch.device | None = None
+        self.model_runner: DiffusionModelRunner | None = None
+
+    def init_device(self) -> None:
+        self.device = pick_device(self.config.device, self.local_rank)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.model_runner = DiffusionModelRunner(self.config, self.device, progress_hook=self.progress_hook)
+
+    def load_model(self) -> ModelInfo:
+        return self.model_runner.load_model()
+
+    def model_info(self) -> ModelInfo:
+        return self.model_runner.model_info
+
+    def execute_model_batch(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
+        return self.model_runner.execute_model_batch(sched_out)
+
+    def execute_step(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
+        return self.model_runner.execute_step(sched_out)
+
+    def ping(self) -> int:
+        return self.rank
+
+    def shutdown(self) -> None:
+        if self.model_runner is not None:
+            self.model_runner.close()
+            self.model_runner = None
+        gc.collect()
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.empty_cache()

@@ -1,0 +1,153 @@
+"""Tests for the tiny random-weight diffusers pipelines (real objects, CPU, offline)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import numpy as np
+import pytest
+import torch
+from diffusers import DiffusionPipeline
+from transformers import CLIPTokenizer
+
+from stage_runtime.models.tiny import KINDS, make_tiny_model
+from stage_runtime.models.tokenizer import build_clip_tokenizer
+
+torch.set_num_threads(1)
+
+
+def _folder_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _weight_hashes(path: Path) -> dict[str, str]:
+    return {
+        str(f.relative_to(path)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(path.rglob("*.safetensors"))
+    }
+
+
+def _load(path: Path) -> DiffusionPipeline:
+    pipe = DiffusionPipeline.from_pretrained(path, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    return {kind: make_tiny_model(root / kind, kind=kind, seed=0) for kind in KINDS}
+
+
+@pytest.fixture(scope="module")
+def sd_pipe(built) -> DiffusionPipeline:
+    return _load(built["sd"])
+
+
+@pytest.mark.parametrize(
+    ("kind", "class_name"), [("sd", "StableDiffusionPipeline"), ("dit", "DiTPipeline")]
+)
+def test_builds_real_pipeline_folder(built, kind, class_name):
+    index = json.loads((built[kind] / "model_index.json").read_text())
+    assert index["_class_name"] == class_name
+    assert _weight_hashes(built[kind])
+
+
+def test_sd_folder_is_small(built):
+    assert _folder_size(built["sd"]) < 2_000_000
+
+
+def test_sd_runs_two_steps_with_guidance(sd_pipe):
+    out = sd_pipe(
+        ["a photo of a cat", "a red car"],
+        num_inference_steps=2,
+        guidance_scale=7.5,
+        height=64,
+        width=64,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).images
+    assert out.shape == (2, 64, 64, 3)
+    assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize(("height", "width"), [(32, 32), (48, 48), (96, 64)])
+def test_sd_other_sizes(sd_pipe, height, width):
+    out = sd_pipe(
+        "a dog", num_inference_steps=1, height=height, width=width, output_type="np"
+    ).images
+    assert out.shape == (1, height, width, 3)
+
+
+def test_sd_same_generator_seed_is_bitwise_identical(sd_pipe):
+    def run():
+        return sd_pipe(
+            "a photo of a cat",
+            num_inference_steps=2,
+            output_type="np",
+            generator=torch.Generator().manual_seed(123),
+        ).images
+
+    assert np.array_equal(run(), run())
+
+
+def test_sd_attention_heads_split_two_and_four_ways(sd_pipe):
+    heads = [m.heads for m in sd_pipe.unet.modules() if type(m).__name__ == "Attention"]
+    assert heads and all(h % 4 == 0 for h in heads)
+
+
+def test_dit_runs_two_steps_with_guidance(built):
+    pipe = _load(built["dit"])
+    assert pipe.transformer.config.num_attention_heads % 4 == 0
+    out = pipe(
+        class_labels=[1, 2],
+        num_inference_steps=2,
+        guidance_scale=4.0,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).images
+    assert out.shape == (2, 64, 64, 3)
+    assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_same_seed_identical_files_different_seed_differs(built, tmp_path, kind):
+    again = make_tiny_model(tmp_path / "again", kind=kind, seed=0)
+    other = make_tiny_model(tmp_path / "other", kind=kind, seed=1)
+    assert _weight_hashes(again) == _weight_hashes(built[kind])
+    other_hashes = _weight_hashes(other)
+    assert other_hashes.keys() == _weight_hashes(again).keys()
+    assert all(other_hashes[k] != v for k, v in _weight_hashes(again).items())
+
+
+def test_caller_rng_state_untouched(tmp_path):
+    torch.manual_seed(42)
+    expected = torch.rand(3)
+    torch.manual_seed(42)
+    make_tiny_model(tmp_path / "m", kind="dit", seed=7)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_tokenizer_encodes_and_round_trips(tmp_path):
+    tok = build_clip_tokenizer()
+    ids = tok("a photo of a cat").input_ids
+    assert ids[0] == tok.bos_token_id and ids[-1] == tok.eos_token_id
+    inner = ids[1:-1]
+    assert len(inner) == 5 and tok.unk_token_id not in inner
+    assert tok.pad_token == "<|endoftext|>" and tok.model_max_length == 77
+    tok.save_pretrained(tmp_path)
+    loaded = CLIPTokenizer.from_pretrained(tmp_path)
+    assert loaded("a photo of a cat").input_ids == ids
+    assert len(loaded) == len(tok)
+
+
+def test_unknown_kind_raises(tmp_path):
+    with pytest.raises(ValueError, match="bogus"):
+        make_tiny_model(tmp_path, kind="bogus")
+    with pytest.raises(ValueError, match="kind"):
+        make_tiny_model(tmp_path, kind="bogus")

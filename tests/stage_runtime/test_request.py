@@ -1,0 +1,61 @@
+"""Requests: sampling validation at the edge, seed assignment, resolution against the model."""
+
+from __future__ import annotations
+
+import pytest
+
+from stage_runtime.errors import InvalidRequestError
+from stage_runtime.models.info import ModelInfo
+from stage_runtime.request import DiffusionRequest, RequestStatus, SamplingParams
+
+INFO = ModelInfo("StableDiffusionPipeline", "x:Y", 64, 64, 20, 7.5, 8, False, True, False, 4)
+
+
+def test_seed_assigned_at_creation_and_kept():
+    r = DiffusionRequest("a", "p")
+    assert r.sampling.seed is not None
+    assert r.resolve(INFO).sampling.seed == r.sampling.seed
+    assert DiffusionRequest("b", "p", SamplingParams(seed=5)).sampling.seed == 5
+
+
+def test_resolve_fills_defaults():
+    r = DiffusionRequest("a", "p", SamplingParams(guidance_scale=0.0)).resolve(INFO)
+    s = r.sampling
+    assert (s.height, s.width, s.num_inference_steps, s.guidance_scale) == (64, 64, 20, 0.0)
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"num_inference_steps": 0}, "num_inference_steps"),
+    ({"height": 4}, "height"),
+    ({"guidance_scale": float("nan")}, "guidance_scale"),
+    ({"num_outputs": 17}, "num_outputs"),
+    ({"seed": -1}, "seed"),
+    ({"bogus": 1}, "bogus"),
+])
+def test_bad_sampling_names_the_field(data, field):
+    with pytest.raises(InvalidRequestError) as exc:
+        SamplingParams.parse(data)
+    assert exc.value.field == field and field in str(exc.value)
+
+
+def test_size_checks_against_model():
+    with pytest.raises(InvalidRequestError, match="width=60.*multiple of 8"):
+        DiffusionRequest("a", "p", SamplingParams(width=60)).resolve(INFO)
+    fixed = ModelInfo("DiTPipeline", "x:Y", 64, 64, 20, 4.0, 8, True, True, False, 4)
+    with pytest.raises(InvalidRequestError, match="height=96.*only serves 64x64"):
+        DiffusionRequest("a", "p", SamplingParams(height=96)).resolve(fixed)
+
+
+@pytest.mark.parametrize("rid", ["", None])
+def test_request_id_required(rid):
+    with pytest.raises(InvalidRequestError, match="request_id"):
+        DiffusionRequest(rid, "p")
+
+
+def test_prompt_length_bounded():
+    with pytest.raises(InvalidRequestError, match="prompt"):
+        DiffusionRequest("a", "x" * 5000)
+
+
+def test_terminal_states():
+    assert [s.finished for s in RequestStatus] == [False, False, True, True, True]
