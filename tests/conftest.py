@@ -23,3 +23,10 @@ def tiny_dit_path(tmp_path_factory) -> str:
     from stage_runtime.models.tiny import make_tiny_model
 
     return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-dit", kind="dit", seed=0))
+
+
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+# Fault-injecting model adapters are importable as "adapters_for_tests:Class" (the registry override).
+sys.path.insert(0, str(Path(__file__).parent / "stage_runtime"))

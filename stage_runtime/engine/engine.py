@@ -280,6 +280,13 @@ class DiffusionEngine:
             return "closed"
         return "ready" if self.ready else "starting"
 
+    def requests_snapshot(self) -> list[dict[str, Any]]:
+        """In-flight requests with state and step progress (``GET /v1/requests``)."""
+        with self._lock:
+            states = [self.scheduler.get_request_state(rid) for rid in self._streams]
+        return [{"request_id": s.request_id, "state": s.status.name.lower(), "step": s.step_index,
+                 "num_steps": s.request.num_steps} for s in states if s is not None]
+
     def num_request_states(self) -> int:
         """Per-request state held by the engine and its scheduler (0 when idle)."""
         with self._lock:

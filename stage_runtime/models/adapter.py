@@ -38,7 +38,8 @@ class PipelineAdapter(ABC):
 
     @classmethod
     def load(cls, path: str, device: torch.device, dtype: str = "float32") -> "PipelineAdapter":
-        pipe = DiffusionPipeline.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True)
+        pipe = DiffusionPipeline.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True,
+                                                 low_cpu_mem_usage=False)
         return cls(pipe.to(device), device)
 
     @property
