@@ -84,7 +84,8 @@ class DiffusionRequest:
         if not isinstance(self.prompt, str):
             raise InvalidRequestError("prompt", self.prompt, "must be a string")
         if len(self.prompt) > MAX_PROMPT_CHARS:
-            raise InvalidRequestError("prompt", f"<{len(self.prompt)} chars>", f"longer than {MAX_PROMPT_CHARS} characters")
+            raise InvalidRequestError("prompt", f"<{len(self.prompt)} chars>",
+                                      f"longer than {MAX_PROMPT_CHARS} characters")
         if self.sampling.seed is None:
             # Assigned at creation so every rank (and a retry) derives the same generator.
             self.sampling = self.sampling.model_copy(update={"seed": secrets.randbits(63)})

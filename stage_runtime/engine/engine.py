@@ -23,7 +23,7 @@ from stage_runtime.errors import (DuplicateRequestError, EngineClosedError, Engi
 from stage_runtime.executor.abstract import DiffusionExecutor
 from stage_runtime.outputs import BatchRunnerOutput, DiffusionOutput, ProgressEvent, RunnerOutput
 from stage_runtime.request import DiffusionRequest, RequestStatus, SamplingParams
-from stage_runtime.sched import RequestScheduler, RequestState, SchedulerOutput
+from stage_runtime.sched import RequestScheduler, RequestState
 
 log = logging.getLogger(__name__)
 WARMUP_PREFIX = "warmup-"

@@ -79,7 +79,8 @@ class PipelineAdapter(ABC):
 
     # -- serving ---------------------------------------------------------------------------------------
     def check_request(self, request: DiffusionRequest) -> None:
-        """Raise InvalidRequestError when this model cannot serve the (resolved) request."""
+        """Raise InvalidRequestError when this model cannot serve the (resolved) request (default: it can)."""
+        return None
 
     @abstractmethod
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:

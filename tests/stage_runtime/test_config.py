@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from stage_runtime.config import (
     ConfigError,
@@ -187,9 +188,9 @@ def test_model_dump_round_trips(data):
 
 def test_configs_are_frozen():
     c = cfg()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         c.device = "cpu"
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         c.parallel.num_gpus = 2
 
 
