@@ -48,6 +48,8 @@ class SamplingParams(BaseModel):
     negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     seed: int | None = Field(None, ge=0, lt=2**63)
     num_outputs: int = Field(1, ge=1, le=16)      # images for this one prompt ("n")
+    stream: bool = False                          # progress events (step k of n) on the output stream
+    preview_every: int | None = Field(None, ge=1, le=1000)   # decoded preview every k steps (step mode)
 
     @classmethod
     def parse(cls, data: dict) -> "SamplingParams":
@@ -66,6 +68,17 @@ class RequestBatchKey(NamedTuple):
     height: int
     width: int
     num_inference_steps: int
+    guidance_scale: float
+
+
+class StepBatchKey(NamedTuple):
+    """Requests share a denoising tick only when every field here is equal (step mode).
+
+    The step count is deliberately absent: requests with different step counts and progress share ticks.
+    """
+
+    height: int
+    width: int
     guidance_scale: float
 
 
@@ -94,6 +107,11 @@ class DiffusionRequest:
     def batch_key(self) -> RequestBatchKey:
         s = self.sampling
         return RequestBatchKey(s.height, s.width, s.num_inference_steps, s.guidance_scale)
+
+    @property
+    def step_key(self) -> StepBatchKey:
+        s = self.sampling
+        return StepBatchKey(s.height, s.width, s.guidance_scale)
 
     @property
     def num_steps(self) -> int:

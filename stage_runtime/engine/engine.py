@@ -11,19 +11,20 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-import time
 import uuid
 from collections import deque
 from typing import Any
 
 from stage_runtime.config import StageConfig
 from stage_runtime.engine.admission import check_execution_mode
+from stage_runtime.engine.delivery import COUNTERS, progress_output, terminal_output
 from stage_runtime.engine.stream import RequestStream
-from stage_runtime.errors import (DuplicateRequestError, EngineClosedError, EngineDeadError, EngineStartupError)
+from stage_runtime.errors import (DuplicateRequestError, EngineClosedError, EngineDeadError, EngineStartupError,
+                                  InvalidRequestError)
 from stage_runtime.executor.abstract import DiffusionExecutor
 from stage_runtime.outputs import BatchRunnerOutput, DiffusionOutput, ProgressEvent, RunnerOutput
 from stage_runtime.request import DiffusionRequest, RequestStatus, SamplingParams
-from stage_runtime.sched import RequestScheduler, RequestState
+from stage_runtime.sched import RequestScheduler, RequestState, StepScheduler
 
 log = logging.getLogger(__name__)
 WARMUP_PREFIX = "warmup-"
@@ -48,11 +49,12 @@ class DiffusionEngine:
         try:
             self.model_info = self.executor.collective_rpc("model_info", unique_reply_rank=0)
             check_execution_mode(config, self.model_info)
-            self.scheduler = RequestScheduler(config.scheduler)
+            self.step_mode = config.scheduler.execution_mode == "step"
+            self.scheduler = (StepScheduler if self.step_mode else RequestScheduler)(config.scheduler)
         except BaseException:
             self.executor.shutdown()
             raise
-        self.execute_fn = self.executor.execute_batch
+        self.execute_fn = self.executor.execute_step if self.step_mode else self.executor.execute_batch
         self.executor.set_progress_hook(self._on_progress)
         self.executor.register_failure_callback(self._on_executor_failure)
 
@@ -88,6 +90,9 @@ class DiffusionEngine:
         """Admit one request (resolved against the model once); its outputs arrive on the returned stream."""
         self._check_open()
         resolved = request.resolve(self.model_info)
+        if resolved.sampling.preview_every is not None and not self.step_mode:
+            raise InvalidRequestError("preview_every", resolved.sampling.preview_every,
+                                      "previews need execution_mode=step (or streaming_output)")
         with self._lock:
             self._check_open()
             if request.request_id in self._streams:
@@ -154,8 +159,8 @@ class DiffusionEngine:
                 self._apply_aborts_locked()
                 sched_out = self.scheduler.schedule()
             self._run_rpcs(rpcs)
-            if sched_out.is_empty:
-                continue
+            if sched_out.is_empty and not (self.step_mode and sched_out.finished_req_ids):
+                continue                  # (step mode still runs an empty tick to retire aborted states)
             try:
                 runner_out = self.execute_fn(sched_out)
             except EngineDeadError as exc:
@@ -168,6 +173,8 @@ class DiffusionEngine:
             with self._lock:
                 self._apply_aborts_locked()
                 self._finalize_locked(self.scheduler.update_from_output(sched_out, runner_out))
+                if self.step_mode:
+                    self._emit_progress_locked(sched_out.scheduled_request_ids, runner_out)
         self._fail_rpcs(self._rpcs, "DiffusionEngine is shutting down.")
 
     def _wait_for_work_locked(self) -> None:
@@ -201,6 +208,8 @@ class DiffusionEngine:
         with self._lock:
             self.scheduler.update_progress(event.request_ids, event.step_index)
             self._apply_aborts_locked()
+            if event.step_index:
+                self._emit_progress_locked(event.request_ids)
             if self._stop:
                 return set(event.request_ids)
             return {rid for rid in event.request_ids if self.scheduler.get_request_state(rid) is None}
@@ -213,27 +222,25 @@ class DiffusionEngine:
     def _finalize_locked(self, request_ids: list[str]) -> None:
         """Deliver each terminal request exactly once and drop every trace of it."""
         for rid in request_ids:
-            output = self._terminal_output(self.scheduler.pop_request_state(rid))
+            state = self.scheduler.pop_request_state(rid)
+            if not rid.startswith(WARMUP_PREFIX):
+                self.counters[COUNTERS[state.status]] += 1
             stream = self._streams.pop(rid, None)
             if stream is not None:
-                stream.put(output)
+                stream.put(terminal_output(state))
 
-    def _terminal_output(self, state: RequestState) -> DiffusionOutput:
-        rid, n = state.request_id, state.request.num_steps
-        arrival, end = state.request.arrival_time, state.finished_at or time.monotonic()
-        start = state.scheduled_at or end
-        metrics = {"queue_ms": (start - arrival) * 1e3, "exec_ms": (end - start) * 1e3, "e2e_ms": (end - arrival) * 1e3}
-        out = DiffusionOutput(rid, step_index=state.step_index, num_steps=n, metrics=metrics)
-        if state.status == RequestStatus.FINISHED_COMPLETED:
-            out.images = state.result.images
-            counter = "finished_total"
-        elif state.status == RequestStatus.FINISHED_ABORTED:
-            out.error, out.error_type, counter = f"Request {rid} aborted.", "request_aborted", "aborted_total"
-        else:
-            out.error, out.error_type, counter = state.error, "request_failed", "failed_total"
-        if not rid.startswith(WARMUP_PREFIX):
-            self.counters[counter] += 1
-        return out
+    def _emit_progress_locked(self, request_ids, previews: BatchRunnerOutput | None = None) -> None:
+        """Non-final items for requests that asked for progress (``stream``) or previews."""
+        for rid in request_ids:
+            state, stream = self.scheduler.get_request_state(rid), self._streams.get(rid)
+            if state is None or state.status.finished or stream is None or not self._wants_progress(state):
+                continue
+            result = previews.get(rid) if previews is not None else None
+            stream.put(progress_output(state, result.images if result is not None else None))
+
+    def _wants_progress(self, state: RequestState) -> bool:
+        s = state.request.sampling
+        return s.stream or s.preview_every is not None or self.config.scheduler.streaming_output
 
     # -- failure and close -----------------------------------------------------------------------------
     def _on_executor_failure(self, reason: str) -> None:

@@ -94,9 +94,14 @@ class PipelineAdapter(ABC):
                 for r in requests for i in range(r.sampling.num_outputs)]
 
     @staticmethod
-    def split_images(requests: list[DiffusionRequest], images: np.ndarray) -> dict[str, np.ndarray]:
+    def to_uint8(images: np.ndarray) -> np.ndarray:
+        """Float images in [0, 1] → uint8, rounded as diffusers' ``numpy_to_pil`` does."""
+        return (np.asarray(images) * 255).round().clip(0, 255).astype(np.uint8)
+
+    @classmethod
+    def split_images(cls, requests: list[DiffusionRequest], images: np.ndarray) -> dict[str, np.ndarray]:
         """Slice fused float images in [0, 1] back per request (rows are in request order)."""
-        pixels = (np.asarray(images) * 255).round().clip(0, 255).astype(np.uint8)
+        pixels = cls.to_uint8(images)
         out, row = {}, 0
         for r in requests:
             n = r.sampling.num_outputs

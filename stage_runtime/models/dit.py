@@ -11,13 +11,18 @@ import zlib
 
 import numpy as np
 import torch
+from diffusers.utils.torch_utils import randn_tensor
 
 from stage_runtime.errors import InvalidRequestError
 from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.step_contract import StepContract
 from stage_runtime.request import DiffusionRequest
+from stage_runtime.worker.step_state import StepRequestState
+
+NULL_CLASS = 1000         # DiTPipeline's unconditional class id for guidance
 
 
-class DiTAdapter(PipelineAdapter):
+class DiTAdapter(StepContract, PipelineAdapter):
     default_guidance = 4.0
     fixed_size = True
 
@@ -35,7 +40,7 @@ class DiTAdapter(PipelineAdapter):
 
     def class_label(self, prompt: str) -> int:
         text = prompt.strip()
-        if text.isdigit():
+        if text.isascii() and text.isdigit():
             return int(text)
         labels = getattr(self.pipe, "labels", None) or {}
         if text in labels:
@@ -53,3 +58,37 @@ class DiTAdapter(PipelineAdapter):
         images = self.pipe(class_labels=labels, guidance_scale=s.guidance_scale, generator=self.generators(requests),
                            num_inference_steps=s.num_inference_steps, output_type="np", return_dict=False)[0]
         return self.split_images(requests, images)
+
+    # -- step contract: the same math as DiTPipeline.__call__, one step at a time ------------------------
+    def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
+        s, n, config = request.sampling, request.sampling.num_outputs, self.pipe.transformer.config
+        do_cfg = s.guidance_scale > 1
+        shape = (n, config.in_channels, config.sample_size, config.sample_size)
+        latents = randn_tensor(shape, generator=self.generators([request]), device=self.device,
+                               dtype=self.pipe.transformer.dtype)
+        labels = torch.tensor([self.class_label(request.prompt)] * n, device=self.device)
+        if do_cfg:        # conditional rows first, then the null class (DiT's order)
+            labels = torch.cat([labels, torch.full_like(labels, NULL_CLASS)])
+        return StepRequestState(request, self.request_scheduler(s.num_inference_steps), latents, do_cfg,
+                                cond={"labels": labels})
+
+    def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
+        channels = self.pipe.transformer.config.in_channels
+        learned_sigma = self.pipe.transformer.config.out_channels // 2 == channels
+        rows, timesteps = self.model_inputs(states)
+        noise = self.pipe.transformer(torch.cat(rows), timestep=timesteps,
+                                      class_labels=torch.cat([st.cond["labels"] for st in states])).sample
+        preds = []
+        for st, pred in zip(states, self.split_rows(noise, rows), strict=True):
+            eps = pred[:, :channels] if learned_sigma else pred
+            if st.do_cfg:
+                cond_eps, uncond_eps = eps.chunk(2)
+                eps = uncond_eps + st.request.sampling.guidance_scale * (cond_eps - uncond_eps)
+            preds.append(eps)
+        return preds
+
+    def post_decode(self, state: StepRequestState) -> np.ndarray:
+        vae = self.pipe.vae
+        samples = vae.decode(state.latents / vae.config.scaling_factor).sample
+        samples = (samples / 2 + 0.5).clamp(0, 1).cpu().permute(0, 2, 3, 1).float().numpy()
+        return self.to_uint8(samples)

@@ -25,9 +25,12 @@ def read_pipeline_class(model_path: str | Path) -> str:
     if not index.is_file():
         raise ModelLoadError(f"model.path={str(model_path)!r}: no model_index.json (not a diffusers pipeline folder)")
     try:
-        return json.loads(index.read_text())["_class_name"]
-    except (ValueError, KeyError) as exc:
-        raise ModelLoadError(f"model.path={str(model_path)!r}: unreadable model_index.json ({exc})") from None
+        name = json.loads(index.read_text())["_class_name"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"model.path={str(model_path)!r}: unreadable model_index.json ({exc!r})") from None
+    if not isinstance(name, str):
+        raise ModelLoadError(f"model.path={str(model_path)!r}: model_index.json _class_name={name!r} is not a string")
+    return name
 
 
 def import_object(path: str) -> type:

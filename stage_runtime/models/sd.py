@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from diffusers.utils.torch_utils import randn_tensor
 
 from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.step_contract import StepContract
 from stage_runtime.request import DiffusionRequest
+from stage_runtime.worker.step_state import StepRequestState
 
 
-class StableDiffusionAdapter(PipelineAdapter):
+class StableDiffusionAdapter(StepContract, PipelineAdapter):
     default_guidance = 7.5
 
     @property
@@ -29,3 +32,37 @@ class StableDiffusionAdapter(PipelineAdapter):
             guidance_scale=s.guidance_scale, generator=self.generators(requests),
             output_type="np", return_dict=False)[0]
         return self.split_images(requests, images)
+
+    # -- step contract: the same math as StableDiffusionPipeline.__call__, one step at a time ------------
+    def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
+        s, pipe, n = request.sampling, self.pipe, request.sampling.num_outputs
+        do_cfg = s.guidance_scale > 1 and pipe.unet.config.time_cond_proj_dim is None
+        positive, negative = pipe.encode_prompt([request.prompt] * n, self.device, 1, do_cfg,
+                                                [s.negative_prompt or ""] * n)
+        scheduler = self.request_scheduler(s.num_inference_steps)
+        generators = self.generators([request])
+        shape = (n, pipe.unet.config.in_channels, s.height // self.vae_scale_factor, s.width // self.vae_scale_factor)
+        latents = randn_tensor(shape, generator=generators, device=self.device, dtype=positive.dtype)
+        return StepRequestState(
+            request, scheduler, latents * scheduler.init_noise_sigma, do_cfg,
+            cond={"embeds": torch.cat([negative, positive]) if do_cfg else positive},
+            step_kwargs=pipe.prepare_extra_step_kwargs(generators, 0.0))
+
+    def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
+        rows, timesteps = self.model_inputs(states)
+        noise = self.pipe.unet(torch.cat(rows), timesteps,
+                               encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
+                               return_dict=False)[0]
+        preds = []
+        for st, pred in zip(states, self.split_rows(noise, rows), strict=True):
+            if st.do_cfg:
+                uncond, text = pred.chunk(2)
+                pred = uncond + st.request.sampling.guidance_scale * (text - uncond)
+            preds.append(pred)
+        return preds
+
+    def post_decode(self, state: StepRequestState) -> np.ndarray:
+        pipe = self.pipe
+        image = pipe.vae.decode(state.latents / pipe.vae.config.scaling_factor, return_dict=False)[0]
+        image = pipe.image_processor.postprocess(image, output_type="np", do_denormalize=[True] * len(image))
+        return self.to_uint8(image)

@@ -43,14 +43,14 @@ def bytes_to_unicode() -> dict[int, str]:
             printable.append(b)
             chars.append(256 + extra)
             extra += 1
-    return dict(zip(printable, (chr(c) for c in chars)))
+    return dict(zip(printable, (chr(c) for c in chars), strict=True))
 
 
 def apply_merges(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
     """Segment ``symbols`` the way BPE does: repeatedly merge the lowest-ranked pair."""
     symbols = list(symbols)
     while len(symbols) > 1:
-        pairs = [(ranks.get(p, len(ranks)), i) for i, p in enumerate(zip(symbols, symbols[1:]))]
+        pairs = [(ranks.get(p, len(ranks)), i) for i, p in enumerate(zip(symbols, symbols[1:], strict=False))]
         rank, i = min(pairs)
         if rank == len(ranks):
             break

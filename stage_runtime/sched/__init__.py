@@ -3,5 +3,6 @@
 from stage_runtime.sched.base_scheduler import BaseScheduler, RequestState
 from stage_runtime.sched.output import NewRequestData, SchedulerOutput
 from stage_runtime.sched.request_scheduler import RequestScheduler
+from stage_runtime.sched.step_scheduler import StepScheduler
 
-__all__ = ["BaseScheduler", "NewRequestData", "RequestScheduler", "RequestState", "SchedulerOutput"]
+__all__ = ["BaseScheduler", "NewRequestData", "RequestScheduler", "RequestState", "SchedulerOutput", "StepScheduler"]

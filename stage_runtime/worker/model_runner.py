@@ -1,5 +1,9 @@
 """DiffusionModelRunner: the loaded pipeline and per-request execution on one rank.
 
+Step mode: each request's StepRequestState lives here (never crosses a process); a tick prepares new
+requests once, runs ONE denoiser forward for all scheduled requests, steps each one, decodes finished
+ones (and previews), and drops the state of every request that finished, failed or was aborted.
+
 Request mode: one wave of key-compatible requests runs as ONE pipeline call (per-image generators,
 results mapped back by request id). A forward pre-hook on the denoiser marks each denoising step: it
 reports progress to the engine and stops work the engine cancelled (an abort lands within one step).
@@ -21,6 +25,7 @@ from stage_runtime.models.registry import resolve_adapter_class
 from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, RunnerOutput
 from stage_runtime.request import DiffusionRequest
 from stage_runtime.sched.output import SchedulerOutput
+from stage_runtime.worker.step_state import StepRequestState
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +62,8 @@ class DiffusionModelRunner:
         self.progress_hook = progress_hook
         self.adapter: PipelineAdapter | None = None
         self.model_info: ModelInfo | None = None
-        self._active: StepTracker | None = None       # the pipeline call in flight, if any
+        self._active: StepTracker | None = None       # the pipeline call in flight, if any (request mode)
+        self.step_states: dict[str, StepRequestState] = {}    # step mode: request id → its step state
 
     def load_model(self) -> ModelInfo:
         adapter_cls = resolve_adapter_class(self.config.model)
@@ -73,8 +79,9 @@ class DiffusionModelRunner:
             try:
                 self.adapter.check_request(new.request)
                 runnable.append(new.request)
-            except InvalidRequestError as exc:
-                out.outputs[new.request_id] = RunnerOutput(new.request_id, error=str(exc))
+            except Exception as exc:      # the request's own fault: it never reaches the fused call
+                message = str(exc) if isinstance(exc, InvalidRequestError) else f"{type(exc).__name__}: {exc}"
+                out.outputs[new.request_id] = RunnerOutput(new.request_id, error=message)
         groups = [runnable] if self.adapter.supports_request_batch else [[r] for r in runnable]
         for group in filter(None, groups):
             out.outputs.update(self._run_isolated(group))
@@ -119,14 +126,70 @@ class DiffusionModelRunner:
 
     # -- step mode -------------------------------------------------------------------------------------
     def execute_step(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
-        raise ConfigError(f"{self.model_info.pipeline_class} does not support step execution "
-                          f"(adapter {self.model_info.adapter}); use execution_mode=request")
+        """One tick: drop finished states, prepare new requests, ONE denoiser forward for all, step each."""
+        if not self.model_info.supports_step_execution:
+            raise ConfigError(f"{self.model_info.pipeline_class} does not support step execution "
+                              f"(adapter {self.model_info.adapter}); use execution_mode=request")
+        for rid in sched_out.finished_req_ids:
+            self.step_states.pop(rid, None)
+        out = BatchRunnerOutput()
+        with torch.inference_mode():
+            for new in sched_out.scheduled_new_reqs:
+                try:
+                    self.adapter.check_request(new.request)
+                    self.step_states[new.request_id] = self.adapter.prepare_encode(new.request)
+                except Exception as exc:
+                    out.outputs[new.request_id] = self._step_error(new.request_id, exc)
+            states = []
+            for rid in sched_out.scheduled_request_ids:
+                if rid in self.step_states:
+                    states.append(self.step_states[rid])
+                elif rid not in out.outputs:
+                    out.outputs[rid] = RunnerOutput(rid, error=f"No step state for request {rid}")
+            if states:
+                out.outputs.update(self._tick(states))
+        return out
+
+    def _tick(self, states: list[StepRequestState]) -> dict[str, RunnerOutput]:
+        try:
+            preds = self.adapter.denoise_step(states)
+        except Exception as exc:
+            if len(states) == 1:
+                return {states[0].request_id: self._step_error(states[0].request_id, exc)}
+            results: dict[str, RunnerOutput] = {}
+            for state in states:            # isolate the failing request; the others still advance
+                results.update(self._tick([state]))
+            return results
+        results = {}
+        for state, pred in zip(states, preds, strict=True):
+            rid = state.request_id
+            try:
+                self.adapter.step_scheduler(state, pred)
+                every = state.request.sampling.preview_every
+                if state.finished:
+                    images = self.adapter.post_decode(state)
+                elif every and state.step_index % every == 0:
+                    images = self.adapter.post_decode(state)          # a preview
+                else:
+                    images = None
+                results[rid] = RunnerOutput(rid, images=images, step_index=state.step_index, finished=state.finished)
+                if state.finished:
+                    del self.step_states[rid]
+            except Exception as exc:
+                results[rid] = self._step_error(rid, exc)
+        return results
+
+    def _step_error(self, request_id: str, exc: Exception) -> RunnerOutput:
+        self.step_states.pop(request_id, None)
+        log.warning("request %s failed: %s: %s", request_id, type(exc).__name__, exc)
+        return RunnerOutput(request_id, error=f"{type(exc).__name__}: {exc}")
 
     # -- bookkeeping -----------------------------------------------------------------------------------
     def num_request_states(self) -> int:
         """Per-request state this runner holds right now (0 between calls in request mode)."""
-        return 0 if self._active is None else len(self._active.request_ids)
+        return len(self.step_states) + (0 if self._active is None else len(self._active.request_ids))
 
     def close(self) -> None:
         self.adapter = None
         self._active = None
+        self.step_states.clear()

@@ -32,3 +32,9 @@ class AlwaysFailingSDAdapter(StableDiffusionAdapter):
 
 class SingleRequestSDAdapter(StableDiffusionAdapter):
     supports_request_batch = False
+
+
+class RequestOnlySDAdapter(StableDiffusionAdapter):
+    """Declares no step contract (as a diffusers black-box adapter would)."""
+
+    supports_step_execution = False

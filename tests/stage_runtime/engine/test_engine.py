@@ -260,7 +260,9 @@ def test_batching_needs_a_batch_capable_pipeline(tiny_sd_path):
 
 def test_step_mode_without_step_contract_fails_at_startup(tiny_sd_path):
     with pytest.raises(ConfigError, match="execution_mode='step'.*does not implement step execution"):
-        make_engine(tiny_sd_path, execution_mode="step")
+        make_engine(tiny_sd_path, adapter="adapters_for_tests:RequestOnlySDAdapter", execution_mode="step")
+    with pytest.raises(ConfigError, match="streaming_output needs step mode"):
+        make_engine(tiny_sd_path, adapter="adapters_for_tests:RequestOnlySDAdapter", streaming_output=True)
 
 
 def test_dit_pipeline_serves_class_prompts(tiny_dit_path):

@@ -1,0 +1,36 @@
+"""What a request's stream receives: pure functions from scheduler state to DiffusionOutput."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from stage_runtime.outputs import DiffusionOutput
+from stage_runtime.request import RequestStatus
+from stage_runtime.sched import RequestState
+
+COUNTERS = {RequestStatus.FINISHED_COMPLETED: "finished_total", RequestStatus.FINISHED_ABORTED: "aborted_total",
+            RequestStatus.FINISHED_ERROR: "failed_total"}
+
+
+def terminal_output(state: RequestState) -> DiffusionOutput:
+    """The one final item of a request: its images, or why it ended without them; with its timings."""
+    rid = state.request_id
+    arrival, end = state.request.arrival_time, state.finished_at or time.monotonic()
+    start = state.scheduled_at or end
+    metrics = {"queue_ms": (start - arrival) * 1e3, "exec_ms": (end - start) * 1e3, "e2e_ms": (end - arrival) * 1e3}
+    out = DiffusionOutput(rid, step_index=state.step_index, num_steps=state.request.num_steps, metrics=metrics)
+    if state.status == RequestStatus.FINISHED_COMPLETED:
+        out.images = state.result.images
+    elif state.status == RequestStatus.FINISHED_ABORTED:
+        out.error, out.error_type = f"Request {rid} aborted.", "request_aborted"
+    else:
+        out.error, out.error_type = state.error, "request_failed"
+    return out
+
+
+def progress_output(state: RequestState, preview: np.ndarray | None = None) -> DiffusionOutput:
+    """A non-final item: step k of n, with a decoded preview when one was made this step."""
+    return DiffusionOutput(state.request_id, finished=False, images=preview, step_index=state.step_index,
+                           num_steps=state.request.num_steps)

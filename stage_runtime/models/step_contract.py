@@ -1,0 +1,66 @@
+"""The four-method step contract (step mode), composed from a pipeline's diffusers components.
+
+    prepare_encode(request) -> state     once per request: prompt/class encoding, latents from the
+                                         request's generators, a per-request copy of the noise scheduler
+    denoise_step(states) -> [pred]       ONE batched denoiser forward for every scheduled request, each at
+                                         its own timestep; guidance applied; predictions sliced per request
+    step_scheduler(state, pred)          latent update for one step; the only place step_index advances
+    post_decode(state) -> uint8 images   VAE decode (on completion, or for a preview)
+
+Each request keeps its own generator, scheduler copy and progress, so its image equals what the
+pipeline's ``__call__`` gives it alone, whatever it is batched with and whenever it joined.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import abstractmethod
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from stage_runtime.request import DiffusionRequest
+from stage_runtime.worker.step_state import StepRequestState
+
+
+class StepContract:
+    supports_step_execution: ClassVar[bool] = True
+
+    @abstractmethod
+    def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
+        """Encode once and create the request's step state."""
+
+    @abstractmethod
+    def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
+        """One denoiser forward for all states → one guided prediction per state, in order."""
+
+    @abstractmethod
+    def post_decode(self, state: StepRequestState) -> np.ndarray:
+        """Decode the state's current latents → uint8 (num_outputs, H, W, 3)."""
+
+    def step_scheduler(self, state: StepRequestState, noise_pred: torch.Tensor) -> None:
+        state.latents = state.scheduler.step(noise_pred, state.timestep, state.latents, **state.step_kwargs,
+                                             return_dict=False)[0]
+        state.step_index += 1
+
+    # -- shared helpers --------------------------------------------------------------------------------
+    def request_scheduler(self, num_steps: int):
+        """A private copy of the pipeline's noise scheduler with this request's timesteps."""
+        scheduler = copy.deepcopy(self.pipe.scheduler)
+        scheduler.set_timesteps(num_steps, device=self.device)
+        return scheduler
+
+    @staticmethod
+    def model_inputs(states: list[StepRequestState]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Each state's (CFG-doubled, scaled) latent rows and the per-row timesteps of the fused forward."""
+        rows, timesteps = [], []
+        for st in states:
+            latents = torch.cat([st.latents] * 2) if st.do_cfg else st.latents
+            rows.append(st.scheduler.scale_model_input(latents, st.timestep))
+            timesteps.append(st.timestep.reshape(1).expand(len(latents)))
+        return rows, torch.cat(timesteps)
+
+    @staticmethod
+    def split_rows(output: torch.Tensor, rows: list[torch.Tensor]) -> list[torch.Tensor]:
+        return list(torch.split(output, [len(r) for r in rows]))

@@ -1,0 +1,37 @@
+"""StepRequestState: one request's denoising state in step mode. Runner-owned; never crosses a process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from stage_runtime.request import DiffusionRequest
+
+
+@dataclass
+class StepRequestState:
+    request: DiffusionRequest
+    scheduler: Any                      # this request's own copy of the noise scheduler (timesteps set)
+    latents: torch.Tensor               # (num_outputs, C, h, w)
+    do_cfg: bool
+    cond: dict[str, torch.Tensor] = field(default_factory=dict)   # prompt embeds / class labels, CFG rows first
+    step_kwargs: dict[str, Any] = field(default_factory=dict)     # extra kwargs for scheduler.step
+    step_index: int = 0                 # steps completed; advanced only by step_scheduler()
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def total_steps(self) -> int:
+        return len(self.scheduler.timesteps)
+
+    @property
+    def timestep(self) -> torch.Tensor:
+        return self.scheduler.timesteps[self.step_index]
+
+    @property
+    def finished(self) -> bool:
+        return self.step_index >= self.total_steps

@@ -1,0 +1,134 @@
+"""Pipeline registry (model_index.json → adapter), the adapter override, and ModelInfo of the tiny models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from stage_runtime.config import ModelConfig
+from stage_runtime.errors import ModelLoadError
+from stage_runtime.models.dit import DiTAdapter
+from stage_runtime.models.info import ModelInfo
+from stage_runtime.models.registry import (ADAPTERS, import_object, read_pipeline_class, resolve_adapter_class,
+                                           resolve_adapter_path)
+from stage_runtime.models.sd import StableDiffusionAdapter
+
+
+def write_index(folder, content) -> str:
+    (folder / "model_index.json").write_text(content if isinstance(content, str) else json.dumps(content))
+    return str(folder)
+
+
+# -- read_pipeline_class / resolution ----------------------------------------------------------------------------
+def test_read_pipeline_class_of_tiny_models(tiny_sd_path, tiny_dit_path):
+    assert read_pipeline_class(tiny_sd_path) == "StableDiffusionPipeline"
+    assert read_pipeline_class(tiny_dit_path) == "DiTPipeline"
+    assert resolve_adapter_class(ModelConfig(path=tiny_sd_path)) is StableDiffusionAdapter
+    assert resolve_adapter_class(ModelConfig(path=tiny_dit_path)) is DiTAdapter
+
+
+def test_missing_model_index(tmp_path):
+    with pytest.raises(ModelLoadError, match="no model_index.json"):
+        read_pipeline_class(tmp_path)
+    with pytest.raises(ModelLoadError, match="no model_index.json"):
+        resolve_adapter_class(ModelConfig(path=str(tmp_path / "nope")))
+
+
+def test_unreadable_model_index(tmp_path):
+    with pytest.raises(ModelLoadError, match="unreadable model_index.json"):
+        read_pipeline_class(write_index(tmp_path, "{not json"))
+    with pytest.raises(ModelLoadError, match="unreadable model_index.json"):
+        read_pipeline_class(write_index(tmp_path, {"_diffusers_version": "0.42.1"}))
+
+
+def test_model_index_that_is_not_an_object_is_a_model_load_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="model_index.json"):
+        read_pipeline_class(write_index(tmp_path, ["StableDiffusionPipeline"]))
+
+
+def test_unsupported_pipeline_class_lists_supported(tmp_path):
+    path = write_index(tmp_path, {"_class_name": "FluxPipeline", "_diffusers_version": "0.42.1"})
+    assert read_pipeline_class(path) == "FluxPipeline"
+    with pytest.raises(ModelLoadError) as exc:
+        resolve_adapter_class(ModelConfig(path=path))
+    msg = str(exc.value)
+    assert "'FluxPipeline' is not supported" in msg
+    assert "supported: DiTPipeline, StableDiffusionPipeline" in msg
+    assert sorted(ADAPTERS) == ["DiTPipeline", "StableDiffusionPipeline"]
+
+
+def test_adapter_override_wins_without_reading_the_folder(tmp_path):
+    path = write_index(tmp_path, {"_class_name": "FluxPipeline"})
+    model = ModelConfig(path=path, adapter="adapters_for_tests:RecordingSDAdapter")
+    assert resolve_adapter_path(model) == "adapters_for_tests:RecordingSDAdapter"
+    cls = resolve_adapter_class(model)
+    assert cls.__name__ == "RecordingSDAdapter" and issubclass(cls, StableDiffusionAdapter)
+    # The folder is not even looked at when an adapter is given.
+    assert resolve_adapter_class(ModelConfig(path=str(tmp_path / "absent"),
+                                             adapter="stage_runtime.models.dit:DiTAdapter")) is DiTAdapter
+
+
+@pytest.mark.parametrize("adapter", ["no_such_module_xyz:Adapter", "stage_runtime.models.sd:NoSuchAdapter"])
+def test_bad_adapter_import_path(tiny_sd_path, adapter):
+    with pytest.raises(ModelLoadError, match=f"cannot import '{adapter}'"):
+        resolve_adapter_class(ModelConfig(path=tiny_sd_path, adapter=adapter))
+    with pytest.raises(ModelLoadError, match="cannot import"):
+        import_object(adapter)
+
+
+def test_malformed_adapter_path_rejected_by_config():
+    with pytest.raises(ValueError, match="package.module:ClassName"):
+        ModelConfig(path="/x", adapter="not a path")
+
+
+# -- ModelInfo of the loaded tiny adapters ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sd_adapter(tiny_sd_path):
+    return resolve_adapter_class(ModelConfig(path=tiny_sd_path)).load(tiny_sd_path, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def dit_adapter(tiny_dit_path):
+    return resolve_adapter_class(ModelConfig(path=tiny_dit_path)).load(tiny_dit_path, torch.device("cpu"))
+
+
+def test_sd_model_info(sd_adapter):
+    info = sd_adapter.info()
+    assert isinstance(info, ModelInfo)
+    assert info == ModelInfo(
+        pipeline_class="StableDiffusionPipeline", adapter="stage_runtime.models.sd:StableDiffusionAdapter",
+        default_height=64, default_width=64, default_steps=20, default_guidance=7.5, size_multiple=8,
+        fixed_size=False, supports_request_batch=True, num_attention_heads=4,
+        supports_step_execution=type(sd_adapter).supports_step_execution)
+    assert sd_adapter.denoiser is sd_adapter.pipe.unet
+
+
+def test_dit_model_info(dit_adapter):
+    info = dit_adapter.info()
+    assert info == ModelInfo(
+        pipeline_class="DiTPipeline", adapter="stage_runtime.models.dit:DiTAdapter",
+        default_height=64, default_width=64, default_steps=20, default_guidance=4.0, size_multiple=8,
+        fixed_size=True, supports_request_batch=True, num_attention_heads=4,
+        supports_step_execution=type(dit_adapter).supports_step_execution)
+    assert dit_adapter.denoiser is dit_adapter.pipe.transformer
+    assert dit_adapter.num_classes == 1000
+
+
+def test_dit_class_label(dit_adapter):
+    assert dit_adapter.class_label("207") == 207
+    assert dit_adapter.class_label(" 207 ") == 207
+    first = dit_adapter.class_label("a cat")
+    assert 0 <= first < 1000
+    assert first == 92                                     # CRC32, not hash(): stable across processes
+    assert all(dit_adapter.class_label("a cat") == first for _ in range(3))
+    assert dit_adapter.class_label("5000") == 5000          # out of range: check_request rejects it
+
+
+def test_model_info_reflects_the_adapter_declarations(tiny_sd_path):
+    cls = resolve_adapter_class(ModelConfig(path=tiny_sd_path, adapter="adapters_for_tests:SingleRequestSDAdapter"))
+    info = cls.load(tiny_sd_path, torch.device("cpu")).info()
+    assert info.adapter == "adapters_for_tests:SingleRequestSDAdapter"
+    assert info.pipeline_class == "StableDiffusionPipeline"
+    assert info.supports_request_batch is False

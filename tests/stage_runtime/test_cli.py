@@ -1,0 +1,176 @@
+"""``stage-runtime`` CLI: in-process through ``cli.main`` (capsys) and, for exit codes, as a real subprocess.
+
+Exit codes: 0 ok, 2 configuration / topology / input error (one ``error: ...`` line on stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from stage_runtime.cli import main
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def run_subprocess(*argv: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "stage_runtime", *argv], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+# -- validate ---------------------------------------------------------------------------------------------
+def test_validate_bad_topology_exits_2_as_a_real_process():
+    proc = run_subprocess("validate", "--num-gpus", "3", "--cfg-parallel-size", "2")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ")
+    assert "num_gpus=3" in proc.stderr and "cfg_parallel_size(2)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_validate_bad_topology_in_process(capsys):
+    rc, out, err = run_cli(capsys, "validate", "--num-gpus", "3", "--cfg-parallel-size", "2")
+    assert rc == 2 and out == ""
+    assert "num_gpus=3" in err and "cfg_parallel_size(2)" in err
+
+
+def test_validate_ok_prints_rank_layout(capsys):
+    rc, out, err = run_cli(capsys, "validate", "--num-gpus", "4", "--cfg-parallel-size", "2")
+    assert rc == 0 and err == ""
+    assert "world_size=4" in out and "cfg=2 dp=2" in out
+    assert "executor: mp" in out                           # world > 1 resolves to the multiprocess executor
+    rank_lines = [line.strip() for line in out.splitlines() if line.strip().startswith("rank ")]
+    assert rank_lines == [
+        "rank 0: tp=0 sp=0 pp=0 cfg=0 dp=0",
+        "rank 1: tp=0 sp=0 pp=0 cfg=1 dp=0",
+        "rank 2: tp=0 sp=0 pp=0 cfg=0 dp=1",
+        "rank 3: tp=0 sp=0 pp=0 cfg=1 dp=1",
+    ]
+
+
+def test_validate_ok_as_a_real_process():
+    proc = run_subprocess("validate", "--num-gpus", "4", "--cfg-parallel-size", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "world_size=4" in proc.stdout and proc.stdout.count("  rank ") == 4
+
+
+def test_validate_single_rank_defaults(capsys):
+    rc, out, _ = run_cli(capsys, "validate")
+    assert rc == 0
+    assert "world_size=1" in out and "executor: uni" in out and "max_num_seqs: 1" in out
+    assert out.count("  rank ") == 1
+
+
+def test_validate_config_file_with_flag_override(tmp_path, capsys):
+    cfg = tmp_path / "stage.yaml"
+    cfg.write_text("model:\n  path: /models/whatever\nparallel:\n  num_gpus: 2\n"
+                   "scheduler:\n  max_num_seqs: 2\n  execution_mode: request\n")
+    rc, out, err = run_cli(capsys, "validate", "--config", str(cfg))
+    assert rc == 0, err
+    assert "world_size=2" in out and "max_num_seqs: 2" in out
+
+    rc, out, err = run_cli(capsys, "validate", "--config", str(cfg), "--num-gpus", "4", "--max-num-seqs", "8")
+    assert rc == 0, err
+    assert "world_size=4" in out and "dp=4" in out      # the flag wins over the file
+    assert "max_num_seqs: 8" in out
+    assert "execution_mode: request" in out             # untouched file values are kept
+    assert out.count("  rank ") == 4
+
+
+def test_validate_config_file_unknown_field_exits_2(tmp_path, capsys):
+    cfg = tmp_path / "stage.yaml"
+    cfg.write_text("model:\n  path: /models/whatever\nparallel:\n  num_gpuz: 2\n")
+    rc, out, err = run_cli(capsys, "validate", "--config", str(cfg))
+    assert rc == 2 and out == ""
+    assert "num_gpuz" in err and "unknown field" in err and str(cfg) in err
+
+
+def test_validate_missing_config_file_exits_2(tmp_path, capsys):
+    rc, _, err = run_cli(capsys, "validate", "--config", str(tmp_path / "nope.yaml"))
+    assert rc == 2 and "cannot read config file" in err
+
+
+def test_validate_uni_executor_on_two_ranks_exits_2(capsys):
+    rc, _, err = run_cli(capsys, "validate", "--num-gpus", "2", "--executor", "uni")
+    assert rc == 2 and "executor='uni'" in err and "world_size=2" in err
+
+
+# -- make-tiny-model ----------------------------------------------------------------------------------------
+def test_make_tiny_model_dit(tmp_path, capsys):
+    out_dir = tmp_path / "tiny-dit"
+    rc, out, _ = run_cli(capsys, "make-tiny-model", str(out_dir), "--kind", "dit")
+    assert rc == 0 and "wrote tiny dit pipeline" in out
+    index = json.loads((out_dir / "model_index.json").read_text())
+    assert index["_class_name"] == "DiTPipeline"
+
+
+# -- generate -------------------------------------------------------------------------------------------------
+def test_generate_writes_png_and_prints_timing(tiny_sd_path, tmp_path, capsys):
+    png = tmp_path / "sub" / "F.png"
+    rc, out, err = run_cli(capsys, "generate", "--model", tiny_sd_path, "--prompt", "x", "--steps", "2",
+                           "--size", "64x64", "--seed", "1", "--out", str(png), "--device", "cpu")
+    assert rc == 0, err
+    with Image.open(png) as img:
+        img.load()
+        assert img.format == "PNG" and img.size == (64, 64) and img.mode == "RGB"
+    lines = out.strip().splitlines()
+    assert "64x64 PNG" in lines[0] and str(png.resolve()) in lines[0]
+    timing = json.loads(lines[-1])
+    assert set(timing) == {"engine_start_s", "generate_s", "queue_ms", "exec_ms", "save_s"}
+    assert all(isinstance(v, (int, float)) and v >= 0 for v in timing.values())
+
+
+def test_generate_bad_size_format_exits_2(tiny_sd_path, tmp_path, capsys):
+    rc, out, err = run_cli(capsys, "generate", "--model", tiny_sd_path, "--prompt", "x", "--steps", "2",
+                           "--size", "64by64", "--out", str(tmp_path / "F.png"))
+    assert rc == 2 and out == ""
+    assert err.startswith("error: size=") and "64by64" in err
+    assert not (tmp_path / "F.png").exists()
+
+
+def test_generate_size_not_multiple_of_8_exits_2(tiny_sd_path, tmp_path, capsys):
+    rc, _, err = run_cli(capsys, "generate", "--model", tiny_sd_path, "--prompt", "x", "--steps", "2",
+                         "--size", "60x64", "--device", "cpu", "--out", str(tmp_path / "F.png"))
+    assert rc == 2
+    assert "width=60" in err and "multiple of 8" in err
+    assert not (tmp_path / "F.png").exists()
+
+
+def test_generate_nonexistent_model_exits_2(tmp_path, capsys):
+    rc, out, err = run_cli(capsys, "generate", "--model", "/nonexistent", "--prompt", "x",
+                           "--out", str(tmp_path / "F.png"))
+    assert rc == 2 and out == ""
+    assert "model_index.json" in err and "/nonexistent" in err
+
+
+def test_generate_without_model_exits_2(capsys):
+    rc, _, err = run_cli(capsys, "generate", "--prompt", "x")
+    assert rc == 2 and "--model" in err
+
+
+def test_generate_mp_executor_not_available_exits_2(tiny_sd_path, tmp_path, capsys):
+    rc, out, err = run_cli(capsys, "generate", "--model", tiny_sd_path, "--prompt", "x", "--steps", "2",
+                           "--executor", "mp", "--device", "cpu", "--out", str(tmp_path / "F.png"))
+    assert rc == 2 and out == ""
+    assert err.startswith("error: ")
+    assert "executor='mp' is not available" in err
+
+
+def test_argparse_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--prompt", "x", "--steps", "many"])
+    assert exc.value.code == 2
+    assert "--steps" in capsys.readouterr().err
