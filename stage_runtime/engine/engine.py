@@ -179,6 +179,8 @@ class DiffusionEngine:
 
     def _wait_for_work_locked(self) -> None:
         while not self._stop and not self._abort_ids and not self._rpcs:
+            if self.step_mode and self.scheduler.has_unreported_finished():
+                return                    # an empty tick retires the runner state of aborted requests
             if self.scheduler.has_requests():
                 delay = self.scheduler.admission_delay()
                 if delay <= 0:

@@ -132,6 +132,10 @@ class BaseScheduler(ABC):
     def has_requests(self) -> bool:
         return bool(self._waiting or self._running)
 
+    def has_unreported_finished(self) -> bool:
+        """Terminal requests the workers have not been told about yet (their state must be retired)."""
+        return bool(self._finished_since_schedule)
+
     @property
     def num_waiting_reqs(self) -> int:
         return len(self._waiting)

@@ -38,3 +38,17 @@ class RequestOnlySDAdapter(StableDiffusionAdapter):
     """Declares no step contract (as a diffusers black-box adapter would)."""
 
     supports_step_execution = False
+
+
+class StepFaultSDAdapter(StableDiffusionAdapter):
+    """Step mode: prompt "boom" fails in prepare_encode, "late-boom" fails in its third scheduler step."""
+
+    def prepare_encode(self, request):
+        if request.prompt == "boom":
+            raise RuntimeError("boom in prepare_encode")
+        return super().prepare_encode(request)
+
+    def step_scheduler(self, state, noise_pred):
+        if state.request.prompt == "late-boom" and state.step_index == 2:
+            raise RuntimeError("boom in step 3")
+        super().step_scheduler(state, noise_pred)
