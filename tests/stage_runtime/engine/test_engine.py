@@ -6,17 +6,24 @@ Every test ends by asserting the engine, scheduler and runner hold no state for 
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
+from adapters_for_tests import RecordingSDAdapter
+from engine_probes import assert_no_state, count_at_delivery, count_denoiser_calls, wait_until
 
 from stage_runtime.config import load_config
 from stage_runtime.engine import DiffusionEngine
-from stage_runtime.errors import (ConfigError, DuplicateRequestError, EngineClosedError, EngineStartupError,
-                                  InvalidRequestError, RequestAbortedError, RequestFailedError)
+from stage_runtime.errors import (
+    ConfigError,
+    DuplicateRequestError,
+    EngineClosedError,
+    EngineStartupError,
+    InvalidRequestError,
+    RequestAbortedError,
+    RequestFailedError,
+)
 from stage_runtime.request import DiffusionRequest, SamplingParams
-from adapters_for_tests import RecordingSDAdapter
 
 RECORDING = "adapters_for_tests:RecordingSDAdapter"
 
@@ -31,37 +38,8 @@ def req(rid: str, prompt: str = "a cat", steps: int = 3, seed: int = 1, **kw) ->
     return DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed, **kw))
 
 
-def runner_of(engine: DiffusionEngine):
-    return engine.executor.worker.model_runner
 
 
-def assert_no_state(engine: DiffusionEngine) -> None:
-    # An aborted request is delivered at the next step; the runner's call unwinds right after it.
-    wait_until(lambda: runner_of(engine).num_request_states() == 0, timeout=5)
-    assert engine.num_request_states() == 0
-    assert engine.scheduler.num_states == 0
-    assert runner_of(engine).num_request_states() == 0
-
-
-def wait_until(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
-
-
-def count_at_delivery(stream, calls: list[int]) -> list[int]:
-    """Instrument one stream: the denoiser call count at the moment its final output is delivered."""
-    seen: list[int] = []
-    put = stream.put
-
-    def recording_put(item):
-        if item.finished:
-            seen.append(calls[0])
-        put(item)
-
-    stream.put = recording_put
-    return seen
 
 
 @pytest.fixture
@@ -164,14 +142,9 @@ def test_abort_waiting_request(tiny_sd_path):
         eng.close()
 
 
-def _count_denoiser_calls(engine: DiffusionEngine) -> list[int]:
-    calls = [0]
-    runner_of(engine).adapter.denoiser.register_forward_pre_hook(lambda m, a: calls.__setitem__(0, calls[0] + 1))
-    return calls
-
 
 def test_abort_running_alone_stops_within_one_step(engine):
-    calls = _count_denoiser_calls(engine)
+    calls = count_denoiser_calls(engine)
     stream = engine.add_request(req("long", steps=500))
     wait_until(lambda: calls[0] >= 3)
     at_abort = calls[0]
@@ -184,7 +157,7 @@ def test_abort_running_alone_stops_within_one_step(engine):
 
 
 def test_abort_running_in_fused_batch_ends_within_one_step_and_mate_completes(engine):
-    calls = _count_denoiser_calls(engine)
+    calls = count_denoiser_calls(engine)
     victim = engine.add_request(req("victim", "a fox", steps=60, seed=1))
     mate = engine.add_request(req("mate", "a car", steps=60, seed=2))
     wait_until(lambda: calls[0] >= 3)

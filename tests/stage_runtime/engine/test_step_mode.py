@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import random
-import time
 
 import numpy as np
 import pytest
 import torch
 from diffusers import DiffusionPipeline
+from engine_probes import assert_no_state, count_at_delivery, count_denoiser_calls, max_diff, runner_of, wait_until
 
 from stage_runtime.config import load_config
 from stage_runtime.engine import DiffusionEngine
@@ -28,40 +28,9 @@ def req(rid: str, prompt: str, steps: int, seed: int, **kw) -> DiffusionRequest:
     return DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed, **kw))
 
 
-def runner_of(engine):
-    return engine.executor.worker.model_runner
 
 
-def wait_until(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.002)
 
-
-def assert_no_state(engine) -> None:
-    wait_until(lambda: runner_of(engine).num_request_states() == 0, timeout=5)
-    assert engine.num_request_states() == 0 and engine.scheduler.num_states == 0
-    assert runner_of(engine).step_states == {}
-
-
-def count_at_delivery(stream, calls: list[int]) -> list[int]:
-    """Instrument one stream: the denoiser call count at the moment its final output is delivered."""
-    seen: list[int] = []
-    put = stream.put
-
-    def recording_put(item):
-        if item.finished:
-            seen.append(calls[0])
-        put(item)
-
-    stream.put = recording_put
-    return seen
-
-
-def max_diff(a: np.ndarray, b: np.ndarray) -> int:
-    assert a.shape == b.shape
-    return int(np.abs(a.astype(int) - b.astype(int)).max())
 
 
 def call_reference(path: str, prompt: str, steps: int, seed: int, n: int = 1, guidance: float | None = None):
@@ -163,8 +132,7 @@ def _shm_segments() -> set[str]:
 
 def test_abort_at_random_steps_for_50_requests(tiny_dit_path):
     eng = make_engine(tiny_dit_path, max_num_seqs=4)
-    calls = [0]
-    runner_of(eng).adapter.denoiser.register_forward_pre_hook(lambda m, a: calls.__setitem__(0, calls[0] + 1))
+    calls = count_denoiser_calls(eng)
     shm_before = _shm_segments()
     rng = random.Random(1234)
     mate = eng.add_request(req("mate", "13", 900, 99))        # a batch-mate that keeps running throughout

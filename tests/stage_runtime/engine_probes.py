@@ -1,0 +1,54 @@
+"""Observation helpers shared by the engine tests (they watch the real engine; they replace nothing)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def runner_of(engine):
+    return engine.executor.worker.model_runner
+
+
+def wait_until(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.002)
+
+
+def assert_no_state(engine) -> None:
+    """Engine, scheduler and runner hold nothing for finished requests.
+
+    An aborted request is delivered at the next step; the runner's call unwinds right after it.
+    """
+    wait_until(lambda: runner_of(engine).num_request_states() == 0, timeout=5)
+    assert engine.num_request_states() == 0
+    assert engine.scheduler.num_states == 0
+    assert runner_of(engine).step_states == {}
+
+
+def count_denoiser_calls(engine) -> list[int]:
+    calls = [0]
+    runner_of(engine).adapter.denoiser.register_forward_pre_hook(lambda m, a: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def count_at_delivery(stream, calls: list[int]) -> list[int]:
+    """Instrument one stream: the denoiser call count at the moment its final output is delivered."""
+    seen: list[int] = []
+    put = stream.put
+
+    def recording_put(item):
+        if item.finished:
+            seen.append(calls[0])
+        put(item)
+
+    stream.put = recording_put
+    return seen
+
+
+def max_diff(a: np.ndarray, b: np.ndarray) -> int:
+    assert a.shape == b.shape
+    return int(np.abs(a.astype(int) - b.astype(int)).max())
