@@ -30,6 +30,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/engine_overhead.py
+	$(PY) bench/step_mode.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .demo
