@@ -252,8 +252,8 @@ def main() -> None:
     for e in engines.values():                            # warm every engine beyond its 2-step warmup
         e.add_request(request("warm", 0, 4, args.size)).result(TIMEOUT)
     size = args.size
-    print(f"ran on: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} thread), "
-          f"python {platform.python_version()}")
+    print(f"ran on: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__} "
+          f"({torch.get_num_threads()} thread), python {platform.python_version()}")
     print(f"workload: tiny SD {size}x{size}, guidance 7.5, uni executor, engines side by side in one process")
 
     step_s, req_step_s, rows = section_s6(engines["req1"], engines["step1"], args.latency_n, size)
