@@ -5,6 +5,7 @@ Nothing here holds a tensor or a callable: images are numpy uint8 arrays, shape 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,10 @@ class ProgressEvent:
     request_ids: tuple[str, ...]
     step_index: int                          # steps completed
     num_steps: int
+
+
+# Runner → engine once per denoising step; returns the ids the engine wants stopped.
+ProgressHook = Callable[[ProgressEvent], Iterable[str]]
 
 
 @dataclass

@@ -11,17 +11,16 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from stage_runtime.config import StageConfig
 from stage_runtime.errors import ConfigError, EngineDeadError, ModelLoadError
-from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent
+from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, ProgressHook
 from stage_runtime.sched.output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 
-ProgressHook = Callable[[ProgressEvent], Iterable[str]]
 FailureCallback = Callable[[str], None]
 
 BUILTIN_EXECUTORS = {

@@ -13,7 +13,6 @@ A failing fused call is retried request by request, so one bad request never fai
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
 
 import torch
 
@@ -22,14 +21,13 @@ from stage_runtime.errors import ConfigError, InvalidRequestError
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.models.info import ModelInfo
 from stage_runtime.models.registry import resolve_adapter_class
-from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, RunnerOutput
+from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, ProgressHook, RunnerOutput
 from stage_runtime.request import DiffusionRequest
 from stage_runtime.sched.output import SchedulerOutput
 from stage_runtime.worker.step_state import StepRequestState
 
 log = logging.getLogger(__name__)
 
-ProgressHook = Callable[[ProgressEvent], Iterable[str]]
 
 
 class _Interrupted(Exception):

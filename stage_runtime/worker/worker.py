@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable, Iterable
 
 import torch
 
 from stage_runtime.config import StageConfig
 from stage_runtime.errors import ConfigError
 from stage_runtime.models.info import ModelInfo
-from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent
+from stage_runtime.outputs import BatchRunnerOutput, ProgressHook
 from stage_runtime.sched.output import SchedulerOutput
 from stage_runtime.worker.model_runner import DiffusionModelRunner
 
@@ -29,7 +28,7 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
 
 class DiffusionWorker:
     def __init__(self, config: StageConfig, rank: int = 0, local_rank: int | None = None,
-                 progress_hook: Callable[[ProgressEvent], Iterable[str]] | None = None):
+                 progress_hook: ProgressHook | None = None):
         self.config = config
         self.rank = rank
         self.local_rank = rank if local_rank is None else local_rank
