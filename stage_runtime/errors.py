@@ -11,7 +11,9 @@
     │   └── RequestFailedError     the pipeline call failed          HTTP 500
     ├── EngineStartupError     warmup or startup failed             CLI exit 1
     ├── EngineClosedError      the engine is closed or closing       HTTP 503
-    └── EngineDeadError        a worker died / collective failed     HTTP 503, exit 3
+    ├── EngineDeadError        a worker died / collective failed     HTTP 503, exit 3
+    └── WorkerFatalError       inside a rank: it cannot go on (a collective failed or timed
+                               out); never a per-request error — the rank exits, the engine dies
 
 Per-request failures stay per-request: they end one request's stream and never the engine.
 """
@@ -75,3 +77,13 @@ class EngineStartupError(DiffStageError, RuntimeError):
     """The engine could not start (e.g. the warmup request failed); it was closed again."""
 
     error_type = "engine_startup"
+
+
+class WorkerFatalError(DiffStageError, RuntimeError):
+    """Raised inside a worker rank when it cannot continue (e.g. a collective failed or timed out).
+
+    The runner never turns it into a per-request error: the rank reports it and exits, and the
+    executor fails closed (every in-flight request then ends with EngineDeadError).
+    """
+
+    error_type = "worker_fatal"

@@ -22,6 +22,7 @@ class RunnerOutput:
     aborted: bool = False                    # the runner stopped computing it because it was aborted
     step_index: int | None = None            # denoising steps completed so far
     finished: bool = True
+    async_output_id: str | None = None       # mp request mode: images follow as OUTPUT_READY under this id
 
 
 @dataclass

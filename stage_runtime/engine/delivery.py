@@ -10,8 +10,8 @@ from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import RequestStatus
 from stage_runtime.sched import RequestState
 
-COUNTERS = {RequestStatus.FINISHED_COMPLETED: "finished_total", RequestStatus.FINISHED_ABORTED: "aborted_total",
-            RequestStatus.FINISHED_ERROR: "failed_total"}
+# The engine's outcome counters, by the terminal output's error_type (None = completed).
+OUTCOME_COUNTERS = {None: "finished_total", "request_aborted": "aborted_total", "request_failed": "failed_total"}
 
 
 def terminal_output(state: RequestState) -> DiffusionOutput:
