@@ -156,8 +156,6 @@ def enable_ulysses(denoiser: torch.nn.Module, group, degree: int) -> None:
     """
     if degree == 1:
         return
-    if group is None or group_size(group) != degree:
-        raise ConfigError(f"ulysses_degree={degree} needs a sequence-parallel group of {degree} ranks")
     if getattr(denoiser, _MARK, False):
         raise ConfigError(f"Ulysses is already enabled on this {type(denoiser).__name__}")
     targets = [(name or type(denoiser).__name__, m) for name, m in denoiser.named_modules()
@@ -168,6 +166,8 @@ def enable_ulysses(denoiser: torch.nn.Module, group, degree: int) -> None:
     for name, _m in targets:   # validate everything before installing anything
         for i, block in enumerate(_m.transformer_blocks):
             _check_block(block, f"{name}.transformer_blocks.{i}", degree)
+    if group is None or group_size(group) != degree:
+        raise ConfigError(f"ulysses_degree={degree} needs a sequence-parallel group of {degree} ranks")
     for name, transformer in targets:
         _install(transformer, name, group, degree)
     setattr(denoiser, _MARK, True)

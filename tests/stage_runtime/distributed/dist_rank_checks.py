@@ -1,0 +1,224 @@
+"""Rank-side code of the distributed tests: runs in spawned processes (and in the test process for references).
+
+Kept out of the test modules so ``spawn`` children can import it by name (the test folder is put on
+``sys.path`` by the test module; spawn hands the parent's ``sys.path`` to its children).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+TIMEOUT_S = 30.0
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free localhost ports (all bound at once, so they cannot repeat)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def load_adapter(path: str):
+    import torch
+
+    from stage_runtime.config import ModelConfig
+    from stage_runtime.models.registry import resolve_adapter_class
+
+    return resolve_adapter_class(ModelConfig(path=path)).load(path, torch.device("cpu"))
+
+
+def _request(adapter, rid: str, prompt: str, steps: int, seed: int, guidance: float, **kw):
+    from stage_runtime.request import DiffusionRequest, SamplingParams
+
+    req = DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed,
+                                                       guidance_scale=guidance, **kw))
+    return req.resolve(adapter.info())
+
+
+def run_steps(adapter, requests) -> dict:
+    """The step contract: prepare_encode, batched denoise_step / step_scheduler until done, post_decode."""
+    states = [adapter.prepare_encode(r) for r in requests]
+    while active := [st for st in states if not st.finished]:
+        for st, pred in zip(active, adapter.denoise_step(active), strict=True):
+            adapter.step_scheduler(st, pred)
+    return {st.request_id: adapter.post_decode(st) for st in states}
+
+
+def scenarios(adapter) -> dict:
+    """Every image the equality tests compare, keyed ``<scenario>/<request id>`` (uint8 arrays)."""
+    import torch
+
+    out: dict = {}
+    with torch.inference_mode():
+        for guidance in (adapter.default_guidance, 1.0):
+            tag = f"g{guidance:g}"
+            batch = [_request(adapter, "a", "17", 2, 1, guidance), _request(adapter, "b", "red car", 2, 2, guidance)]
+            for rid, img in adapter.run_batch(batch).items():
+                out[f"request-{tag}/{rid}"] = img
+            single = [_request(adapter, "c", "3", 2, 3, guidance)]
+            for rid, img in adapter.run_batch(single).items():
+                out[f"request1-{tag}/{rid}"] = img
+            steps = [_request(adapter, "s3", "42", 3, 4, guidance), _request(adapter, "s2", "a cat", 2, 5, guidance)]
+            for rid, img in run_steps(adapter, steps).items():
+                out[f"step-{tag}/{rid}"] = img
+    return out
+
+
+def step_time(adapter, guidance: float, steps: int = 10) -> float:
+    """Seconds per denoise_step (after one warm-up step) for one request."""
+    import torch
+
+    with torch.inference_mode():
+        st = adapter.prepare_encode(_request(adapter, "t", "17", steps + 1, 0, guidance))
+        adapter.step_scheduler(st, adapter.denoise_step([st])[0])
+        start = time.perf_counter()
+        while not st.finished:
+            adapter.step_scheduler(st, adapter.denoise_step([st])[0])
+        return (time.perf_counter() - start) / steps
+
+
+def run_rank(rank: int, world: int, ports: list[int], spec: dict, results) -> None:
+    """Entry point of one spawned rank: for each topology in ``spec['parallels']`` (in order): init the
+    world, run ``spec['job']``, destroy. Reports the list of payloads (one per topology) or the error."""
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        from stage_runtime.config import ParallelConfig
+        from stage_runtime.distributed.groups import destroy_distributed, init_distributed
+
+        payloads = []
+        for index, (port, fields) in enumerate(zip(ports, spec["parallels"], strict=True)):
+            parallel = ParallelConfig(**fields)
+            groups = init_distributed(parallel, rank, f"tcp://127.0.0.1:{port}", torch.device("cpu"),
+                                      spec.get("timeout_s", TIMEOUT_S))
+            try:
+                payloads.append(JOBS[spec["job"]](rank, groups, parallel, {**spec, "index": index}))
+            finally:
+                destroy_distributed()
+        results.put((rank, "ok", payloads))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the test
+        results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def _job_models(rank, groups, parallel, spec) -> dict:
+    from stage_runtime.distributed.apply import apply_parallelism
+
+    payload = {"groups": {"coords": tuple(groups.coords), "leader": groups.is_replica_leader,
+                          "replica_ranks": groups.replica_ranks, "dp": (groups.dp_rank, groups.dp_size)}}
+    for kind, path in spec["models"].items():
+        adapter = load_adapter(path)
+        apply_parallelism(adapter, groups, parallel)
+        payload[f"{kind}-installed"] = installed(adapter.denoiser)
+        payload[kind] = scenarios(adapter)
+        if spec.get("time_steps"):
+            payload[f"{kind}-step-time"] = {g: step_time(adapter, g) for g in (adapter.default_guidance, 1.0)}
+    return payload
+
+
+def installed(denoiser) -> dict:
+    """What parallelism is installed on a denoiser: CFG forward wrapper, number of Ulysses processors."""
+    from diffusers.models.attention_processor import Attention
+
+    from stage_runtime.distributed.ulysses import UlyssesAttnProcessor
+
+    return {"cfg": getattr(denoiser, "_diffstage_cfg_parallel", None) is not None,
+            "ulysses": sum(isinstance(m, Attention) and isinstance(m.processor, UlyssesAttnProcessor)
+                           for m in denoiser.modules())}
+
+
+def _job_peer_gone(rank, groups, parallel, spec) -> dict:
+    """Rank 1 leaves (peer ``exit``) or stalls past the timeout (``stall``) instead of joining rank 0's
+    all_gather; rank 0 must get a CollectiveError, not hang. ``spec['peers'][index]`` picks the case."""
+    import torch
+
+    from stage_runtime.distributed.comm import CollectiveError, all_gather_cat
+
+    peer = spec["peers"][spec["index"]]
+    if rank == 1:
+        if peer == "stall":
+            time.sleep(spec["timeout_s"] + 0.5)
+        return {"left": peer}
+    if peer == "exit":
+        time.sleep(0.5)
+    start = time.monotonic()
+    try:
+        all_gather_cat(torch.ones(4), groups.cfg_group)
+    except CollectiveError as exc:
+        return {"error": str(exc), "seconds": time.monotonic() - start}
+    return {"error": None, "seconds": time.monotonic() - start}
+
+
+JOBS = {"models": _job_models, "peer_gone": _job_peer_gone}
+
+
+class Ranks:
+    """``world`` spawned processes running :func:`run_rank`; :meth:`wait` returns each rank's payload."""
+
+    def __init__(self, world: int, spec: dict):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.world, self.results = world, ctx.Queue()
+        ports = free_ports(len(spec["parallels"]))
+        self.procs = [ctx.Process(target=run_rank, args=(r, world, ports, spec, self.results), daemon=True)
+                      for r in range(world)]
+        for p in self.procs:
+            p.start()
+
+    def wait(self, timeout_s: float = 120.0) -> dict[int, list]:
+        """Payloads per rank (one per topology); AssertionError with every failing rank's traceback (processes always reaped)."""
+        out, errors = {}, []
+        try:
+            deadline = time.monotonic() + timeout_s
+            while len(out) + len(errors) < self.world:
+                rank, status, payload = self.results.get(timeout=max(1.0, deadline - time.monotonic()))
+                if status == "ok":
+                    out[rank] = payload
+                else:
+                    errors.append(f"rank {rank}: {payload}")
+        finally:
+            for p in self.procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+        if errors:
+            raise AssertionError("\n".join(errors))
+        return out
+
+
+def spawn_ranks(world: int, spec: dict, timeout_s: float = 120.0) -> dict[int, list]:
+    return Ranks(world, spec).wait(timeout_s)
+
+
+def max_abs_diff(a, b) -> int:
+    import numpy as np
+
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return int(np.abs(a.astype(np.int16) - b.astype(np.int16)).max())
+
+
+def image_mismatches(payloads: dict[int, dict], references: dict, kind: str, tol: int = 2) -> list[str]:
+    """Every (rank, scenario) whose image differs from the single-rank reference by more than ``tol``."""
+    bad = []
+    for rank, payload in sorted(payloads.items()):
+        got = payload[kind]
+        if sorted(got) != sorted(references):
+            bad.append(f"rank {rank}: scenarios {sorted(got)} != {sorted(references)}")
+            continue
+        for name, ref in references.items():
+            if (diff := max_abs_diff(got[name], ref)) > tol:
+                bad.append(f"rank {rank} {kind} {name}: max |diff| = {diff} > {tol}")
+    return bad
