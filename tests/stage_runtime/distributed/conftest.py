@@ -16,13 +16,17 @@ TOPOLOGIES = {"cfg": {"cfg_parallel_size": 2}, "ulysses": {"ulysses_degree": 2}}
 
 @pytest.fixture(scope="session")
 def two_rank_runs(tiny_sd_path, tiny_dit_path) -> tuple[dict[str, dict[int, dict]], dict]:
-    """({topology: {rank: payload}}, {kind: single-rank reference images})."""
+    """({topology: {rank: payload}}, references): per kind the single-rank images, and under
+    ``<kind>-transformer`` the outputs of one directly called transformer (SD only)."""
     import dist_rank_checks as checks
 
     paths = {"sd": tiny_sd_path, "dit": tiny_dit_path}
     ranks = checks.Ranks(2, {"job": "models", "parallels": list(TOPOLOGIES.values()), "models": paths})
     try:
-        references = {kind: checks.scenarios(checks.load_adapter(path)) for kind, path in paths.items()}
+        adapters = {kind: checks.load_adapter(path) for kind, path in paths.items()}
+        references = {kind: checks.scenarios(adapter) for kind, adapter in adapters.items()}
+        references.update({f"{kind}-transformer": checks.transformer_outputs(adapter)
+                           for kind, adapter in adapters.items()})
     finally:
         payloads = ranks.wait(timeout_s=240)
     by_topology = {name: {rank: payloads[rank][i] for rank in payloads} for i, name in enumerate(TOPOLOGIES)}

@@ -69,9 +69,29 @@ def scenarios(adapter) -> dict:
             single = [_request(adapter, "c", "3", 2, 3, guidance)]
             for rid, img in adapter.run_batch(single).items():
                 out[f"request1-{tag}/{rid}"] = img
-            steps = [_request(adapter, "s3", "42", 3, 4, guidance), _request(adapter, "s2", "a cat", 2, 5, guidance)]
+            # 3 rows at guidance 1 (odd: padded split), then 1 row once s2 is done.
+            steps = [_request(adapter, "s3", "42", 3, 4, guidance),
+                     _request(adapter, "s2", "a cat", 2, 5, guidance, num_outputs=2)]
             for rid, img in run_steps(adapter, steps).items():
                 out[f"step-{tag}/{rid}"] = img
+    return out
+
+
+def transformer_outputs(adapter) -> dict:
+    """One UNet Transformer2DModel called directly on 4x4 (16 tokens: sharded under Ulysses 2) and 3x3
+    (9 tokens: not divisible, runs unsharded) inputs, as float arrays (SD only)."""
+    import torch
+
+    if not hasattr(adapter.denoiser, "down_blocks"):
+        return {}
+    transformer = adapter.denoiser.down_blocks[1].attentions[0]
+    gen = torch.Generator().manual_seed(0)
+    context = torch.randn(2, 5, adapter.denoiser.config.cross_attention_dim, generator=gen)
+    out = {}
+    with torch.inference_mode():
+        for side in (4, 3):
+            hidden = torch.randn(2, transformer.config.in_channels, side, side, generator=gen)
+            out[f"{side}x{side}"] = transformer(hidden, encoder_hidden_states=context).sample.numpy()
     return out
 
 
@@ -122,6 +142,7 @@ def _job_models(rank, groups, parallel, spec) -> dict:
         apply_parallelism(adapter, groups, parallel)
         payload[f"{kind}-installed"] = installed(adapter.denoiser)
         payload[kind] = scenarios(adapter)
+        payload[f"{kind}-transformer"] = transformer_outputs(adapter)
         if spec.get("time_steps"):
             payload[f"{kind}-step-time"] = {g: step_time(adapter, g) for g in (adapter.default_guidance, 1.0)}
     return payload
