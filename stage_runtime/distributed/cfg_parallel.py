@@ -7,11 +7,12 @@ ranks run the same pipeline code on the same inputs) and computes one contiguous
     rows (B = 4)       rank 0 computes     rank 1 computes     all_gather → every rank returns
     [u1 c1 u2 c2]      [u1 c1]             [u2 c2]             [u1 c1 u2 c2]      (B = 4)
     [u c]              [u]                 [c]                 [u c]              (one request: CFG halves split)
-    [x]                [x]                 [x] (padding)       [x]                (guidance 1: B = 1)
     [a b c]            [a b]               [c c] (padded)      [a b c]            (odd B)
+    [x]                [x]                 [x]                 no collective      (B < P, e.g. guidance 1)
 
 Uneven batches are padded by repeating the last row so every rank runs ``ceil(B / P)`` rows and the
-gather has equal shapes (no shape exchange, one collective per denoiser call). Tensors whose dim 0
+gather has equal shapes (no shape exchange, one collective per denoiser call). With fewer rows than
+ranks every rank simply runs the whole call (same cost as a padded chunk, and no collective). Tensors whose dim 0
 equals B are split (sample, encoder_hidden_states, class_labels, per-row timesteps, also inside
 dicts/lists); everything else (0-d timesteps, scalars, None) is passed unchanged.
 
@@ -97,7 +98,7 @@ def enable_cfg_parallel(denoiser: torch.nn.Module, group) -> None:
 
     def forward(*args, **kwargs):
         batch = _batch_size(args, kwargs)
-        if batch is None or batch == 0:
+        if batch is None or batch < size:   # nothing to split: every rank computes it (no collective)
             return original(*args, **kwargs)
         per_rank = math.ceil(batch / size)
 
