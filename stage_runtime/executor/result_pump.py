@@ -74,14 +74,15 @@ class ResultPump(threading.Thread):
                         data = sock.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    self.route(shm.unpack(pickle.loads(data)))
+                    self.route(pickle.loads(data))
 
     def route(self, msg: object) -> None:
         if isinstance(msg, RpcReply):
+            msg.result = shm.unpack(msg.result)
             self._on_reply(msg)
         elif isinstance(msg, OutputReady):
             failed = {aid: f"rank {msg.rank}: {msg.error}" for aid in msg.failed_ids}
-            self.outputs.deliver(msg.images, failed)
+            self.outputs.deliver(shm.unpack(msg.images), failed)
         elif isinstance(msg, Progress):
             self.on_progress(msg)
         elif isinstance(msg, Fatal):

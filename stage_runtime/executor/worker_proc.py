@@ -51,7 +51,7 @@ class WorkerSpec:
     result_addr: str
     shm_prefix: str
     init_method: str | None                  # torch.distributed rendezvous; None for a world of one
-    options: dict[str, Any] = field(default_factory=dict)   # fault injection for tests (delays)
+    options: dict[str, Any] = field(default_factory=dict)   # for tests: delays, shm_threshold
 
 
 def worker_main(spec: WorkerSpec, ready_conn, alive_conn) -> None:
@@ -90,7 +90,7 @@ class WorkerProc:
     def __init__(self, spec: WorkerSpec):
         self.spec = spec
         self.rank = spec.rank
-        self.shm = shm.ShmWriter(spec.shm_prefix, spec.rank)
+        self.shm = shm.ShmWriter(spec.shm_prefix, spec.rank, spec.options.get("shm_threshold", shm.SHM_THRESHOLD))
         self.inbox: deque[Any] = deque()
         self.cancelled: set[str] = set()            # request ids of the model call in flight
         self.current_rpc: int | None = None
