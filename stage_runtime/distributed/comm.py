@@ -18,11 +18,16 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from stage_runtime.errors import EngineDeadError
+
 T = TypeVar("T")
 
 
-class CollectiveError(RuntimeError):
-    """A torch.distributed collective failed or timed out: the worker group is dead (fail closed)."""
+class CollectiveError(EngineDeadError):
+    """A torch.distributed collective failed or timed out: the worker group is dead (fail closed).
+
+    An :class:`EngineDeadError` (hence a RuntimeError): never one request's error; the stage exits 3.
+    """
 
 
 def group_label(group) -> str:

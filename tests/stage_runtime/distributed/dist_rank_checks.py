@@ -15,6 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TIMEOUT_S = 30.0
+PEER_TIMEOUT_S = 2.0        # the lost-peer checks' collective timeout
 
 
 def free_ports(n: int) -> list[int]:
@@ -95,22 +96,10 @@ def transformer_outputs(adapter) -> dict:
     return out
 
 
-def step_time(adapter, guidance: float, steps: int = 10) -> float:
-    """Seconds per denoise_step (after one warm-up step) for one request."""
-    import torch
-
-    with torch.inference_mode():
-        st = adapter.prepare_encode(_request(adapter, "t", "17", steps + 1, 0, guidance))
-        adapter.step_scheduler(st, adapter.denoise_step([st])[0])
-        start = time.perf_counter()
-        while not st.finished:
-            adapter.step_scheduler(st, adapter.denoise_step([st])[0])
-        return (time.perf_counter() - start) / steps
-
-
-def run_rank(rank: int, world: int, ports: list[int], spec: dict, results) -> None:
-    """Entry point of one spawned rank: for each topology in ``spec['parallels']`` (in order): init the
-    world, run ``spec['job']``, destroy. Reports the list of payloads (one per topology) or the error."""
+def run_rank(rank: int, world: int, ports: list[int], runs: list[dict], results) -> None:
+    """Entry point of one spawned rank. For each run (in order): init a world from ``run['parallel']``
+    on its own port, run ``JOBS[run['job']]``, destroy. Reports the payloads (one per run) or the error.
+    A job returning ``{"exit": True}`` makes this rank's process exit right after reporting."""
     import torch
 
     torch.set_num_threads(1)
@@ -119,32 +108,34 @@ def run_rank(rank: int, world: int, ports: list[int], spec: dict, results) -> No
         from stage_runtime.distributed.groups import destroy_distributed, init_distributed
 
         payloads = []
-        for index, (port, fields) in enumerate(zip(ports, spec["parallels"], strict=True)):
-            parallel = ParallelConfig(**fields)
+        for port, run in zip(ports, runs, strict=True):
+            parallel = ParallelConfig(**run["parallel"])
             groups = init_distributed(parallel, rank, f"tcp://127.0.0.1:{port}", torch.device("cpu"),
-                                      spec.get("timeout_s", TIMEOUT_S))
+                                      run.get("timeout_s", TIMEOUT_S))
             try:
-                payloads.append(JOBS[spec["job"]](rank, groups, parallel, {**spec, "index": index}))
+                payloads.append(JOBS[run["job"]](rank, groups, parallel, run))
             finally:
                 destroy_distributed()
         results.put((rank, "ok", payloads))
+        if payloads and payloads[-1].get("exit"):
+            results.close()
+            results.join_thread()
+            os._exit(0)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the test
         results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
 
-def _job_models(rank, groups, parallel, spec) -> dict:
+def _job_models(rank, groups, parallel, run) -> dict:
     from stage_runtime.distributed.apply import apply_parallelism
 
     payload = {"groups": {"coords": tuple(groups.coords), "leader": groups.is_replica_leader,
                           "replica_ranks": groups.replica_ranks, "dp": (groups.dp_rank, groups.dp_size)}}
-    for kind, path in spec["models"].items():
+    for kind, path in run["models"].items():
         adapter = load_adapter(path)
         apply_parallelism(adapter, groups, parallel)
         payload[f"{kind}-installed"] = installed(adapter.denoiser)
         payload[kind] = scenarios(adapter)
         payload[f"{kind}-transformer"] = transformer_outputs(adapter)
-        if spec.get("time_steps"):
-            payload[f"{kind}-step-time"] = {g: step_time(adapter, g) for g in (adapter.default_guidance, 1.0)}
     return payload
 
 
@@ -159,20 +150,19 @@ def installed(denoiser) -> dict:
                            for m in denoiser.modules())}
 
 
-def _job_peer_gone(rank, groups, parallel, spec) -> dict:
-    """Rank 1 leaves (peer ``exit``) or stalls past the timeout (``stall``) instead of joining rank 0's
-    all_gather; rank 0 must get a CollectiveError, not hang. ``spec['peers'][index]`` picks the case."""
+def _job_peer_gone(rank, groups, parallel, run) -> dict:
+    """Rank 1 does not join rank 0's all_gather: it stalls past the timeout (``run['peer'] == 'stall'``)
+    or its process exits (``'exit'``: must be the last run). Rank 0 must get a CollectiveError, not hang."""
     import torch
 
     from stage_runtime.distributed.comm import CollectiveError, all_gather_cat
 
-    peer = spec["peers"][spec["index"]]
     if rank == 1:
-        if peer == "stall":
-            time.sleep(spec["timeout_s"] + 0.5)
-        return {"left": peer}
-    if peer == "exit":
-        time.sleep(0.5)
+        if run["peer"] == "stall":
+            time.sleep(run["timeout_s"] + 0.5)
+        return {"left": run["peer"], "exit": run["peer"] == "exit"}
+    if run["peer"] == "exit":
+        time.sleep(1.0)
     start = time.monotonic()
     try:
         all_gather_cat(torch.ones(4), groups.cfg_group)
@@ -187,13 +177,13 @@ JOBS = {"models": _job_models, "peer_gone": _job_peer_gone}
 class Ranks:
     """``world`` spawned processes running :func:`run_rank`; :meth:`wait` returns each rank's payload."""
 
-    def __init__(self, world: int, spec: dict):
+    def __init__(self, world: int, runs: list[dict]):
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")
         self.world, self.results = world, ctx.Queue()
-        ports = free_ports(len(spec["parallels"]))
-        self.procs = [ctx.Process(target=run_rank, args=(r, world, ports, spec, self.results), daemon=True)
+        ports = free_ports(len(runs))
+        self.procs = [ctx.Process(target=run_rank, args=(r, world, ports, runs, self.results), daemon=True)
                       for r in range(world)]
         for p in self.procs:
             p.start()
@@ -220,8 +210,8 @@ class Ranks:
         return out
 
 
-def spawn_ranks(world: int, spec: dict, timeout_s: float = 120.0) -> dict[int, list]:
-    return Ranks(world, spec).wait(timeout_s)
+def spawn_ranks(world: int, runs: list[dict], timeout_s: float = 120.0) -> dict[int, list]:
+    return Ranks(world, runs).wait(timeout_s)
 
 
 def max_abs_diff(a, b) -> int:

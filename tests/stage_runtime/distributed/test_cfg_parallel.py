@@ -14,8 +14,8 @@ from parallel_equality import check_images, check_scenarios_cover_the_brief, kin
 @pytest.fixture(scope="module")
 def outcome(two_rank_runs):
     """(payload per rank, references): the session's 2 ranks under the cfg topology."""
-    by_topology, references = two_rank_runs
-    return by_topology["cfg"], references
+    by_run, references = two_rank_runs
+    return by_run["cfg"], references
 
 
 def test_topology_seen_by_each_rank(outcome):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import dist_rank_checks as checks
@@ -15,7 +16,7 @@ from stage_runtime.distributed.apply import apply_parallelism
 from stage_runtime.distributed.cfg_parallel import _local_rows, enable_cfg_parallel
 from stage_runtime.distributed.groups import _replicas
 from stage_runtime.distributed.ulysses import check_ulysses_heads, enable_ulysses
-from stage_runtime.errors import ConfigError
+from stage_runtime.errors import ConfigError, EngineDeadError
 
 torch.set_num_threads(1)
 
@@ -94,17 +95,25 @@ def test_cfg_rows_are_contiguous_and_padded_with_the_last_row():
 
 
 # -- a lost peer is a CollectiveError, not a hang ---------------------------------------------------------
-@pytest.mark.parametrize("peer", ["exit", "stall"])
-def test_lost_peer_raises_collective_error_within_timeout(peer):
-    """Rank 1's process exits (gloo sees the closed connection) or stalls past timeout_s (gloo times out)
-    instead of joining rank 0's all_gather: rank 0 gets a CollectiveError naming the op and group."""
-    timeout_s = 2.0
-    out = checks.spawn_ranks(2, {"job": "peer_gone", "peers": [peer], "timeout_s": timeout_s,
-                                 "parallels": [{"cfg_parallel_size": 2}]}, timeout_s=60)
-    assert out[1] == [{"left": peer}]
-    error, seconds = out[0][0]["error"], out[0][0]["seconds"]
+@pytest.mark.parametrize("peer", ["stall", "exit"])
+def test_lost_peer_raises_collective_error_within_timeout(two_rank_runs, peer):
+    """Rank 1 stalls past timeout_s (gloo times out) or its process exits (gloo sees the closed
+    connection) instead of joining rank 0's all_gather: rank 0 gets a CollectiveError naming op and group."""
+    by_run, _ = two_rank_runs
+    result = by_run[f"peer-{peer}"]
+    assert result[1] == {"left": peer, "exit": peer == "exit"}
+    error, seconds = result[0]["error"], result[0]["seconds"]
     assert error is not None and error.startswith("all_gather on group ranks [0, 1] failed: "), error
-    assert seconds < timeout_s + 1.5, (seconds, error)
+    assert seconds < checks.PEER_TIMEOUT_S + 1.5, (seconds, error)
     if peer == "stall":
         assert "Timed out" in error
-    assert issubclass(CollectiveError, RuntimeError)
+    assert issubclass(CollectiveError, EngineDeadError) and issubclass(CollectiveError, RuntimeError)
+
+
+def test_a_peer_that_never_joins_is_a_collective_error_within_timeout():
+    start = time.monotonic()
+    with pytest.raises(CollectiveError, match=r"^init_process_group\(gloo, tcp://127\.0\.0\.1:\d+\) .*failed: "):
+        init_distributed(ParallelConfig(cfg_parallel_size=2), 0, f"tcp://127.0.0.1:{checks.free_ports(1)[0]}",
+                         torch.device("cpu"), 1.0)
+    assert time.monotonic() - start < 5.0
+    assert not dist.is_initialized()

@@ -18,8 +18,8 @@ ULYSSES_PROCESSORS = {"sd": 4, "dit": 2}
 @pytest.fixture(scope="module")
 def outcome(two_rank_runs):
     """(payload per rank, references): the session's 2 ranks under the ulysses topology."""
-    by_topology, references = two_rank_runs
-    return by_topology["ulysses"], references
+    by_run, references = two_rank_runs
+    return by_run["ulysses"], references
 
 
 def test_topology_seen_by_each_rank(outcome):

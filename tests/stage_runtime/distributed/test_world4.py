@@ -16,8 +16,8 @@ pytestmark = pytest.mark.skipif(os.environ.get("DIFFSTAGE_SLOW_TESTS") != "1",
 
 def test_cfg_times_ulysses_and_cfg_times_dp_equal_single_rank(tiny_sd_path, tiny_dit_path):
     paths = {"sd": tiny_sd_path, "dit": tiny_dit_path}
-    ranks = checks.Ranks(4, {"job": "models", "models": paths, "parallels": [
-        {"cfg_parallel_size": 2, "ulysses_degree": 2}, {"cfg_parallel_size": 2, "num_gpus": 4}]})
+    ranks = checks.Ranks(4, [{"job": "models", "models": paths, "parallel": parallel} for parallel in (
+        {"cfg_parallel_size": 2, "ulysses_degree": 2}, {"cfg_parallel_size": 2, "num_gpus": 4})])
     try:
         references = {kind: checks.scenarios(checks.load_adapter(path)) for kind, path in paths.items()}
     finally:
