@@ -18,15 +18,16 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from stage_runtime.errors import EngineDeadError
+from stage_runtime.errors import WorkerFatalError
 
 T = TypeVar("T")
 
 
-class CollectiveError(EngineDeadError):
+class CollectiveError(WorkerFatalError):
     """A torch.distributed collective failed or timed out: the worker group is dead (fail closed).
 
-    An :class:`EngineDeadError` (hence a RuntimeError): never one request's error; the stage exits 3.
+    A :class:`WorkerFatalError` (hence a RuntimeError): never one request's error. The rank reports it
+    and exits; the executor latches dead, in-flight requests end with EngineDeadError, the stage exits 3.
     """
 
 

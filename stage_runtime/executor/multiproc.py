@@ -268,7 +268,8 @@ class MultiprocExecutor(DiffusionExecutor):
         fired = multiprocessing.connection.wait(list(sentinels) + [self._stop_r])
         if self._stopping.is_set() or self._stop_r in fired:
             return
-        rank = min(sentinels[s] for s in fired if s in sentinels)
+        # the first rank to go is the cause; peers that then failed a collective report Fatal and exit 3
+        rank = min((rank in self._fatal, rank) for s, rank in sentinels.items() if s in fired)[1]
         proc = self.procs[rank]
         proc.join(1.0)
         reason = describe_exit(rank, proc.pid, proc.exitcode)

@@ -135,7 +135,7 @@ class WorkerProc:
                 return
         try:
             result = self._execute(msg)
-        except BaseException as exc:
+        except Exception as exc:
             if isinstance(exc, WorkerFatalError):
                 self._fatal(f"rank {self.rank}: {type(exc).__name__}: {exc}")
             if replying:

@@ -16,7 +16,7 @@ from stage_runtime.distributed.apply import apply_parallelism
 from stage_runtime.distributed.cfg_parallel import _local_rows, enable_cfg_parallel
 from stage_runtime.distributed.groups import _replicas
 from stage_runtime.distributed.ulysses import check_ulysses_heads, enable_ulysses
-from stage_runtime.errors import ConfigError, EngineDeadError
+from stage_runtime.errors import ConfigError, WorkerFatalError
 
 torch.set_num_threads(1)
 
@@ -107,7 +107,7 @@ def test_lost_peer_raises_collective_error_within_timeout(two_rank_runs, peer):
     assert seconds < checks.PEER_TIMEOUT_S + 1.5, (seconds, error)
     if peer == "stall":
         assert "Timed out" in error
-    assert issubclass(CollectiveError, EngineDeadError) and issubclass(CollectiveError, RuntimeError)
+    assert issubclass(CollectiveError, WorkerFatalError) and issubclass(CollectiveError, RuntimeError)
 
 
 def test_a_peer_that_never_joins_is_a_collective_error_within_timeout():
