@@ -128,6 +128,11 @@ def _install(transformer: torch.nn.Module, name: str, group, degree: int) -> Non
     rank = group_rank(group)
 
     def shard(_module, args, kwargs):
+        for attn, processor in processors:   # e.g. set_attn_processor() after install: sharding would be wrong
+            if attn.processor is not processor:
+                raise RuntimeError(f"Ulysses: the attention processor of {name} was replaced by "
+                                   f"{type(attn.processor).__name__} after enable_ulysses(); sequence "
+                                   "sharding needs UlyssesAttnProcessor")
         hidden = args[0] if args else kwargs["hidden_states"]
         state.active = (hidden.ndim == 3 and hidden.shape[1] % degree == 0
                         and kwargs.get("attention_mask") is None and (len(args) < 2 or args[1] is None))

@@ -96,6 +96,23 @@ def transformer_outputs(adapter) -> dict:
     return out
 
 
+def replaced_processor_error(adapter) -> str | None:
+    """Swap one Ulysses processor back to diffusers' default: the next denoiser call must refuse to run."""
+    import torch
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    if hasattr(adapter.denoiser, "transformer_blocks"):     # DiT: one block
+        adapter.denoiser.transformer_blocks[0].attn1.set_processor(AttnProcessor2_0())
+    else:                                                   # UNet: every attention, as set_attn_processor does
+        adapter.denoiser.set_attn_processor(AttnProcessor2_0())
+    try:
+        with torch.inference_mode():
+            run_steps(adapter, [_request(adapter, "r", "1", 1, 0, 1.0)])
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
 def run_rank(rank: int, world: int, ports: list[int], runs: list[dict], results) -> None:
     """Entry point of one spawned rank. For each run (in order): init a world from ``run['parallel']``
     on its own port, run ``JOBS[run['job']]``, destroy. Reports the payloads (one per run) or the error.
@@ -136,6 +153,8 @@ def _job_models(rank, groups, parallel, run) -> dict:
         payload[f"{kind}-installed"] = installed(adapter.denoiser)
         payload[kind] = scenarios(adapter)
         payload[f"{kind}-transformer"] = transformer_outputs(adapter)
+        if parallel.ulysses_degree > 1:
+            payload[f"{kind}-replaced"] = replaced_processor_error(adapter)
     return payload
 
 

@@ -55,3 +55,11 @@ def test_transformer_sharded_and_unsharded_sequences_equal_single_rank(outcome):
         for name, expected in ref.items():
             np.testing.assert_allclose(payloads[rank]["sd-transformer"][name], expected, rtol=0, atol=1e-5,
                                        err_msg=f"rank {rank} {name}")
+
+
+@kind_param
+def test_a_replaced_processor_is_refused_not_silently_wrong(outcome, kind):
+    payloads, _ = outcome
+    for rank in (0, 1):
+        error = payloads[rank][f"{kind}-replaced"]
+        assert error is not None and "was replaced by AttnProcessor2_0 after enable_ulysses()" in error, error
