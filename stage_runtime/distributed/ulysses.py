@@ -57,8 +57,9 @@ class UlyssesAttnProcessor:
     def __init__(self, group, degree: int, state: _ShardState):
         self.group, self.degree, self.state = group, degree, state
 
-    def __call__(self, attn: Attention, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
-                 attention_mask: torch.Tensor | None = None, temb: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    def __call__(self, attn: Attention, hidden_states: torch.Tensor,
+                 encoder_hidden_states: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                 temb: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         if hidden_states.ndim != 3:
             raise RuntimeError(f"Ulysses attention expects (batch, tokens, channels), got {tuple(hidden_states.shape)}")
         shard = self.state.active and encoder_hidden_states is None
@@ -123,8 +124,8 @@ def _check_block(block: torch.nn.Module, where: str, degree: int) -> list[Attent
 def _install(transformer: torch.nn.Module, name: str, group, degree: int) -> None:
     blocks = list(transformer.transformer_blocks)
     state = _ShardState()
-    processors = [(attn, UlyssesAttnProcessor(group, degree, state))
-                  for i, block in enumerate(blocks) for attn in _check_block(block, f"{name}.transformer_blocks.{i}", degree)]
+    processors = [(attn, UlyssesAttnProcessor(group, degree, state)) for i, block in enumerate(blocks)
+                  for attn in _check_block(block, f"{name}.transformer_blocks.{i}", degree)]
     rank = group_rank(group)
 
     def shard(_module, args, kwargs):

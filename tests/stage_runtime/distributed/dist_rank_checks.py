@@ -208,7 +208,9 @@ class Ranks:
             p.start()
 
     def wait(self, timeout_s: float = 120.0) -> dict[int, list]:
-        """Payloads per rank (one per topology); AssertionError with every failing rank's traceback (processes always reaped)."""
+        """Payloads per rank (one per run), or AssertionError with every failing rank's traceback.
+
+        The processes are always reaped."""
         out, errors = {}, []
         try:
             deadline = time.monotonic() + timeout_s

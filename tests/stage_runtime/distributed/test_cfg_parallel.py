@@ -1,8 +1,9 @@
 """CFG parallel on 2 real gloo ranks gives the images of one plain rank (request mode and step mode, SD and DiT).
 
 Scenarios (see dist_rank_checks.scenarios): a fused request-mode call of two requests, a single request,
-and the step contract with two requests of different step counts batched — each with guidance > 1
-([uncond; cond] rows split across the ranks) and guidance 1 (one row per image: padded split).
+and the step contract with two requests of different step counts (1 and 2 images) batched — each with
+guidance > 1 ([uncond; cond] rows split across the ranks) and guidance 1 (one row per image: 2 rows split,
+3 rows padded, 1 row computed whole on every rank).
 """
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ def test_apply_rejects_unsupported_dimensions(sd, field):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tp without ulysses warns; not the point here
         parallel = ParallelConfig(**{field: 2})
-    with pytest.raises(ConfigError, match=rf"^{field}=2 is not supported by this runtime yet \(StableDiffusionPipeline\)$"):
+    expected = rf"^{field}=2 is not supported by this runtime yet \(StableDiffusionPipeline\)$"
+    with pytest.raises(ConfigError, match=expected):
         apply_parallelism(sd, single_rank_groups(), parallel)
 
 

@@ -1,4 +1,5 @@
-"""Ulysses sequence parallel (degree 2) on 2 real gloo ranks gives the images of one plain rank (request mode and step mode, SD and DiT).
+"""Ulysses sequence parallel (degree 2) on 2 real gloo ranks gives the images of one plain rank
+(request mode and step mode, SD and DiT).
 
 Scenarios (see dist_rank_checks.scenarios): a fused request-mode call of two requests, a single request,
 and the step contract with two requests of different step counts batched — each with guidance > 1
@@ -34,7 +35,8 @@ def test_topology_seen_by_each_rank(outcome):
 @kind_param
 def test_ulysses_is_installed(outcome, kind):
     payloads, _ = outcome
-    assert payloads[0][f"{kind}-installed"] == payloads[1][f"{kind}-installed"] == {"cfg": False, "ulysses": ULYSSES_PROCESSORS[kind]}
+    expected = {"cfg": False, "ulysses": ULYSSES_PROCESSORS[kind]}
+    assert payloads[0][f"{kind}-installed"] == payloads[1][f"{kind}-installed"] == expected
 
 
 def test_scenarios_cover_guidance_and_modes(outcome):
