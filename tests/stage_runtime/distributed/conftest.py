@@ -17,8 +17,9 @@ CFG2 = {"cfg_parallel_size": 2}
 
 @pytest.fixture(scope="session")
 def two_rank_runs(tiny_sd_path, tiny_dit_path) -> tuple[dict[str, dict[int, dict]], dict]:
-    """({run name: {rank: payload}}, references): references hold per kind the single-rank images, and
-    under ``<kind>-transformer`` the outputs of one directly called transformer (SD only)."""
+    """({run name: {rank: payload}}, references): references hold per kind the single-rank images,
+    under ``<kind>-transformer`` the outputs of one directly called transformer (SD only), and under
+    ``<kind>-hook-calls`` how often a forward pre-hook on the denoiser fires during the scenarios."""
     import dist_rank_checks as checks
 
     paths = {"sd": tiny_sd_path, "dit": tiny_dit_path}
@@ -32,6 +33,8 @@ def two_rank_runs(tiny_sd_path, tiny_dit_path) -> tuple[dict[str, dict[int, dict
     try:
         adapters = {kind: checks.load_adapter(path) for kind, path in paths.items()}
         references = {kind: checks.scenarios(adapter) for kind, adapter in adapters.items()}
+        references.update({f"{kind}-hook-calls": checks.counting_denoiser_hooks(adapter, checks.scenarios)[1]
+                           for kind, adapter in adapters.items()})
         references.update({f"{kind}-transformer": checks.transformer_outputs(adapter)
                            for kind, adapter in adapters.items()})
     finally:

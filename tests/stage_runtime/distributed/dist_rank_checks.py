@@ -78,6 +78,20 @@ def scenarios(adapter) -> dict:
     return out
 
 
+def counting_denoiser_hooks(adapter, fn) -> tuple[object, int]:
+    """``fn(adapter)`` with a forward pre-hook on the denoiser: (result, number of times the hook fired)."""
+    calls = [0]
+
+    def count(_module, _args):
+        calls[0] += 1
+
+    handle = adapter.denoiser.register_forward_pre_hook(count)
+    try:
+        return fn(adapter), calls[0]
+    finally:
+        handle.remove()
+
+
 def transformer_outputs(adapter) -> dict:
     """One UNet Transformer2DModel called directly on 4x4 (16 tokens: sharded under Ulysses 2) and 3x3
     (9 tokens: not divisible, runs unsharded) inputs, as float arrays (SD only)."""
@@ -151,7 +165,7 @@ def _job_models(rank, groups, parallel, run) -> dict:
         adapter = load_adapter(path)
         apply_parallelism(adapter, groups, parallel)
         payload[f"{kind}-installed"] = installed(adapter.denoiser)
-        payload[kind] = scenarios(adapter)
+        payload[kind], payload[f"{kind}-hook-calls"] = counting_denoiser_hooks(adapter, scenarios)
         payload[f"{kind}-transformer"] = transformer_outputs(adapter)
         if parallel.ulysses_degree > 1:
             payload[f"{kind}-replaced"] = replaced_processor_error(adapter)

@@ -41,3 +41,11 @@ def test_scenarios_cover_guidance_and_modes(outcome):
 @kind_param
 def test_cfg_parallel_images_equal_single_rank(outcome, kind):
     check_images(*outcome, kind)
+
+
+@kind_param
+def test_denoiser_pre_hooks_fire_once_per_denoiser_call(outcome, kind):
+    """The CFG wrapper replaces forward, not the module: hooks see each (full) call exactly once."""
+    payloads, references = outcome
+    assert references[f"{kind}-hook-calls"] > 0
+    assert payloads[0][f"{kind}-hook-calls"] == payloads[1][f"{kind}-hook-calls"] == references[f"{kind}-hook-calls"]
