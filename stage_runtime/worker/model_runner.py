@@ -13,6 +13,7 @@ A failing fused call is retried request by request, so one bad request never fai
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -106,6 +107,7 @@ class DiffusionModelRunner:
         tracker = StepTracker(ids, requests[0].num_steps, self.progress_hook)
         handle = self.adapter.denoiser.register_forward_pre_hook(tracker)
         self._active = tracker
+        start = time.perf_counter()
         try:
             with torch.inference_mode():
                 images = self.adapter.run_batch(requests)
@@ -114,12 +116,14 @@ class DiffusionModelRunner:
         finally:
             handle.remove()
             self._active = None
+        compute_ms = (time.perf_counter() - start) * 1e3
         outputs = {}
         for rid in ids:
             if rid in tracker.cancelled:
                 outputs[rid] = RunnerOutput(rid, aborted=True, step_index=tracker.step_index)
             elif rid in images:
-                outputs[rid] = RunnerOutput(rid, images=images[rid], step_index=tracker.step_index)
+                outputs[rid] = RunnerOutput(rid, images=images[rid], step_index=tracker.step_index,
+                                            compute_ms=compute_ms)
             # A missing id is left out on purpose: the scheduler ends it FINISHED_ERROR ("No output result").
         return outputs
 
