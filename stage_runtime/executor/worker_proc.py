@@ -249,9 +249,9 @@ def agree(groups, cancelled: set[str]) -> set[str]:
         return set(cancelled)
     import torch.distributed as dist
 
+    from stage_runtime.distributed.comm import guarded
+
     box = [sorted(cancelled)]
-    try:
-        dist.broadcast_object_list(box, src=groups.replica_ranks[0], group=groups.replica_group)
-    except Exception as exc:
-        raise WorkerFatalError(f"cancel agreement across ranks {groups.replica_ranks} failed: {exc}") from exc
+    guarded("broadcast_object_list(cancelled ids)", groups.replica_group,
+            lambda: dist.broadcast_object_list(box, src=groups.replica_ranks[0], group=groups.replica_group))
     return set(box[0])
