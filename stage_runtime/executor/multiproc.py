@@ -41,7 +41,7 @@ from stage_runtime.executor.abstract import DiffusionExecutor
 from stage_runtime.executor.async_output import AsyncOutputTable
 from stage_runtime.executor.messages import (SHUTDOWN, CancelMessage, Fatal, Progress, RpcMessage, RpcReply)
 from stage_runtime.executor.result_pump import ResultPump
-from stage_runtime.executor.worker_proc import WorkerSpec, worker_main
+from stage_runtime.executor.worker_proc import EXIT_FATAL, WorkerSpec, worker_main
 from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, RunnerOutput
 from stage_runtime.sched.output import SchedulerOutput
 
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 STARTUP_ERRORS = {"ConfigError": ConfigError, "ModelLoadError": ModelLoadError}
 JOIN_GRACE_S = 5.0
 KILL_GRACE_S = 2.0
+FATAL_REASON_WAIT_S = 0.5
 
 
 def describe_exit(rank: int, pid: int | None, exitcode: int | None) -> str:
@@ -273,6 +274,10 @@ class MultiprocExecutor(DiffusionExecutor):
         proc = self.procs[rank]
         proc.join(1.0)
         reason = describe_exit(rank, proc.pid, proc.exitcode)
+        if proc.exitcode == EXIT_FATAL:          # it sent its reason just before exiting: let the pump read it
+            deadline = time.monotonic() + FATAL_REASON_WAIT_S
+            while rank not in self._fatal and time.monotonic() < deadline:
+                time.sleep(0.01)
         if rank in self._fatal:
             reason = f"{reason}: {self._fatal[rank]}"
         self.mark_dead(f"worker {reason}")

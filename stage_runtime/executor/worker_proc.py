@@ -224,8 +224,10 @@ class WorkerProc:
         log.error("fatal: %s", reason)
         try:
             self._send(Fatal(self.rank, reason))
-        finally:
+        finally:                  # term() flushes the reason (up to the linger) before the hard exit
+            self.sub.close(linger=0)
             self.push.close(linger=1000)
+            self._ctx.term()
             os._exit(EXIT_FATAL)
 
     def close(self) -> None:
