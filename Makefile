@@ -35,6 +35,7 @@ crds: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/engine_overhead.py
 	$(PY) bench/step_mode.py
+	$(PY) bench/operator_reconcile.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .demo

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import sys
 
 import kopf
@@ -19,7 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     peer = p.add_mutually_exclusive_group()
     peer.add_argument("--peering", metavar="NAME", help="coordinate replicas through this KopfPeering (HA)")
     peer.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
-    p.add_argument("--priority", type=int, default=0, help="peering priority: the highest live replica works")
+    p.add_argument("--priority", type=int,
+                   help="peering priority: the highest live replica works (default: random, so replicas never tie)")
     p.add_argument("--liveness", metavar="URL", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--resync-seconds", type=float, help="re-reconcile every stage this often (default 30)")
     p.add_argument("--verbose", action="store_true")

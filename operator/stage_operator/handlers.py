@@ -21,7 +21,7 @@ from stage_operator.kube import ApiError, Kube
 from stage_operator.triggers import Triggers
 
 log = logging.getLogger(__name__)
-RESYNC_SECONDS = float(os.environ.get("DIFFSTAGE_RESYNC_SECONDS", "30"))
+DEFAULT_RESYNC_SECONDS = 30.0  # $DIFFSTAGE_RESYNC_SECONDS or `--resync-seconds` override it
 MAX_ERROR_BACKOFF = 60.0
 
 
@@ -35,7 +35,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.client_timeout = 330
     memo.triggers = Triggers()
     memo.controller = Controller(Kube())
-    memo.resync_seconds = float(os.environ.get("DIFFSTAGE_RESYNC_SECONDS", RESYNC_SECONDS))
+    memo.resync_seconds = float(os.environ.get("DIFFSTAGE_RESYNC_SECONDS", DEFAULT_RESYNC_SECONDS))
     memo.nodes = {}
 
 

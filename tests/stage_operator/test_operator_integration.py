@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from support.rbac import allowed
 from support.operator_harness import Cluster, manifest, operator, wait_for
 
 
@@ -183,3 +184,34 @@ def test_resync_after_ready_makes_zero_mutating_calls(cluster, kube_emulator, st
         kube_emulator.reset_counts()
         resyncs(2 * stages)
         assert kube_emulator.mutation_count == 0, kube_emulator.mutations[:20]
+
+
+def _verb(request) -> str:
+    method = request.method.value
+    if method == 'GET':
+        return 'watch' if request.params.get('watch') in ('true', '1') else 'get' if request.name else 'list'
+    return {'POST': 'create', 'PATCH': 'patch', 'PUT': 'update', 'DELETE': 'delete'}[method]
+
+
+def test_cluster_wide_with_peering_uses_only_what_rbac_grants(cluster, kube_emulator):
+    """The deployed mode (--all-namespaces --peering); every API call the operator made is in rbac.yaml."""
+    kube_emulator.seed('clusterkopfpeerings', {'metadata': {'name': 'diffstage'}})
+    cluster.add_gpu_node('gpu-1', 4)
+    with operator(kube_emulator, '--all-namespaces', '--peering=diffstage'):
+        cluster.apply(manifest('g', parallel={'cfgParallelSize': 2},
+                               resources={'gpusPerPod': 2, 'gpuResourceName': 'nvidia.com/gpu'}))
+        wait_for(lambda: len(cluster.pods('g')) == 2, what='two pods')
+        cluster.all_ready('g')
+        wait_for(lambda: ready(cluster, 'g', 2), what='Ready')
+        cluster.patch_spec('g', {'replicas': 1, 'engine': {'maxNumSeqs': 2}})
+        wait_for(lambda: cluster.status('g').get('observedGeneration') == 2 and len(cluster.pods('g')) == 1
+                 and cluster.pods('g')['g-0']['metadata']['labels']['diffstage.io/template-hash']
+                 == cluster.status('g')['templateHash'], what='scaled down and rolled')
+        cluster.delete('g')
+        wait_for(lambda: cluster.stage('g') is None, what='deleted')
+    operator_calls = {(r.resource.group, r.resource.plural + (f'/{r.subresource}' if r.subresource else ''), _verb(r))
+                      for r in kube_emulator._requests if r.resource is not None and r.resource.plural
+                      and not r.headers.get('User-Agent', '').startswith('python-httpx')}
+    assert ('', 'pods', 'create') in operator_calls and ('diffstage.io', 'diffusionstages/status', 'patch') in operator_calls
+    denied = sorted(call for call in operator_calls if not allowed(*call))
+    assert denied == [], f'calls the ClusterRole does not grant: {denied}'

@@ -30,11 +30,12 @@ def wait_for(condition: Callable[[], Any], timeout: float = 20, what: str = 'con
 
 
 @contextlib.contextmanager
-def operator(emulator: KubeEmulator, *extra: str) -> Iterator[Any]:
-    """The operator in a thread (KopfRunner), serving the default namespace; fails the test if it crashed."""
+def operator(emulator: KubeEmulator, *scope: str) -> Iterator[Any]:
+    """The operator in a thread (KopfRunner), by default serving the default namespace without peering;
+    fails the test if it crashed."""
     from kopf.testing import KopfRunner
 
-    args = ['run', '-m', 'stage_operator.handlers', '--namespace=default', '--standalone', *extra]
+    args = ['run', '-m', 'stage_operator.handlers', *(scope or ('--namespace=default', '--standalone'))]
     with KopfRunner(args, timeout=60) as runner:
         wait_for(lambda: emulator.watching('diffusionstages') and emulator.watching('pods'), what='the watches')
         yield runner
