@@ -110,3 +110,5 @@ class Kube:
         if plan.status is not None:
             self.request("PATCH", self.stage_path(ns, stage.name) + "/status", body={"status": plan.status},
                          content_type=MERGE)
+        for event in plan.events:
+            self.request("POST", f"/api/v1/namespaces/{ns}/events", body=event)

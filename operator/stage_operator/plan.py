@@ -23,16 +23,18 @@ class Delete:
 
 @dataclass(frozen=True)
 class Plan:
-    """Creates go first (ConfigMap before the pods that mount it), then patches, deletes, and one status patch."""
+    """Creates go first (ConfigMap before the pods that mount it), then patches, deletes, one status patch, and
+    the Events that explain them."""
 
     create: list[dict[str, Any]] = field(default_factory=list)
     patch: list[Patch] = field(default_factory=list)
     delete: list[Delete] = field(default_factory=list)
     status: dict[str, Any] | None = None  # merge patch of .status; None: nothing changed
+    events: list[dict[str, Any]] = field(default_factory=list)  # posted last, only when something happened
 
     @property
     def writes(self) -> int:
-        return len(self.create) + len(self.patch) + len(self.delete) + (self.status is not None)
+        return len(self.create) + len(self.patch) + len(self.delete) + (self.status is not None) + len(self.events)
 
     def summary(self) -> str:
         created = ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in self.create)

@@ -6,6 +6,7 @@ from typing import Any
 
 from stage_operator import capacity, report, rollout
 from stage_operator.builders.children import build_configmap, build_service
+from stage_operator.builders.event import build_event
 from stage_operator.builders.pod import build_pod, template_hash
 from stage_operator.observed import Observed
 from stage_operator.plan import Delete, Patch, Plan, contains, merge_patch
@@ -50,6 +51,24 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
         plan.create.extend(build_pod(stage, i, desired_hash) for i in decisions.create)
         plan.delete.extend(Delete("Pod", name, decisions.reasons[name]) for name in decisions.delete)
     status = report.build_status(stage, pods, fit, decisions, desired_hash, observed.now)
-    if status != dict(stage.status):
-        return Plan(plan.create, plan.patch, plan.delete, merge_patch(stage.status, status))
-    return plan
+    events = [build_event(stage, *e, observed.now) for e in _decisions_explained(stage, plan, status)]
+    return Plan(plan.create, plan.patch, plan.delete,
+                merge_patch(stage.status, status) if status != dict(stage.status) else None, events)
+
+
+_BAD = {"Accepted": "False", "Degraded": "True", "Stalled": "True"}
+
+
+def _decisions_explained(stage: Stage, plan: Plan, status: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(type, reason, message) per decision: what was created or deleted, and conditions that turned bad."""
+    out = []
+    if pods := [o["metadata"]["name"] for o in plan.create if o["kind"] == "Pod"]:
+        out.append(("Normal", "CreatedPods", f"created {', '.join(pods)}"))
+    if plan.delete:
+        out.append(("Normal", "DeletedPods", "deleted " + ", ".join(f"{d.name} ({d.reason})" for d in plan.delete)))
+    before = {c.get("type"): (c.get("status"), c.get("reason")) for c in stage.status.get("conditions") or ()}
+    for cond in status["conditions"]:
+        bad = _BAD.get(cond["type"]) == cond["status"]
+        if bad and before.get(cond["type"]) != (cond["status"], cond["reason"]):
+            out.append(("Warning", cond["reason"], cond["message"]))
+    return out

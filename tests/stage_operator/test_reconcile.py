@@ -215,3 +215,18 @@ def test_children_that_drifted_are_patched_back():
     plan = reconcile(st, observed)
     assert [(p.kind, p.name) for p in plan.patch] == [('Service', 's')]
     assert plan.patch[0].body['spec']['selector'] == {'diffstage.io/stage': 's', 'diffstage.io/serving': 'true'}
+
+
+def test_decisions_are_explained_by_events_once():
+    st = stage(GPU)
+    nodes = [node('small', 1)]
+    st, plan = settle(st, world(st, children=False, nodes=nodes))
+    assert [(e['type'], e['reason']) for e in plan.events] == [('Warning', 'InsufficientGPUCapacity')]
+    assert plan.events[0]['involvedObject'] == {'apiVersion': 'diffstage.io/v1alpha1', 'kind': 'DiffusionStage',
+                                                'name': 's', 'namespace': 'ns', 'uid': 'uid-1'}
+    assert reconcile(st, world(st, children=False, nodes=nodes)).events == [], 'a lasting condition: one event'
+    fits = reconcile(st, world(st, children=False, nodes=[node('big', 8)]))
+    assert [(e['reason'], e['message']) for e in fits.events] == [('CreatedPods', 'created s-0')]
+    scaled = stage({**CPU, 'replicas': 1})
+    down = reconcile(scaled, world(scaled, [pod(scaled, 0), pod(scaled, 1)]))
+    assert [(e['reason'], e['message']) for e in down.events] == [('DeletedPods', 'deleted s-1 (ScaleDown)')]
