@@ -52,7 +52,8 @@ def create_stages(http: httpx.Client, n: int) -> list[str]:
 def kubelet(http: httpx.Client, emulator: KubeEmulator) -> int:
     pods = [p["metadata"]["name"] for p in emulator.objects("pods", "default")]
     for name in pods:
-        assert http.patch(f"/api/v1/namespaces/default/pods/{name}/status", headers=MERGE, json=READY).status_code == 200
+        response = http.patch(f"/api/v1/namespaces/default/pods/{name}/status", headers=MERGE, json=READY)
+        assert response.status_code == 200, response.text
     return len(pods)
 
 
@@ -82,7 +83,8 @@ def section_a(n: int) -> None:
     best = max(steady, key=lambda s: s["reconciles_per_s"])
     for label, row in (("cold (create all)", cold), ("pods ready (status)", converge), ("steady (best of 3)", best)):
         print(f"{label:24}{row['reconciles_per_s']:>14.0f}{row['calls_per_reconcile']:>11.1f}"
-              f"{row['writes_per_reconcile']:>12.1f}{row['cpu_ms_per_reconcile']:>12.2f}{row['wall_ms_per_reconcile']:>13.2f}")
+              f"{row['writes_per_reconcile']:>12.1f}{row['cpu_ms_per_reconcile']:>12.2f}"
+              f"{row['wall_ms_per_reconcile']:>13.2f}")
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -135,7 +137,8 @@ def section_b(n: int, resync: float, steady_seconds: float) -> None:
             emulator.reset_counts()
             gets0, cpu0, t0 = _stage_gets(emulator), _proc_cpu_s(proc.pid), time.perf_counter()
             time.sleep(steady_seconds)
-            reconciles, cpu, wall = _stage_gets(emulator) - gets0, _proc_cpu_s(proc.pid) - cpu0, time.perf_counter() - t0
+            wall = time.perf_counter() - t0
+            reconciles, cpu = _stage_gets(emulator) - gets0, _proc_cpu_s(proc.pid) - cpu0
             mutations, peak = emulator.mutation_count, _peak_rss_mb(proc.pid)
         finally:
             proc.terminate()

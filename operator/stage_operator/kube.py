@@ -88,9 +88,9 @@ class Kube:
         pods = self.request("GET", self.core_path("Pod", stage.namespace),
                             query={"labelSelector": f"{LABEL_STAGE}={stage.name}"})["items"]
         owned = [p for p in pods if any(r.get("uid") == stage.uid for r in p["metadata"].get("ownerReferences") or ())]
-        return Observed(pods=owned, service=self.request("GET", self.core_path("Service", stage.namespace, stage.name)),
-                        configmap=self.request("GET", self.core_path("ConfigMap", stage.namespace, configmap_name(stage))),
-                        nodes=nodes, now=now)
+        service = self.request("GET", self.core_path("Service", stage.namespace, stage.name))
+        configmap = self.request("GET", self.core_path("ConfigMap", stage.namespace, configmap_name(stage)))
+        return Observed(pods=owned, service=service, configmap=configmap, nodes=nodes, now=now)
 
     # -- writes ------------------------------------------------------------------------------------------
     def apply(self, stage: Stage, plan: Plan) -> None:

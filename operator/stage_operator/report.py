@@ -74,8 +74,8 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
         new.append(conditions.condition("Accepted", True, "TopologyValid", stage.spec.topology().describe())
                    if fit.ok else conditions.condition("Accepted", False, "InsufficientGPUCapacity", fit.message))
         new.append(conditions.condition("Stalled", False, "NotStalled", ""))
-        new.append(_progressing(replicas, pods, desired_hash, decisions) if fit.ok else
-                   conditions.condition("Progressing", False, "InsufficientGPUCapacity", "waiting for a node that fits"))
+        new.append(_progressing(replicas, pods, desired_hash, decisions) if fit.ok else conditions.condition(
+            "Progressing", False, "InsufficientGPUCapacity", "waiting for a node that fits"))
     all_ready = stage.spec is not None and ready == replicas and all(
         p.template_hash == desired_hash for p in live) and len(live) == replicas
     new.append(conditions.condition("Ready", all_ready, "ScaledToZero" if all_ready and not replicas else

@@ -6,7 +6,8 @@ from typing import Any
 
 import yaml
 
-from stage_operator.api.meta import CONFIG_FILE, HTTP_PORT, LABEL_MANAGED_BY, LABEL_STAGE, MANAGED_BY, ZMQ_PORT, serving_selector
+from stage_operator.api.meta import (CONFIG_FILE, HTTP_PORT, LABEL_MANAGED_BY, LABEL_STAGE, MANAGED_BY, ZMQ_PORT,
+                                     serving_selector)
 from stage_operator.builders.runtime_config import stage_config
 from stage_operator.stage import Stage
 

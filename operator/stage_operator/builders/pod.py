@@ -48,7 +48,9 @@ def build_pod_spec(stage: Stage) -> dict[str, Any]:
     spec = stage.spec
     assert spec is not None, "build pods only for a valid spec"
     tpl = spec.pod_template
-    shm: dict[str, Any] = {"medium": "Memory", **({"sizeLimit": spec.resources.shm_size} if spec.resources.shm_size else {})}
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if spec.resources.shm_size:
+        shm["sizeLimit"] = spec.resources.shm_size
     volumes: list[dict[str, Any]] = [{"name": "stage-config", "configMap": {"name": configmap_name(stage)}},
                                      {"name": "dshm", "emptyDir": shm}]
     mounts: list[dict[str, Any]] = [{"name": "stage-config", "mountPath": CONFIG_DIR, "readOnly": True},
@@ -60,7 +62,8 @@ def build_pod_spec(stage: Stage) -> dict[str, Any]:
         init_containers.append({"name": "make-model", "image": spec.image, "command": make,
                                 "volumeMounts": [{"name": "builtin-models", "mountPath": BUILTIN_MODEL_DIR}]})
     env = [{"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "DIFFSTAGE_STAGE", "value": stage.name},
-           {"name": "DIFFSTAGE_REPLICA", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_REPLICA}']"}}}]
+           {"name": "DIFFSTAGE_REPLICA",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_REPLICA}']"}}}]
     container = {
         "name": CONTAINER, "image": spec.image, "command": serve_command(spec, stage.name),
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
