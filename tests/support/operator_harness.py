@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,12 +34,23 @@ def wait_for(condition: Callable[[], Any], timeout: float = 20, what: str = 'con
 def operator(emulator: KubeEmulator, *scope: str) -> Iterator[Any]:
     """The operator in a thread (KopfRunner), by default serving the default namespace without peering;
     fails the test if it crashed."""
+    import kopf
     from kopf.testing import KopfRunner
 
+    # kopf registers handlers in a process-global registry when their module is imported: give this run a
+    # fresh one (and a fresh import), and leave the previous one as it was for other kopf tests.
+    saved, fresh = kopf.get_default_registry(), kopf.OperatorRegistry()
+    kopf.on.login(registry=fresh)(kopf.login_via_client)  # what kopf's own default registry starts with
+    kopf.set_default_registry(fresh)
+    sys.modules.pop('stage_operator.handlers', None)
     args = ['run', '-m', 'stage_operator.handlers', *(scope or ('--namespace=default', '--standalone'))]
-    with KopfRunner(args, timeout=60) as runner:
-        wait_for(lambda: emulator.watching('diffusionstages') and emulator.watching('pods'), what='the watches')
-        yield runner
+    try:
+        with KopfRunner(args, timeout=60) as runner:
+            wait_for(lambda: emulator.watching('diffusionstages') and emulator.watching('pods'), what='the watches')
+            yield runner
+    finally:
+        kopf.set_default_registry(saved)
+        sys.modules.pop('stage_operator.handlers', None)
     assert runner.exception is None, runner.output
     assert runner.exit_code == 0, runner.output
     assert 'Traceback' not in runner.output, runner.output
