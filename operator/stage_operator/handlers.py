@@ -1,5 +1,6 @@
 """kopf wiring, kept thin: one worker (daemon) per stage runs read → reconcile → apply → status whenever a
-watch event concerns the stage (its spec, its pods, node capacity) and on every resync.
+watch event concerns the stage (its spec, its pods, node capacity) and on every resync. The event handlers
+are async on purpose: they set asyncio Events, which is only safe from the operator's own loop.
 
 Run with `python -m stage_operator` or `kopf run -m stage_operator.handlers`.
 """
@@ -15,7 +16,6 @@ import kopf
 
 from stage_operator import metrics
 from stage_operator.api.meta import GROUP, LABEL_STAGE, PLURAL, VERSION
-from stage_operator.capacity import node_summary
 from stage_operator.controller import Controller
 from stage_operator.kube import ApiError, Kube
 from stage_operator.triggers import Triggers
@@ -59,7 +59,7 @@ async def stage_worker(name: str, namespace: str, memo: kopf.Memo, stopped: kopf
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def stage_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def stage_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Spec changes (generation ahead of observedGeneration) and deletions; our own status writes are not."""
     meta, status = body["metadata"], body.get("status") or {}
     if type in (None, "ADDED", "DELETED") or meta.get("generation") != status.get("observedGeneration") \
@@ -68,16 +68,17 @@ def stage_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) 
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_STAGE: kopf.PRESENT})
-def pod_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def pod_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     memo.triggers.fire(body["metadata"]["namespace"], body["metadata"]["labels"][LABEL_STAGE])
 
 
 @kopf.on.event("", "v1", "nodes")
-def node_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def node_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Capacity changed (allocatable, schedulable, a node came or went): every stage re-checks."""
     name = body["metadata"]["name"]
     allocatable = (body.get("status") or {}).get("allocatable") or {}
-    summary = None if type == "DELETED" else (dict(allocatable), node_summary(body, "")[2])
+    schedulable = not (body.get("spec") or {}).get("unschedulable", False)
+    summary = None if type == "DELETED" else (dict(allocatable), schedulable)
     if memo.nodes.get(name) != summary:
         memo.nodes[name] = summary
         memo.triggers.fire_all()
