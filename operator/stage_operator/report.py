@@ -12,7 +12,7 @@ from stage_operator.observed import PodView
 from stage_operator.rollout import Decisions
 from stage_operator.stage import Stage
 
-_CARRIED = ("restarts", "abort", "autoscaling")  # owned by the restart, abort and autoscaling steps
+_CARRIED = ("abort", "autoscaling")  # written by the abort and autoscaling steps: kept as they are
 
 
 def _replica_status(pod: PodView, desired_hash: str | None, previous: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -28,6 +28,12 @@ def _replica_status(pod: PodView, desired_hash: str | None, previous: dict[int, 
         out["lastFailure"] = {k: v for k, v in (("reason", f.reason), ("message", f.message),
                                                  ("exitCode", f.exit_code), ("time", f.time)) if v is not None}
     return out
+
+
+def _failure_line(pod: PodView) -> str:
+    f = pod.failure
+    code = f" (exit code {f.exit_code})" if f.exit_code is not None else ""
+    return f"{pod.name}: {f.reason}{code}" + (f": {f.message}" if f.message else "")
 
 
 def _topology(stage: Stage) -> dict[str, Any]:
@@ -81,10 +87,8 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
     new.append(conditions.condition("Ready", all_ready, "ScaledToZero" if all_ready and not replicas else
                                     "AllReplicasReady" if all_ready else "ReplicasNotReady",
                                     f"{ready}/{replicas} replicas ready"))
-    new.append(conditions.condition("Degraded", bool(failed), "ReplicaFailed" if failed else "NoFailures", "; ".join(
-        f"{p.name}: {p.failure.reason}" + (f" (exit code {p.failure.exit_code})" if p.failure.exit_code is not None
-                                           else "") + (f": {p.failure.message}" if p.failure.message else "")
-        for p in failed)))
+    new.append(conditions.condition("Degraded", bool(failed), "ReplicaFailed" if failed else "NoFailures",
+                                    "; ".join(_failure_line(p) for p in failed)))
     by_type = {c["type"]: c["status"] == "True" for c in new}
     phase = ("Stalled" if by_type["Stalled"] else "Pending" if not by_type["Accepted"] else
              "Degraded" if by_type["Degraded"] else "Ready" if by_type["Ready"] else "Progressing")
@@ -96,11 +100,11 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
         "updatedReplicas": sum(1 for p in live if p.template_hash == desired_hash),
         "selector": selector_string(stage_selector(stage.name)),
         "replicaStatuses": [_replica_status(p, desired_hash, prev_replicas) for p in pods.values()],
-        "restarts": previous.get("restarts") or {"total": 0},
+        "restarts": previous.get("restarts") or {"total": 0},  # counted by the restart policy
     }
     if desired_hash:
         status["templateHash"] = desired_hash
     if stage.spec is not None:
         status["topology"] = _topology(stage)
-    status.update({k: previous[k] for k in _CARRIED[1:] if k in previous})
+    status.update({k: previous[k] for k in _CARRIED if k in previous})
     return StageStatus.model_validate(status).wire()  # the typed status is the contract: fail here, not in the API
