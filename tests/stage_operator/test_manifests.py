@@ -55,3 +55,19 @@ def test_deployment_runs_the_operator_cluster_wide_with_peering():
     assert deployment['spec']['strategy']['type'] == 'Recreate'
     peering = next(d for d in load_all(BASE / 'kopf-peering.yaml') if d['kind'] == 'ClusterKopfPeering')
     assert peering['metadata']['name'] == args.peering
+
+
+KUBERNETES = ['1.29', '1.37']  # CEL messageExpression is GA from 1.29
+
+
+@pytest.mark.parametrize('version', KUBERNETES)
+def test_base_and_crd_validate_against_the_kubernetes_schemas(version):
+    import kubernetes_validate
+
+    docs = [d for name in ('namespace.yaml', 'rbac.yaml', 'operator.yaml', 'kopf-peering.yaml')
+            for d in load_all(BASE / name)] + load_all(ROOT / 'crds' / 'diffusionstage.yaml')
+    checked = [d['kind'] for d in docs if d['apiVersion'] != 'kopf.dev/v1']
+    for doc in docs:
+        if doc['apiVersion'] != 'kopf.dev/v1':  # the peering object's own CRD is in the list
+            kubernetes_validate.validate(doc, version, strict=True)
+    assert checked.count('CustomResourceDefinition') == 2 and 'Deployment' in checked

@@ -144,3 +144,22 @@ def test_service_selects_serving_pods_of_the_stage():
     assert svc['metadata']['name'] == 'tiny' and svc['metadata']['ownerReferences'][0]['uid'] == 'uid-9'
     assert svc['spec']['selector'] == {'diffstage.io/stage': 'tiny', 'diffstage.io/serving': 'true'}
     assert [(p['name'], p['port']) for p in svc['spec']['ports']] == [('http', 8000), ('zmq', 5570)]
+
+
+@pytest.mark.parametrize('spec', [
+    {},
+    {'model': {'path': '/m'}, 'resources': {'gpusPerPod': 2, 'cpu': '4', 'memory': '16Gi', 'shmSize': '2Gi'},
+     'podTemplate': {'nodeSelector': {'a': 'b'}, 'tolerations': [{'key': 'gpu', 'operator': 'Exists'}],
+                     'env': [{'name': 'X', 'value': '1'}], 'imagePullSecrets': [{'name': 'r'}],
+                     'serviceAccountName': 'sa', 'priorityClassName': 'p'}},
+])
+def test_children_validate_against_the_kubernetes_schemas(spec):
+    """Strict: a misspelt field in a builder fails here instead of at the API server."""
+    import kubernetes_validate
+
+    from stage_operator.builders.event import build_event
+
+    st = stage(**spec)
+    for obj in (build_pod(st, 0), build_service(st), build_configmap(st),
+                build_event(st, 'Normal', 'CreatedPods', 'created tiny-0', '2026-01-01T00:00:00Z')):
+        kubernetes_validate.validate(obj, '1.29', strict=True)
