@@ -9,6 +9,7 @@ import random
 import sys
 
 import kopf
+import prometheus_client
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int,
                    help="peering priority: the highest live replica works (default: random, so replicas never tie)")
     p.add_argument("--liveness", metavar="URL", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (/metrics)")
     p.add_argument("--resync-seconds", type=float, help="re-reconcile every stage this often (default 30)")
     p.add_argument("--verbose", action="store_true")
     return p
@@ -38,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["DIFFSTAGE_RESYNC_SECONDS"] = str(args.resync_seconds)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.metrics_port is not None:
+        prometheus_client.start_http_server(args.metrics_port)
     import stage_operator.handlers  # noqa: F401 (registers the handlers)
 
     kopf.run(clusterwide=args.all_namespaces, namespaces=namespaces, standalone=args.standalone,

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
+import httpx
 from support.operator_harness import Cluster, manifest, wait_for
 
 from stage_operator.__main__ import build_parser, main
@@ -22,12 +24,19 @@ def test_flags():
     assert args.namespace == ['a', 'b'] and args.standalone and args.resync_seconds == 5
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
 def test_the_operator_process_reconciles_and_stops_cleanly(kube_emulator, tmp_path):
     env = {**os.environ, 'KUBECONFIG': str(kube_emulator.write_kubeconfig(tmp_path / 'kubeconfig'))}
-    log = tmp_path / 'operator.log'
+    log, port = tmp_path / 'operator.log', free_port()
     with open(log, 'w') as out:
         proc = subprocess.Popen([sys.executable, '-m', 'stage_operator', '--namespace', 'default', '--standalone',
-                                 '--resync-seconds', '1'], env=env, stdout=out, stderr=subprocess.STDOUT)
+                                 '--resync-seconds', '1', '--metrics-port', str(port)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
             cluster = Cluster(kube_emulator)
             wait_for(lambda: kube_emulator.watching('diffusionstages'), 60, what='the operator to watch')
@@ -35,6 +44,8 @@ def test_the_operator_process_reconciles_and_stops_cleanly(kube_emulator, tmp_pa
             wait_for(lambda: len(cluster.pods('tiny')) == 2, 30, what='two pods')
             cluster.all_ready('tiny')
             wait_for(lambda: cluster.status('tiny').get('phase') == 'Ready', 30, what='Ready')
+            metrics = httpx.get(f'http://127.0.0.1:{port}/metrics').text
+            assert 'diffstage_operator_reconciles_total{result="changed"}' in metrics
         finally:
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(30)
