@@ -217,3 +217,18 @@ def test_cluster_wide_with_peering_uses_only_what_rbac_grants(cluster, kube_emul
     assert ('', 'pods', 'create') in operator_calls and ('diffstage.io', 'diffusionstages/status', 'patch') in operator_calls
     denied = sorted(call for call in operator_calls if not allowed(*call))
     assert denied == [], f'calls the ClusterRole does not grant: {denied}'
+
+
+def test_api_errors_are_retried_with_backoff(cluster, kube_emulator):
+    import kmock
+    from prometheus_client import REGISTRY
+
+    errors_before = REGISTRY.get_sample_value('diffstage_operator_reconcile_errors_total') or 0.0
+    kube_emulator['post', kmock.resource('v1/pods')][:2] << 503  # the first two pod creations fail
+    with operator(kube_emulator) as runner:
+        cluster.apply(manifest('tiny'))
+        wait_for(lambda: len(cluster.pods('tiny')) == 2, what='both pods despite the failures')
+        cluster.all_ready('tiny')
+        wait_for(lambda: ready(cluster, 'tiny', 2), what='Ready')
+    assert 'reconcile failed (retry in 1.0s): POST /api/v1/namespaces/default/pods answered 503' in runner.output
+    assert (REGISTRY.get_sample_value('diffstage_operator_reconcile_errors_total') or 0.0) >= errors_before + 2
