@@ -1,4 +1,11 @@
-"""`reconcile(stage, observed) -> Plan`: level-based and pure. Nothing changed → an empty plan (zero writes)."""
+"""`reconcile(stage, observed) -> Plan`: level-based and pure. Nothing changed → an empty plan (zero writes).
+
+Steps: parse (done: `Stage`) → capacity (`capacity.check`) → pod decisions (`rollout.decide`) → children
+(ConfigMap, Service) → status (`report.build_status`) → Events for what changed. Later behaviours plug in as
+more pure steps between these, never as a second writer: the restart policy decides on Failed pods beside
+`rollout.decide` (recreate after backoff, or Stalled) and counts `status.restarts`; abort and autoscaling
+compute their own status fields, which `report` carries over until then.
+"""
 
 from __future__ import annotations
 
