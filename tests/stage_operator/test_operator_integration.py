@@ -1,9 +1,14 @@
 """The real operator (kopf via KopfRunner) against the emulated Kubernetes API over HTTP; the test plays kubelet."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from support.rbac import allowed
+import yaml
 from support.operator_harness import Cluster, manifest, operator, wait_for
+from support.rbac import allowed
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -21,8 +26,9 @@ def ready(cluster: Cluster, name: str, replicas: int, generation: int = 1) -> bo
 
 
 def test_apply_creates_children_and_reaches_ready(cluster, kube_emulator):
+    sample = yaml.safe_load((ROOT / 'manifests' / 'samples' / 'tiny-cpu.yaml').read_text())
     with operator(kube_emulator):
-        created = cluster.apply(manifest('tiny'))
+        created = cluster.apply(sample)
         uid = created['metadata']['uid']
         pods = wait_for(lambda: len(cluster.pods('tiny')) == 2 and cluster.pods('tiny'), what='two pods')
         assert set(pods) == {'tiny-0', 'tiny-1'}
