@@ -238,3 +238,20 @@ def test_api_errors_are_retried_with_backoff(cluster, kube_emulator):
         wait_for(lambda: ready(cluster, 'tiny', 2), what='Ready')
     assert 'reconcile failed (retry in 1.0s): POST /api/v1/namespaces/default/pods answered 503' in runner.output
     assert (REGISTRY.get_sample_value('diffstage_operator_reconcile_errors_total') or 0.0) >= errors_before + 2
+
+
+def test_a_restarted_operator_picks_up_where_the_cluster_is(cluster, kube_emulator):
+    """Level-based: no memory across restarts is needed; changes made while it was down are reconciled."""
+    with operator(kube_emulator):
+        cluster.apply(manifest('tiny'))
+        wait_for(lambda: len(cluster.pods('tiny')) == 2, what='two pods')
+        cluster.all_ready('tiny')
+        wait_for(lambda: ready(cluster, 'tiny', 2), what='Ready')
+    cluster.scale('tiny', 3)  # while no operator runs
+    kube_emulator.reset_counts()
+    with operator(kube_emulator):
+        wait_for(lambda: len(cluster.pods('tiny')) == 3, what='the third pod')
+        cluster.kubelet_ready('tiny-2')
+        wait_for(lambda: ready(cluster, 'tiny', 3, generation=2), what='Ready 3/3')
+    pod_creates = [m for m in kube_emulator.mutations if m[:2] == ('create', 'pods')]
+    assert pod_creates == [('create', 'pods', 'default', None, None)], 'exactly one pod created, none re-created'
