@@ -146,8 +146,9 @@ def section_b(n: int, resync: float, steady_seconds: float) -> None:
     print(f"\nB. the operator process (kopf, python -m stage_operator), {n} stages, resync every {resync:g}s")
     print(f"cold: create {n} stages → all Ready in {cold_s:.2f}s (includes the kubelet patches), "
           f"operator CPU {cold_cpu:.2f}s = {cold_cpu * 1e3 / n:.1f} CPU-ms per stage")
-    print(f"steady ({wall:.1f}s): {reconciles / wall:.0f} reconciles/s, {cpu * 1e3 / max(reconciles, 1):.2f} CPU-ms "
-          f"per reconcile (operator process: kopf + client), mutating calls: {mutations}")
+    print(f"steady ({wall:.1f}s): {reconciles / wall:.0f} reconciles/s (paced by the resync: {n / resync:.0f}/s), "
+          f"{cpu * 1e3 / max(reconciles, 1):.2f} CPU-ms per reconcile (operator process: kopf + client), "
+          f"mutating calls: {mutations}")
     print(f"peak RSS: {peak:.0f} MiB ({idle_rss:.0f} MiB idle before the stages)")
     assert mutations == 0, f"steady state made {mutations} mutating calls"
 
