@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test venv bench crds clean
 
 venv: $(STAMP)
 
@@ -28,10 +28,15 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# The CRD is generated from stage_operator/api (never edited by hand; tests fail on drift).
+crds: $(STAMP)
+	$(PY) -m stage_operator.crdgen --out crds
+
 bench: $(STAMP)
 	$(PY) bench/engine_overhead.py
 	$(PY) bench/step_mode.py
 	$(PY) bench/executor_overhead.py
+	$(PY) bench/operator_reconcile.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .demo

@@ -10,6 +10,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
+# The real packages before any conftest puts tests/ on sys.path: tests/stage_operator (no __init__.py) would
+# otherwise be imported as a namespace package named `stage_operator` (the editable finder runs last).
+import stage_operator  # noqa: E402,F401
+import stage_runtime  # noqa: E402,F401
+
 
 @pytest.fixture(scope="session")
 def tiny_sd_path(tmp_path_factory) -> str:

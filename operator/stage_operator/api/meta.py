@@ -1,0 +1,39 @@
+"""Names the CRD, the children and the labels share: one place, so builders, selectors and tests agree."""
+
+GROUP = "diffstage.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "DiffusionStage"
+PLURAL = "diffusionstages"
+SINGULAR = "diffusionstage"
+SHORT_NAMES = ("dstage",)
+
+LABEL_STAGE = f"{GROUP}/stage"
+LABEL_REPLICA = f"{GROUP}/replica"
+LABEL_SERVING = f"{GROUP}/serving"
+LABEL_TEMPLATE_HASH = f"{GROUP}/template-hash"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "diffstage-operator"
+
+HTTP_PORT = 8000
+ZMQ_PORT = 5570
+TERMINATION_LOG = "/dev/termination-log"
+CONFIG_DIR = "/etc/diffstage"
+CONFIG_FILE = "stage.yaml"
+BUILTIN_MODEL_DIR = "/opt/diffstage/models"  # where the runtime image keeps `make-tiny-model` outputs
+DEFAULT_IMAGE = "diffstage/runtime:0.1.0"
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def stage_selector(stage: str) -> dict[str, str]:
+    """Labels that select every pod of a stage (the scale subresource's selector)."""
+    return {LABEL_STAGE: stage}
+
+
+def serving_selector(stage: str) -> dict[str, str]:
+    """Labels the Service selects: the stage's pods that are not fenced out of traffic."""
+    return {LABEL_STAGE: stage, LABEL_SERVING: "true"}
+
+
+def selector_string(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))

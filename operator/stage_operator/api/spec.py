@@ -1,0 +1,203 @@
+"""`DiffusionStage.spec` (DESIGN.md §4) as pydantic models; `crdgen` turns them into the CRD schema.
+
+CEL rules live on the types they guard (`x-kubernetes-validations`). The parallel arithmetic in CEL is the
+same rule `stage_runtime.config.ParallelConfig` enforces (world size = product of degrees = GPUs per pod);
+`StageSpec.topology()` asks ParallelConfig itself, so the operator never re-implements it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Literal
+
+import annotated_types
+from pydantic import ConfigDict, Field, model_validator
+
+from stage_operator.api.base import ApiModel, cel
+from stage_operator.api.meta import DEFAULT_GPU_RESOURCE, DEFAULT_IMAGE
+from stage_runtime.config import ConfigError, ParallelConfig
+
+_CAMEL = ApiModel.model_config
+
+
+def _bounds(field: str) -> dict[str, int]:
+    """ge/le of a ParallelConfig field, so the CRD minimums and maximums come from the one source of truth."""
+    out: dict[str, int] = {}
+    for m in ParallelConfig.model_fields[field].metadata:
+        if isinstance(m, annotated_types.Ge):
+            out["ge"] = m.ge
+        elif isinstance(m, annotated_types.Le):
+            out["le"] = m.le
+    return out
+
+
+class ModelSource(ApiModel):
+    """Exactly one of `builtin` (a tiny model the pod builds itself) or `path` (a folder in the image/volume)."""
+
+    model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [cel(
+        "has(self.builtin) != has(self.path)",
+        "'model: set exactly one of builtin or path'")]})
+    builtin: Literal["tiny-sd", "tiny-dit"] | None = None
+    path: str | None = Field(None, min_length=1)
+    name: str | None = Field(None, min_length=1, description="served model name (default: the stage name)")
+    dtype: Literal["float32", "float16", "bfloat16"] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSource:
+        if (self.builtin is None) == (self.path is None):
+            raise ValueError("model: set exactly one of builtin or path")
+        return self
+
+
+class Parallel(ApiModel):
+    """Parallel degrees inside one pod's engine; their product is the world size (= resources.gpusPerPod)."""
+
+    tensor_parallel_size: int = Field(1, **_bounds("tensor_parallel_size"))
+    ulysses_degree: int = Field(1, **_bounds("ulysses_degree"))
+    ring_degree: int = Field(1, **_bounds("ring_degree"))
+    cfg_parallel_size: int = Field(1, **_bounds("cfg_parallel_size"))
+    data_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, **_bounds("pipeline_parallel_size"))
+
+    @property
+    def product(self) -> int:
+        return (self.tensor_parallel_size * self.ulysses_degree * self.ring_degree * self.cfg_parallel_size
+                * self.data_parallel_size * self.pipeline_parallel_size)
+
+
+class Resources(ApiModel):
+    gpus_per_pod: int = Field(1, ge=1, description="ranks per pod: GPUs, or CPU processes when gpuResourceName is ''")
+    gpu_resource_name: str = Field(DEFAULT_GPU_RESOURCE, description="extended resource; '' = CPU ranks")
+    cpu: str | None = None
+    memory: str | None = None
+    shm_size: str | None = Field(None, description="size of the memory-backed /dev/shm")
+
+
+class Engine(ApiModel):
+    execution_mode: Literal["request", "step"] = "request"
+    max_num_seqs: int = Field(1, ge=1, le=1024)
+    request_batch_max_wait_ms: int = Field(0, ge=0)
+    max_waiting: int | None = Field(None, ge=1)
+    streaming: bool = False
+    executor: Literal["uni", "mp"] | None = None
+    device: Literal["auto", "cpu", "cuda"] | None = None
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class RestartPolicy(ApiModel):
+    """Fail-closed restarts of a replica: backoff initial·2ⁿ capped; at most maxRestarts per window."""
+
+    model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [cel(
+        "self.backoffInitialSeconds <= self.backoffMaxSeconds",
+        "'restartPolicy.backoffInitialSeconds (' + string(self.backoffInitialSeconds) + "
+        "') must not exceed backoffMaxSeconds (' + string(self.backoffMaxSeconds) + ')'")]})
+    max_restarts: int = Field(5, ge=0)
+    window_seconds: int = Field(600, ge=1)
+    backoff_initial_seconds: int = Field(10, ge=1)
+    backoff_max_seconds: int = Field(300, ge=1)
+
+
+class Abort(ApiModel):
+    """A nonce: each new `id` aborts `requestIds` (or `all`) on every serving pod; the result is in status."""
+
+    model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [cel(
+        "has(self.requestIds) != (has(self.all) && self.all)",
+        "'abort: set exactly one of requestIds or all: true'")]})
+    id: str = Field(min_length=1)
+    request_ids: list[str] | None = None
+    all: bool | None = None
+
+
+_OPERATOR_ONLY = ("minReplicas", "maxReplicas", "targetInFlightPerReplica",
+                  "scaleUpStabilizationSeconds", "scaleDownStabilizationSeconds")
+
+
+class Autoscaling(ApiModel):
+    """Who owns `replicas`: None (you), External (HPA/KEDA through /scale), Operator (the operator)."""
+
+    model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [
+        cel("self.mode == 'Operator' || !(" + " || ".join(f"has(self.{f})" for f in _OPERATOR_ONLY) + ")",
+            "'autoscaling.mode is ' + self.mode + ': " + ", ".join(_OPERATOR_ONLY)
+            + " apply only with mode Operator'"),
+        cel("self.mode != 'Operator' || has(self.maxReplicas)",
+            "'autoscaling.mode Operator needs maxReplicas'"),
+        cel("!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+            "'autoscaling.minReplicas (' + string(self.minReplicas) + ') must not exceed maxReplicas ('"
+            " + string(self.maxReplicas) + ')'"),
+    ]})
+    mode: Literal["None", "External", "Operator"] = "None"
+    min_replicas: int | None = Field(None, ge=0)
+    max_replicas: int | None = Field(None, ge=1)
+    target_in_flight_per_replica: int | None = Field(None, ge=1)
+    scale_up_stabilization_seconds: int | None = Field(None, ge=0)
+    scale_down_stabilization_seconds: int | None = Field(None, ge=0)
+    drain_timeout_seconds: int = Field(60, ge=0, description="how long a removed replica may finish its work")
+
+
+class LocalObjectReference(ApiModel):
+    name: str = Field(min_length=1)
+
+
+KubeObject = dict[str, Any]  # a Kubernetes-native shape (toleration, volume, ...): validated by the API server
+
+
+class PodTemplate(ApiModel):
+    """Placement and plumbing; GPU limits, probes and the command stay the operator's."""
+
+    node_selector: dict[str, str] | None = None
+    tolerations: list[KubeObject] | None = None
+    affinity: KubeObject | None = None
+    env: list[KubeObject] | None = None
+    volumes: list[KubeObject] | None = None
+    volume_mounts: list[KubeObject] | None = None
+    service_account_name: str | None = None
+    priority_class_name: str | None = None
+    image_pull_secrets: list[LocalObjectReference] | None = None
+
+
+_PRODUCT = ("self.parallel.tensorParallelSize * self.parallel.ulyssesDegree * self.parallel.ringDegree"
+            " * self.parallel.cfgParallelSize * self.parallel.dataParallelSize * self.parallel.pipelineParallelSize")
+
+
+class StageSpec(ApiModel):
+    model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [cel(
+        f"{_PRODUCT} == self.resources.gpusPerPod",
+        "'parallel degrees multiply to ' + string(" + _PRODUCT + ") + ' (tensor ' + "
+        "string(self.parallel.tensorParallelSize) + ' x ulysses ' + string(self.parallel.ulyssesDegree) + "
+        "' x ring ' + string(self.parallel.ringDegree) + ' x cfg ' + string(self.parallel.cfgParallelSize) + "
+        "' x data ' + string(self.parallel.dataParallelSize) + ' x pipeline ' + "
+        "string(self.parallel.pipelineParallelSize) + ') but resources.gpusPerPod is ' + "
+        "string(self.resources.gpusPerPod)",
+        reason="FieldValueInvalid")]})
+    model: ModelSource
+    image: str = Field(DEFAULT_IMAGE, min_length=1)
+    replicas: int = Field(1, ge=0)
+    parallel: Parallel = Field(default_factory=Parallel)
+    resources: Resources = Field(default_factory=Resources)
+    engine: Engine = Field(default_factory=Engine)
+    restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
+    abort: Abort | None = None
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling)
+    pod_template: PodTemplate = Field(default_factory=PodTemplate)
+
+    @model_validator(mode="after")
+    def _topology_fits(self) -> StageSpec:
+        self.topology()  # ConfigError (a ValueError) names the numbers
+        return self
+
+    def topology(self) -> ParallelConfig:
+        """The runtime's own topology for one pod: num_gpus is the world (GPUs or CPU rank processes)."""
+        p = self.parallel
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # the TP-without-Ulysses hint is for the runtime log
+            try:
+                return ParallelConfig(
+                    tensor_parallel_size=p.tensor_parallel_size, ulysses_degree=p.ulysses_degree,
+                    ring_degree=p.ring_degree, cfg_parallel_size=p.cfg_parallel_size,
+                    data_parallel_size=p.data_parallel_size, pipeline_parallel_size=p.pipeline_parallel_size,
+                    num_gpus=self.resources.gpus_per_pod)
+            except ValueError as exc:  # pydantic's ValidationError: keep the runtime's own words
+                errors = getattr(exc, "errors", None)
+                text = "; ".join(e["msg"].removeprefix("Value error, ") for e in errors()) if errors else str(exc)
+                raise ConfigError(f"parallel topology does not fit resources.gpusPerPod="
+                                  f"{self.resources.gpus_per_pod}: {text}") from None

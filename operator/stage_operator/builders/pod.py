@@ -1,0 +1,107 @@
+"""One pod per replica, `<stage>-<index>`: restartPolicy Never (the operator owns restarts), GPU limits from
+the spec, probes on /ready and /health, the termination log. The template hash labels outdated pods."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from stage_operator.api.meta import (CONFIG_DIR, HTTP_PORT, LABEL_REPLICA, LABEL_SERVING, LABEL_TEMPLATE_HASH,
+                                     TERMINATION_LOG, ZMQ_PORT, BUILTIN_MODEL_DIR)
+from stage_operator.builders.children import build_configmap, configmap_name, owned_metadata, stage_labels
+from stage_operator.builders.runtime_config import make_model_command, serve_command
+from stage_operator.stage import Stage
+
+CONTAINER = "stage"
+STARTUP_PROBE = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 120}  # up to 10 min to load weights
+READINESS_PROBE = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2}
+LIVENESS_PROBE = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}
+
+
+def pod_name(stage: Stage, index: int) -> str:
+    return f"{stage.name}-{index}"
+
+
+def _resources(stage: Stage) -> dict[str, Any]:
+    r = stage.spec.resources
+    limits: dict[str, str] = {r.gpu_resource_name: str(r.gpus_per_pod)} if r.gpu_resource_name else {}
+    requests: dict[str, str] = {}
+    if r.cpu:
+        requests["cpu"] = r.cpu
+    if r.memory:
+        requests["memory"] = limits["memory"] = r.memory
+    out: dict[str, Any] = {}
+    if limits:
+        out["limits"] = limits
+    if requests:
+        out["requests"] = requests
+    return out
+
+
+def _probe(path: str, settings: dict[str, int]) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": "http"}, **settings}
+
+
+def build_pod_spec(stage: Stage) -> dict[str, Any]:
+    """The part every replica shares (the replica index reaches the process through the downward API)."""
+    spec = stage.spec
+    assert spec is not None, "build pods only for a valid spec"
+    tpl = spec.pod_template
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if spec.resources.shm_size:
+        shm["sizeLimit"] = spec.resources.shm_size
+    volumes: list[dict[str, Any]] = [{"name": "stage-config", "configMap": {"name": configmap_name(stage)}},
+                                     {"name": "dshm", "emptyDir": shm}]
+    mounts: list[dict[str, Any]] = [{"name": "stage-config", "mountPath": CONFIG_DIR, "readOnly": True},
+                                    {"name": "dshm", "mountPath": "/dev/shm"}]
+    init_containers = []
+    if make := make_model_command(spec):
+        volumes.append({"name": "builtin-models", "emptyDir": {}})
+        mounts.append({"name": "builtin-models", "mountPath": BUILTIN_MODEL_DIR})
+        init_containers.append({"name": "make-model", "image": spec.image, "command": make,
+                                "volumeMounts": [{"name": "builtin-models", "mountPath": BUILTIN_MODEL_DIR}]})
+    env = [{"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "DIFFSTAGE_STAGE", "value": stage.name},
+           {"name": "DIFFSTAGE_REPLICA",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_REPLICA}']"}}}]
+    container = {
+        "name": CONTAINER, "image": spec.image, "command": serve_command(spec, stage.name),
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+                  {"name": "zmq", "containerPort": ZMQ_PORT, "protocol": "TCP"}],
+        "env": env + list(tpl.env or []),
+        "resources": _resources(stage),
+        "startupProbe": _probe("/ready", STARTUP_PROBE),
+        "readinessProbe": _probe("/ready", READINESS_PROBE),
+        "livenessProbe": _probe("/health", LIVENESS_PROBE),
+        "terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": mounts + list(tpl.volume_mounts or []),
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": spec.autoscaling.drain_timeout_seconds + 10,
+        "containers": [container],
+        "volumes": volumes + list(tpl.volumes or []),
+    }
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
+    for key, value in (("nodeSelector", tpl.node_selector), ("tolerations", tpl.tolerations),
+                       ("affinity", tpl.affinity), ("serviceAccountName", tpl.service_account_name),
+                       ("priorityClassName", tpl.priority_class_name)):
+        if value:
+            pod_spec[key] = value
+    if tpl.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [s.wire() for s in tpl.image_pull_secrets]
+    return pod_spec
+
+
+def template_hash(stage: Stage) -> str:
+    """Changes exactly when a replica built now would differ: the pod spec and the stage config it mounts."""
+    payload = json.dumps([build_pod_spec(stage), build_configmap(stage)["data"]], sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:10]
+
+
+def build_pod(stage: Stage, index: int, pod_hash: str | None = None) -> dict[str, Any]:
+    labels = {**stage_labels(stage), LABEL_REPLICA: str(index), LABEL_SERVING: "true",
+              LABEL_TEMPLATE_HASH: pod_hash or template_hash(stage)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": owned_metadata(stage, pod_name(stage, index), labels),
+            "spec": build_pod_spec(stage)}

@@ -1,0 +1,72 @@
+"""What the stage process runs: its `stage.yaml` (stage_runtime.config's shape) and its command line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stage_operator.api.meta import BUILTIN_MODEL_DIR, CONFIG_DIR, CONFIG_FILE, HTTP_PORT, TERMINATION_LOG, ZMQ_PORT
+from stage_operator.api.spec import StageSpec
+
+
+def model_dir(spec: StageSpec) -> str:
+    return f"{BUILTIN_MODEL_DIR}/{spec.model.builtin}" if spec.model.builtin else str(spec.model.path)
+
+
+def device(spec: StageSpec) -> str:
+    if spec.engine.device:
+        return spec.engine.device
+    return "cpu" if spec.resources.gpu_resource_name == "" else "auto"
+
+
+def executor(spec: StageSpec) -> str:
+    return spec.engine.executor or ("uni" if spec.topology().world_size == 1 else "mp")
+
+
+def stage_config(spec: StageSpec, stage_name: str) -> dict[str, Any]:
+    """The dict `stage_runtime.config.load_config` accepts (snake_case, its own field names)."""
+    model: dict[str, Any] = {"path": model_dir(spec), "served_name": spec.model.name or stage_name}
+    if spec.model.dtype:
+        model["dtype"] = spec.model.dtype
+    p = spec.parallel
+    scheduler: dict[str, Any] = {"execution_mode": spec.engine.execution_mode, "max_num_seqs": spec.engine.max_num_seqs,
+                                 "request_batch_max_wait_ms": spec.engine.request_batch_max_wait_ms,
+                                 "streaming_output": spec.engine.streaming}
+    if spec.engine.max_waiting:
+        scheduler["max_waiting"] = spec.engine.max_waiting
+    return {"model": model, "device": device(spec), "executor": executor(spec), "scheduler": scheduler,
+            "parallel": {"tensor_parallel_size": p.tensor_parallel_size, "ulysses_degree": p.ulysses_degree,
+                         "ring_degree": p.ring_degree, "cfg_parallel_size": p.cfg_parallel_size,
+                         "data_parallel_size": p.data_parallel_size, "pipeline_parallel_size": p.pipeline_parallel_size,
+                         "num_gpus": spec.resources.gpus_per_pod}}
+
+
+def serve_command(spec: StageSpec, stage_name: str) -> list[str]:
+    """`stage-runtime serve ...` (DESIGN.md §3): explicit flags for what the operator enforces, the rest in
+    `--config` (same values: both are derived from the spec), then the user's extraArgs."""
+    p = spec.parallel
+    cmd = ["stage-runtime", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}",
+           "--model", model_dir(spec), "--served-name", spec.model.name or stage_name,
+           "--host", "0.0.0.0", "--http-port", str(HTTP_PORT), "--zmq-port", str(ZMQ_PORT),
+           "--device", device(spec), "--num-gpus", str(spec.resources.gpus_per_pod)]
+    for flag, value in (("--tensor-parallel-size", p.tensor_parallel_size), ("--ulysses-degree", p.ulysses_degree),
+                        ("--ring-degree", p.ring_degree), ("--cfg-parallel-size", p.cfg_parallel_size),
+                        ("--data-parallel-size", p.data_parallel_size),
+                        ("--pipeline-parallel-size", p.pipeline_parallel_size)):
+        if value != 1:
+            cmd += [flag, str(value)]
+    cmd += ["--executor", executor(spec), "--execution-mode", spec.engine.execution_mode,
+            "--max-num-seqs", str(spec.engine.max_num_seqs)]
+    if spec.engine.request_batch_max_wait_ms:
+        cmd += ["--request-batch-max-wait-ms", str(spec.engine.request_batch_max_wait_ms)]
+    if spec.engine.max_waiting:
+        cmd += ["--max-waiting", str(spec.engine.max_waiting)]
+    cmd += ["--drain-timeout", str(spec.autoscaling.drain_timeout_seconds), "--termination-log", TERMINATION_LOG]
+    return cmd + list(spec.engine.extra_args)
+
+
+def make_model_command(spec: StageSpec) -> list[str] | None:
+    """The init container's command for a built-in model (weights built in the pod, never downloaded)."""
+    if not spec.model.builtin:
+        return None
+    kind = spec.model.builtin.removeprefix("tiny-")
+    return ["stage-runtime", "make-tiny-model", model_dir(spec), "--kind", kind]

@@ -1,0 +1,84 @@
+"""kopf wiring, kept thin: one worker (daemon) per stage runs read → reconcile → apply → status whenever a
+watch event concerns the stage (its spec, its pods, node capacity) and on every resync. The event handlers
+are async on purpose: they set asyncio Events, which is only safe from the operator's own loop.
+
+Run with `python -m stage_operator` or `kopf run -m stage_operator.handlers`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from stage_operator import metrics
+from stage_operator.api.meta import GROUP, LABEL_STAGE, PLURAL, VERSION
+from stage_operator.controller import Controller
+from stage_operator.kube import ApiError, Kube
+from stage_operator.triggers import Triggers
+
+log = logging.getLogger(__name__)
+DEFAULT_RESYNC_SECONDS = 30.0  # $DIFFSTAGE_RESYNC_SECONDS or `--resync-seconds` override it
+MAX_ERROR_BACKOFF = 60.0
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.finalizer = f"{GROUP}/operator"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.posting.level = logging.WARNING  # Events for warnings only, never for routine logs
+    settings.watching.server_timeout = 300  # and a client timeout above it: kopf's known silent-stall trap
+    settings.watching.client_timeout = 330
+    memo.triggers = Triggers()
+    memo.controller = Controller(Kube())
+    memo.resync_seconds = float(os.environ.get("DIFFSTAGE_RESYNC_SECONDS", DEFAULT_RESYNC_SECONDS))
+    memo.nodes = {}
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
+async def stage_worker(name: str, namespace: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    trigger, failures = memo.triggers.register(namespace, name), 0
+    try:
+        while not stopped:
+            trigger.clear()
+            try:
+                await asyncio.to_thread(memo.controller.reconcile_once, namespace, name)
+                failures, delay = 0, memo.resync_seconds
+            except ApiError as exc:  # a conflict, a 5xx, a webhook: log it, back off, read everything again
+                failures += 1
+                delay = min(MAX_ERROR_BACKOFF, 0.5 * 2 ** failures)
+                metrics.RECONCILE_ERRORS.inc()
+                log.warning("stage %s/%s: reconcile failed (retry in %.1fs): %s", namespace, name, delay, exc)
+            await Triggers.wait(trigger, delay, stopped)
+    finally:
+        memo.triggers.unregister(namespace, name)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def stage_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Spec changes (generation ahead of observedGeneration) and deletions; our own status writes are not."""
+    meta, status = body["metadata"], body.get("status") or {}
+    if type in (None, "ADDED", "DELETED") or meta.get("generation") != status.get("observedGeneration") \
+            or meta.get("deletionTimestamp"):
+        memo.triggers.fire(meta["namespace"], meta["name"])
+
+
+@kopf.on.event("", "v1", "pods", labels={LABEL_STAGE: kopf.PRESENT})
+async def pod_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.triggers.fire(body["metadata"]["namespace"], body["metadata"]["labels"][LABEL_STAGE])
+
+
+@kopf.on.event("", "v1", "nodes")
+async def node_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Capacity changed (allocatable, schedulable, a node came or went): every stage re-checks."""
+    name = body["metadata"]["name"]
+    allocatable = (body.get("status") or {}).get("allocatable") or {}
+    schedulable = not (body.get("spec") or {}).get("unschedulable", False)
+    summary = None if type == "DELETED" else (dict(allocatable), schedulable)
+    if memo.nodes.get(name) != summary:
+        memo.nodes[name] = summary
+        memo.triggers.fire_all()

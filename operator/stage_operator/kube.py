@@ -1,0 +1,114 @@
+"""The one module that talks to the Kubernetes API (the official client's transport and auth, plain JSON).
+
+Reads: the stage, its pods (by label), its Service and ConfigMap, the nodes. Writes: `apply(stage, plan)`
+in the plan's order, and nothing else. Every write is a JSON merge patch or a create/delete by name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes
+
+from stage_operator.api.meta import GROUP, LABEL_STAGE, PLURAL, VERSION
+from stage_operator.builders.children import configmap_name
+from stage_operator.observed import Observed
+from stage_operator.plan import Plan
+from stage_operator.stage import Stage
+
+log = logging.getLogger(__name__)
+MERGE = "application/merge-patch+json"
+_CORE_PLURALS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps"}
+
+
+class ApiError(Exception):
+    def __init__(self, method: str, path: str, status: int, body: str):
+        try:
+            message = json.loads(body).get("message", body)
+        except ValueError:
+            message = body
+        super().__init__(f"{method} {path} answered {status}: {message}")
+        self.status = status
+
+
+def load_api_client() -> kubernetes.client.ApiClient:
+    """In-cluster service account, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+    configuration = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=configuration)
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = 32
+    return kubernetes.client.ApiClient(configuration)
+
+
+class Kube:
+    """Thread-safe (one urllib3 pool); calls block, so the async operator runs them in worker threads."""
+
+    def __init__(self, client: kubernetes.client.ApiClient | None = None, timeout: float = 30):
+        self.client = client or load_api_client()
+        self.timeout = timeout
+        self.calls = 0  # every request, reads included (the benchmark reports calls per reconcile)
+
+    def request(self, method: str, path: str, body: Any = None, query: Mapping[str, str] | None = None,
+                content_type: str = "application/json") -> dict[str, Any] | None:
+        """The decoded answer; None for 404 on GET and DELETE; ApiError for any other failure."""
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        method, url, headers, body, _ = self.client.param_serialize(
+            method, path, query_params=list((query or {}).items()), header_params=headers, body=body,
+            auth_settings=["BearerToken"])
+        self.calls += 1
+        response = self.client.call_api(method, url, header_params=headers, body=body, _request_timeout=self.timeout)
+        data = response.read()
+        if response.status == 404 and method in ("GET", "DELETE"):
+            return None
+        if not 200 <= response.status < 300:
+            raise ApiError(method, path, response.status, data.decode("utf-8", "replace"))
+        return json.loads(data) if data else {}
+
+    # -- reads -------------------------------------------------------------------------------------------
+    @staticmethod
+    def stage_path(namespace: str, name: str = "") -> str:
+        return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}" + (f"/{name}" if name else "")
+
+    @staticmethod
+    def core_path(kind: str, namespace: str, name: str = "") -> str:
+        return f"/api/v1/namespaces/{namespace}/{_CORE_PLURALS[kind]}" + (f"/{name}" if name else "")
+
+    def read_stage(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.request("GET", self.stage_path(namespace, name))
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/api/v1/nodes")["items"]
+
+    def observe(self, stage: Stage, *, nodes: list[dict[str, Any]] | None, now: str) -> Observed:
+        pods = self.request("GET", self.core_path("Pod", stage.namespace),
+                            query={"labelSelector": f"{LABEL_STAGE}={stage.name}"})["items"]
+        owned = [p for p in pods if any(r.get("uid") == stage.uid for r in p["metadata"].get("ownerReferences") or ())]
+        service = self.request("GET", self.core_path("Service", stage.namespace, stage.name))
+        configmap = self.request("GET", self.core_path("ConfigMap", stage.namespace, configmap_name(stage)))
+        return Observed(pods=owned, service=service, configmap=configmap, nodes=nodes, now=now)
+
+    # -- writes ------------------------------------------------------------------------------------------
+    def apply(self, stage: Stage, plan: Plan) -> None:
+        ns = stage.namespace
+        for obj in plan.create:
+            try:
+                self.request("POST", self.core_path(obj["kind"], ns), body=obj)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+                log.info("%s/%s already exists (a read older than the write): the next reconcile sees it",
+                         obj["kind"], obj["metadata"]["name"])
+        for patch in plan.patch:
+            self.request("PATCH", self.core_path(patch.kind, ns, patch.name), body=patch.body, content_type=MERGE)
+        for delete in plan.delete:
+            self.request("DELETE", self.core_path(delete.kind, ns, delete.name))
+        if plan.status is not None:
+            self.request("PATCH", self.stage_path(ns, stage.name) + "/status", body={"status": plan.status},
+                         content_type=MERGE)
+        for event in plan.events:
+            self.request("POST", f"/api/v1/namespaces/{ns}/events", body=event)

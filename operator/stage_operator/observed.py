@@ -1,0 +1,89 @@
+"""What the operator read from the cluster, as plain views the pure reconcile works on."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+import re
+
+from stage_operator.api.meta import LABEL_REPLICA, LABEL_TEMPLATE_HASH
+
+_REASON_LINE = re.compile(r"^(?P<reason>[A-Z][A-Za-z0-9]+): (?P<message>.+)$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Failure:
+    reason: str
+    message: str
+    exit_code: int | None
+    time: str | None
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    index: int
+    phase: str
+    ready: bool
+    template_hash: str | None
+    terminating: bool
+    unschedulable: str | None  # the scheduler's message while Pending/Unschedulable
+    failure: Failure | None  # set once the pod is Failed
+    restarts: int
+
+    @property
+    def available(self) -> bool:
+        return self.ready and not self.terminating
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    return next((c for c in status.get("conditions") or () if c.get("type") == kind), None)
+
+
+def _failure(status: Mapping[str, Any]) -> Failure | None:
+    if status.get("phase") != "Failed":
+        return None
+    for cs in status.get("containerStatuses") or ():
+        term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+        if term:
+            message = (term.get("message") or "").strip()
+            reason = term.get("reason") or "Error"
+            if line := _REASON_LINE.match(message):  # the stage's own `Reason: message` termination line
+                reason, message = line["reason"], line["message"]
+            return Failure(reason, message, term.get("exitCode"), term.get("finishedAt"))
+    return Failure(status.get("reason") or "Failed", status.get("message") or "", None, None)
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView | None:
+    """None for a pod that is not one of our replicas (no replica label)."""
+    meta, status = pod["metadata"], pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    if not str(labels.get(LABEL_REPLICA, "")).isdigit():
+        return None
+    ready = _condition(status, "Ready")
+    scheduled = _condition(status, "PodScheduled")
+    unschedulable = None
+    if status.get("phase", "Pending") == "Pending" and scheduled and scheduled.get("status") == "False" \
+            and scheduled.get("reason") == "Unschedulable":
+        unschedulable = scheduled.get("message") or "Unschedulable"
+    return PodView(
+        name=meta["name"], index=int(labels[LABEL_REPLICA]), phase=status.get("phase", "Pending"),
+        ready=bool(ready and ready.get("status") == "True"), template_hash=labels.get(LABEL_TEMPLATE_HASH),
+        terminating=bool(meta.get("deletionTimestamp")), unschedulable=unschedulable, failure=_failure(status),
+        restarts=sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or ()))
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The stage's children and, when the spec asks for GPUs, the nodes (None: not looked at)."""
+
+    pods: Sequence[Mapping[str, Any]] = ()
+    service: Mapping[str, Any] | None = None
+    configmap: Mapping[str, Any] | None = None
+    nodes: Sequence[Mapping[str, Any]] | None = None
+    now: str = "1970-01-01T00:00:00Z"  # for lastTransitionTime only
+
+    def pod_views(self) -> dict[int, PodView]:
+        views = (pod_view(p) for p in self.pods)
+        return {v.index: v for v in sorted((v for v in views if v), key=lambda v: (v.index, v.terminating))}

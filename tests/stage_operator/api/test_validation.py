@@ -1,0 +1,150 @@
+"""Samples against the generated schema (jsonschema) and every CEL rule against valid and invalid objects."""
+from __future__ import annotations
+
+import copy
+import itertools
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+from support.crd_check import admit, apply_defaults, cel_messages, version_schema
+
+from stage_operator import crdgen
+from stage_operator.api.spec import StageSpec
+from stage_runtime.config import ConfigError, ParallelConfig
+
+ROOT = Path(__file__).resolve().parents[3]
+SAMPLES = sorted((ROOT / 'manifests' / 'samples').glob('*.yaml'))
+CRD = crdgen.build_crd()
+BASE = {'apiVersion': 'diffstage.io/v1alpha1', 'kind': 'DiffusionStage', 'metadata': {'name': 's'},
+        'spec': {'model': {'builtin': 'tiny-sd'}}}
+
+
+def stage(**spec) -> dict:
+    obj = copy.deepcopy(BASE)
+    obj['spec'].update(spec)
+    return obj
+
+
+def test_there_is_a_cpu_and_a_gpu_sample():
+    docs = [yaml.safe_load(p.read_text()) for p in SAMPLES]
+    names = {d['spec']['resources'].get('gpuResourceName', 'nvidia.com/gpu') for d in docs}
+    assert '' in names and 'nvidia.com/gpu' in names, 'a CPU-rank sample and a GPU sample'
+
+
+@pytest.mark.parametrize('path', SAMPLES, ids=lambda p: p.name)
+def test_samples_are_admitted_and_parse(path):
+    obj = yaml.safe_load(path.read_text())
+    assert admit(CRD, obj) == []
+    spec = StageSpec.model_validate(obj['spec'])  # extra="forbid": a typo the server would prune fails here
+    assert spec.topology().world_size == spec.resources.gpus_per_pod
+
+
+def test_tiny_cpu_sample_is_the_design_example():
+    obj = yaml.safe_load((ROOT / 'manifests/samples/tiny-cpu.yaml').read_text())
+    assert obj['metadata']['name'] == 'tiny'
+    assert obj['spec'] == {'model': {'builtin': 'tiny-sd'}, 'replicas': 2, 'parallel': {'cfgParallelSize': 2},
+                           'resources': {'gpusPerPod': 2, 'gpuResourceName': ''},
+                           'engine': {'executionMode': 'step', 'maxNumSeqs': 4}}
+
+
+def test_defaults_fill_nested_objects():
+    spec = apply_defaults(version_schema(CRD), stage())['spec']
+    assert spec['parallel']['cfgParallelSize'] == 1 and spec['resources']['gpusPerPod'] == 1
+    assert spec['resources']['gpuResourceName'] == 'nvidia.com/gpu' and spec['replicas'] == 1
+    assert spec['autoscaling'] == {'mode': 'None', 'drainTimeoutSeconds': 60}
+
+
+CEL_CASES = [
+    # (name, spec fields, exact messages)
+    ('defaults', {}, []),
+    ('cfg2-on-2', {'parallel': {'cfgParallelSize': 2}, 'resources': {'gpusPerPod': 2}}, []),
+    ('product-mismatch', {'parallel': {'cfgParallelSize': 2, 'ulyssesDegree': 2}, 'resources': {'gpusPerPod': 2}},
+     ['spec: parallel degrees multiply to 4 (tensor 1 x ulysses 2 x ring 1 x cfg 2 x data 1 x pipeline 1) '
+      'but resources.gpusPerPod is 2']),
+    ('gpus-without-degrees', {'resources': {'gpusPerPod': 8}},
+     ['spec: parallel degrees multiply to 1 (tensor 1 x ulysses 1 x ring 1 x cfg 1 x data 1 x pipeline 1) '
+      'but resources.gpusPerPod is 8']),
+    ('model-both', {'model': {'builtin': 'tiny-sd', 'path': '/m'}}, ['spec.model: model: set exactly one of builtin or path']),
+    ('model-none', {'model': {'name': 'x'}}, ['spec.model: model: set exactly one of builtin or path']),
+    ('operator-autoscaling', {'autoscaling': {'mode': 'Operator', 'minReplicas': 1, 'maxReplicas': 4}}, []),
+    ('min-above-max', {'autoscaling': {'mode': 'Operator', 'minReplicas': 5, 'maxReplicas': 4}},
+     ['spec.autoscaling: autoscaling.minReplicas (5) must not exceed maxReplicas (4)']),
+    ('operator-needs-max', {'autoscaling': {'mode': 'Operator'}},
+     ['spec.autoscaling: autoscaling.mode Operator needs maxReplicas']),
+    ('fields-without-operator-mode', {'autoscaling': {'mode': 'External', 'maxReplicas': 4}},
+     ['spec.autoscaling: autoscaling.mode is External: minReplicas, maxReplicas, targetInFlightPerReplica, '
+      'scaleUpStabilizationSeconds, scaleDownStabilizationSeconds apply only with mode Operator']),
+    ('fields-with-mode-none', {'autoscaling': {'targetInFlightPerReplica': 2}},
+     ['spec.autoscaling: autoscaling.mode is None: minReplicas, maxReplicas, targetInFlightPerReplica, '
+      'scaleUpStabilizationSeconds, scaleDownStabilizationSeconds apply only with mode Operator']),
+    ('drain-timeout-any-mode', {'autoscaling': {'drainTimeoutSeconds': 5}}, []),
+    ('backoff-inverted', {'restartPolicy': {'backoffInitialSeconds': 60, 'backoffMaxSeconds': 30}},
+     ['spec.restartPolicy: restartPolicy.backoffInitialSeconds (60) must not exceed backoffMaxSeconds (30)']),
+    ('abort-ids', {'abort': {'id': 'a1', 'requestIds': ['r1']}}, []),
+    ('abort-all', {'abort': {'id': 'a1', 'all': True}}, []),
+    ('abort-neither', {'abort': {'id': 'a1'}}, ['spec.abort: abort: set exactly one of requestIds or all: true']),
+    ('abort-both', {'abort': {'id': 'a1', 'all': True, 'requestIds': ['r']}},
+     ['spec.abort: abort: set exactly one of requestIds or all: true']),
+]
+
+
+@pytest.mark.parametrize('spec, messages', [c[1:] for c in CEL_CASES], ids=[c[0] for c in CEL_CASES])
+def test_cel_rules(spec, messages):
+    assert admit(CRD, stage(**spec)) == messages
+
+
+def test_every_cel_rule_is_exercised_by_a_failing_case():
+    rules = set()
+    for path, node in _nodes(version_schema(CRD)):
+        rules.update(r['messageExpression'] for r in node.get('x-kubernetes-validations', ()))
+    failing = {m.split(': ', 1)[1] for _, spec, msgs in CEL_CASES for m in msgs}
+    assert len(rules) == 7 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
+
+
+def _nodes(node, path=''):
+    if isinstance(node, dict):
+        yield path, node
+        for key, value in node.get('properties', {}).items():
+            yield from _nodes(value, f'{path}.{key}')
+
+
+@pytest.mark.parametrize('field, value', [('replicas', -1), ('engine', {'executionMode': 'turbo'}),
+                                          ('parallel', {'cfgParallelSize': 3}), ('parallel', {'tensorParallelSize': 0})])
+def test_schema_rejects_out_of_range_values(field, value):
+    assert admit(CRD, stage(**{field: value})), f'{field}={value!r} must be rejected'
+
+
+DEGREES = [1, 2]
+
+
+@pytest.mark.parametrize('tp, uly, ring, cfg, dp, gpus', [
+    (*degrees, gpus) for degrees in itertools.product(DEGREES, DEGREES, DEGREES, DEGREES, DEGREES) for gpus in (1, 4, 8)
+    if degrees[3] <= 2][::3])
+def test_cel_product_rule_agrees_with_the_runtime_topology(tp, uly, ring, cfg, dp, gpus):
+    """The CEL arithmetic and stage_runtime.config.ParallelConfig (the source of truth) accept the same specs."""
+    parallel = {'tensorParallelSize': tp, 'ulyssesDegree': uly, 'ringDegree': ring, 'cfgParallelSize': cfg,
+                'dataParallelSize': dp}
+    cel_ok = cel_messages(version_schema(CRD), stage(parallel=parallel, resources={'gpusPerPod': gpus})) == []
+    try:
+        ParallelConfig(tensor_parallel_size=tp, ulysses_degree=uly, ring_degree=ring, cfg_parallel_size=cfg,
+                       data_parallel_size=dp, num_gpus=gpus)
+        runtime_ok = True
+    except ValueError:
+        runtime_ok = False
+    assert cel_ok == runtime_ok
+    if not runtime_ok:
+        with pytest.raises(ValidationError, match='parallel topology does not fit resources.gpusPerPod'):
+            StageSpec.model_validate(stage(parallel=parallel, resources={'gpusPerPod': gpus})['spec'])
+
+
+def test_spec_errors_name_field_and_value():
+    with pytest.raises(ValidationError) as info:
+        StageSpec.model_validate({'model': {'builtin': 'tiny-sd'}, 'replicas': -1, 'engin': {}})
+    text = str(info.value)
+    assert 'replicas' in text and '-1' in text and 'engin' in text
+    with pytest.raises(ConfigError, match=r'num_gpus=3 is not divisible'):
+        StageSpec.model_construct(parallel=StageSpec.model_fields['parallel'].default_factory().model_copy(
+            update={'cfg_parallel_size': 2}), resources=StageSpec.model_fields['resources'].default_factory().model_copy(
+            update={'gpus_per_pod': 3})).topology()

@@ -1,0 +1,165 @@
+"""The pod builder: names, labels, ownership, restart policy, GPU limits, probes, termination log, command."""
+from __future__ import annotations
+
+import argparse
+import copy
+
+import pytest
+import yaml
+
+from stage_operator.builders.children import build_configmap, build_service
+from stage_operator.builders.pod import build_pod, template_hash
+from stage_operator.stage import parse_stage
+from stage_runtime.cli import add_engine_flags, config_from_args
+from stage_runtime.config import load_config
+
+BASE = {'model': {'builtin': 'tiny-sd'}, 'replicas': 2, 'parallel': {'cfgParallelSize': 2},
+        'resources': {'gpusPerPod': 2, 'gpuResourceName': ''}, 'engine': {'executionMode': 'step', 'maxNumSeqs': 4}}
+
+
+def stage(**spec):
+    body = {'metadata': {'name': 'tiny', 'namespace': 'team', 'uid': 'uid-9', 'generation': 3},
+            'spec': {**copy.deepcopy(BASE), **spec}}
+    st = parse_stage(body)
+    assert st.spec is not None, st.error
+    return st
+
+
+def container(pod):
+    return pod['spec']['containers'][0]
+
+
+@pytest.mark.parametrize('index', [0, 1, 7])
+def test_name_labels_and_owner(index):
+    st = stage()
+    pod = build_pod(st, index)
+    meta = pod['metadata']
+    assert meta['name'] == f'tiny-{index}' and meta['namespace'] == 'team'
+    assert meta['labels'] == {'diffstage.io/stage': 'tiny', 'diffstage.io/replica': str(index),
+                              'diffstage.io/serving': 'true', 'diffstage.io/template-hash': template_hash(st),
+                              'app.kubernetes.io/managed-by': 'diffstage-operator'}
+    assert meta['ownerReferences'] == [{'apiVersion': 'diffstage.io/v1alpha1', 'kind': 'DiffusionStage', 'name': 'tiny',
+                                        'uid': 'uid-9', 'controller': True, 'blockOwnerDeletion': True}]
+    assert pod['spec']['restartPolicy'] == 'Never'
+
+
+@pytest.mark.parametrize('resources, limits', [
+    ({'gpusPerPod': 2, 'gpuResourceName': ''}, None),
+    ({'gpusPerPod': 2, 'gpuResourceName': 'nvidia.com/gpu'}, {'nvidia.com/gpu': '2'}),
+    ({'gpusPerPod': 2, 'gpuResourceName': 'amd.com/gpu', 'memory': '8Gi'}, {'amd.com/gpu': '2', 'memory': '8Gi'}),
+    ({'gpusPerPod': 2}, {'nvidia.com/gpu': '2'}),  # the default resource name
+])
+def test_gpu_limits(resources, limits):
+    assert container(build_pod(stage(resources=resources), 0))['resources'].get('limits') == limits
+
+
+def test_probes_and_termination_message():
+    c = container(build_pod(stage(), 0))
+    assert c['startupProbe']['httpGet'] == {'path': '/ready', 'port': 'http'}
+    assert c['readinessProbe']['httpGet'] == {'path': '/ready', 'port': 'http'}
+    assert c['livenessProbe']['httpGet'] == {'path': '/health', 'port': 'http'}
+    assert c['startupProbe']['failureThreshold'] * c['startupProbe']['periodSeconds'] >= 300, 'room to load weights'
+    assert c['terminationMessagePath'] == '/dev/termination-log'
+    assert [p['containerPort'] for p in c['ports']] == [8000, 5570]
+
+
+@pytest.mark.parametrize('spec, expected', [
+    ({}, ['--model', '/opt/diffstage/models/tiny-sd', '--device', 'cpu', '--num-gpus', '2', '--cfg-parallel-size', '2',
+          '--executor', 'mp', '--execution-mode', 'step', '--max-num-seqs', '4']),
+    ({'model': {'path': '/models/sd-turbo', 'name': 'turbo'}, 'resources': {'gpusPerPod': 2}},
+     ['--model', '/models/sd-turbo', '--served-name', 'turbo', '--device', 'auto']),
+    ({'parallel': {'ulyssesDegree': 2, 'tensorParallelSize': 2}, 'resources': {'gpusPerPod': 4, 'gpuResourceName': ''}},
+     ['--tensor-parallel-size', '2', '--ulysses-degree', '2', '--num-gpus', '4']),
+    ({'parallel': {}, 'resources': {'gpusPerPod': 1, 'gpuResourceName': ''}, 'engine': {'requestBatchMaxWaitMs': 20}},
+     ['--executor', 'uni', '--request-batch-max-wait-ms', '20']),
+    ({'engine': {'extraArgs': ['--max-waiting', '9']}}, ['--termination-log', '/dev/termination-log', '--max-waiting', '9']),
+])
+def test_serve_command_from_the_spec(spec, expected):
+    cmd = container(build_pod(stage(**spec), 0))['command']
+    assert cmd[:2] == ['stage-runtime', 'serve'] and '--termination-log' in cmd
+    assert all(flag in cmd for flag in expected[::2])
+    pairs = list(zip(cmd, cmd[1:]))
+    for flag, value in zip(expected[::2], expected[1::2]):
+        assert (flag, value) in pairs, (flag, value, cmd)
+
+
+@pytest.mark.parametrize('spec', [
+    {},
+    {'model': {'path': '/models/dit', 'dtype': 'bfloat16'}, 'parallel': {'ulyssesDegree': 2, 'ringDegree': 2},
+     'resources': {'gpusPerPod': 4}, 'engine': {'executionMode': 'request', 'maxNumSeqs': 8, 'maxWaiting': 32}},
+    {'engine': {'streaming': True, 'executionMode': 'step'}},
+])
+def test_command_and_configmap_parse_with_the_runtime_cli(spec, tmp_path):
+    """The runtime's own parser and config loader accept what the operator generates, and agree."""
+    st = stage(**spec)
+    config = yaml.safe_load(build_configmap(st)['data']['stage.yaml'])
+    from_configmap = load_config(config)
+    (tmp_path / 'stage.yaml').write_text(build_configmap(st)['data']['stage.yaml'])
+    cmd = container(build_pod(st, 0))['command']
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+    args, serve_only = parser.parse_known_args(cmd[2:])
+    assert serve_only[::2] == ['--host', '--http-port', '--zmq-port', '--drain-timeout', '--termination-log']
+    args.config = str(tmp_path / 'stage.yaml')
+    from_flags = config_from_args(args)
+    assert from_flags == from_configmap
+    assert from_flags.parallel.world_size == st.spec.resources.gpus_per_pod
+    assert from_flags.model.path == cmd[cmd.index('--model') + 1]
+
+
+def test_builtin_model_is_built_by_an_init_container_and_paths_are_not():
+    builtin = build_pod(stage(), 0)['spec']
+    assert builtin['initContainers'][0]['command'] == ['stage-runtime', 'make-tiny-model',
+                                                       '/opt/diffstage/models/tiny-sd', '--kind', 'sd']
+    assert 'initContainers' not in build_pod(stage(model={'path': '/m'}), 0)['spec']
+
+
+def test_pod_template_passthrough():
+    tpl = {'nodeSelector': {'pool': 'gpu'}, 'tolerations': [{'key': 'gpu', 'operator': 'Exists'}],
+           'env': [{'name': 'X', 'value': '1'}], 'volumes': [{'name': 'm', 'emptyDir': {}}],
+           'volumeMounts': [{'name': 'm', 'mountPath': '/m'}], 'serviceAccountName': 'sa',
+           'priorityClassName': 'high', 'imagePullSecrets': [{'name': 'regcred'}]}
+    spec = build_pod(stage(podTemplate=tpl), 0)['spec']
+    assert spec['nodeSelector'] == {'pool': 'gpu'} and spec['tolerations'] == tpl['tolerations']
+    assert spec['serviceAccountName'] == 'sa' and spec['priorityClassName'] == 'high'
+    assert spec['imagePullSecrets'] == [{'name': 'regcred'}]
+    assert {'name': 'X', 'value': '1'} in spec['containers'][0]['env']
+    assert spec['volumes'][-1] == {'name': 'm', 'emptyDir': {}}
+    assert spec['containers'][0]['volumeMounts'][-1] == {'name': 'm', 'mountPath': '/m'}
+
+
+@pytest.mark.parametrize('change, rolls', [
+    ({'replicas': 5}, False), ({'restartPolicy': {'maxRestarts': 1}}, False),
+    ({'autoscaling': {'mode': 'External'}}, False), ({'abort': {'id': 'a', 'all': True}}, False),
+    ({'image': 'other:1'}, True), ({'engine': {'maxNumSeqs': 8}}, True), ({'engine': {'streaming': True,
+                                                                                       'executionMode': 'step'}}, True),
+    ({'podTemplate': {'nodeSelector': {'a': 'b'}}}, True), ({'autoscaling': {'drainTimeoutSeconds': 5}}, True),
+])
+def test_template_hash_moves_only_with_what_a_pod_runs(change, rolls):
+    assert (template_hash(stage(**change)) != template_hash(stage())) == rolls
+
+
+def test_service_selects_serving_pods_of_the_stage():
+    svc = build_service(stage())
+    assert svc['metadata']['name'] == 'tiny' and svc['metadata']['ownerReferences'][0]['uid'] == 'uid-9'
+    assert svc['spec']['selector'] == {'diffstage.io/stage': 'tiny', 'diffstage.io/serving': 'true'}
+    assert [(p['name'], p['port']) for p in svc['spec']['ports']] == [('http', 8000), ('zmq', 5570)]
+
+
+@pytest.mark.parametrize('spec', [
+    {},
+    {'model': {'path': '/m'}, 'resources': {'gpusPerPod': 2, 'cpu': '4', 'memory': '16Gi', 'shmSize': '2Gi'},
+     'podTemplate': {'nodeSelector': {'a': 'b'}, 'tolerations': [{'key': 'gpu', 'operator': 'Exists'}],
+                     'env': [{'name': 'X', 'value': '1'}], 'imagePullSecrets': [{'name': 'r'}],
+                     'serviceAccountName': 'sa', 'priorityClassName': 'p'}},
+])
+def test_children_validate_against_the_kubernetes_schemas(spec):
+    """Strict: a misspelt field in a builder fails here instead of at the API server."""
+    import kubernetes_validate
+
+    from stage_operator.builders.event import build_event
+
+    st = stage(**spec)
+    for obj in (build_pod(st, 0), build_service(st), build_configmap(st),
+                build_event(st, 'Normal', 'CreatedPods', 'created tiny-0', '2026-01-01T00:00:00Z')):
+        kubernetes_validate.validate(obj, '1.29', strict=True)

@@ -1,0 +1,232 @@
+"""Table-driven cases for the pure `reconcile(stage, observed) -> Plan`: no API, no kopf."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from stage_operator.builders.children import build_configmap, build_service
+from stage_operator.builders.pod import build_pod, template_hash
+from stage_operator.observed import Observed
+from stage_operator.reconcile import needs_nodes, reconcile
+from stage_operator.stage import parse_stage
+
+T0, T1 = '2026-01-01T00:00:00Z', '2026-01-01T00:05:00Z'
+CPU = {'model': {'builtin': 'tiny-sd'}, 'replicas': 2, 'resources': {'gpusPerPod': 1, 'gpuResourceName': ''}}
+GPU = {'model': {'path': '/models/sd'}, 'replicas': 1, 'parallel': {'cfgParallelSize': 2},
+       'resources': {'gpusPerPod': 2, 'gpuResourceName': 'nvidia.com/gpu'}}
+
+
+def stage(spec: dict[str, Any] | None = None, status: dict[str, Any] | None = None, generation: int = 1, **meta: Any):
+    return parse_stage({'metadata': {'name': 's', 'namespace': 'ns', 'uid': 'uid-1', 'generation': generation, **meta},
+                        'spec': copy.deepcopy(spec or CPU), 'status': status or {}})
+
+
+def pod(st, index: int, state: str = 'ready', pod_hash: str | None = None) -> dict[str, Any]:
+    obj = build_pod(st, index, pod_hash)
+    obj['metadata']['uid'] = f'pod-{index}'
+    obj['status'] = {
+        'ready': {'phase': 'Running', 'conditions': [{'type': 'Ready', 'status': 'True'}]},
+        'starting': {'phase': 'Running', 'conditions': [{'type': 'Ready', 'status': 'False'}]},
+        'pending': {'phase': 'Pending'},
+        'unschedulable': {'phase': 'Pending', 'conditions': [{'type': 'PodScheduled', 'status': 'False',
+                                                              'reason': 'Unschedulable', 'message': '0/3 nodes'}]},
+        'failed': {'phase': 'Failed', 'containerStatuses': [{'name': 'stage', 'restartCount': 0, 'state': {'terminated': {
+            'exitCode': 3, 'reason': 'Error', 'message': 'EngineDead: collective timed out', 'finishedAt': T0}}}]},
+        'terminating': {'phase': 'Running', 'conditions': [{'type': 'Ready', 'status': 'True'}]},
+    }[state]
+    if state == 'terminating':
+        obj['metadata']['deletionTimestamp'] = T0
+    return obj
+
+
+def world(st, pods=(), *, children: bool = True, nodes=None, now: str = T1) -> Observed:
+    return Observed(pods=list(pods), service=build_service(st) if children else None,
+                    configmap=build_configmap(st) if children else None, nodes=nodes, now=now)
+
+
+def node(name: str, gpus: int, unschedulable: bool = False) -> dict[str, Any]:
+    return {'metadata': {'name': name}, 'spec': {'unschedulable': unschedulable},
+            'status': {'allocatable': {'nvidia.com/gpu': str(gpus), 'cpu': '32'}}}
+
+
+def settle(st, observed: Observed):
+    """The stage as it looks after the plan's status was written (the next reconcile's input)."""
+    plan = reconcile(st, observed)
+    status = copy.deepcopy(dict(st.status))
+    _apply_merge(status, plan.status or {})
+    return stage(spec=st.spec.wire() if st.spec else None, status=status, generation=st.generation), plan
+
+
+def _apply_merge(target: dict, patch: dict) -> None:
+    for k, v in patch.items():
+        if v is None:
+            target.pop(k, None)
+        elif isinstance(v, dict) and isinstance(target.get(k), dict):
+            _apply_merge(target[k], v)
+        else:
+            target[k] = copy.deepcopy(v)
+
+
+def created(plan) -> list[str]:
+    return [f"{o['kind']}/{o['metadata']['name']}" for o in plan.create]
+
+
+def deleted(plan) -> list[str]:
+    return [d.name for d in plan.delete]
+
+
+def cond(status: dict, kind: str) -> dict:
+    return next(c for c in status['conditions'] if c['type'] == kind)
+
+
+# ---- the table: (case, spec, pods as (index, state, outdated?), expected creates, deletes, conditions) ----
+CASES = [
+    ('create', CPU, [], False, ['ConfigMap/s-config', 'Service/s', 'Pod/s-0', 'Pod/s-1'], [],
+     {'Accepted': 'True', 'Progressing': 'ReplicasStarting', 'Ready': 'False'}, 'Progressing'),
+    ('steady', CPU, [(0, 'ready', False), (1, 'ready', False)], True, [], [],
+     {'Ready': 'True', 'Progressing': 'Complete', 'Degraded': 'False'}, 'Ready'),
+    ('scale-up', {**CPU, 'replicas': 3}, [(0, 'ready', False), (1, 'ready', False)], True, ['Pod/s-2'], [],
+     {'Progressing': 'ReplicasStarting', 'Ready': 'False'}, 'Progressing'),
+    ('scale-down', {**CPU, 'replicas': 1}, [(0, 'ready', False), (1, 'ready', False), (2, 'starting', False)], True,
+     [], ['s-1', 's-2'], {'Progressing': 'ScalingDown'}, 'Progressing'),
+    ('rollout-first-step', CPU, [(0, 'ready', True), (1, 'ready', True)], True, [], ['s-0'],
+     {'Progressing': 'RollingUpdate', 'Ready': 'False'}, 'Progressing'),
+    ('rollout-waits-for-replacement', CPU, [(0, 'starting', False), (1, 'ready', True)], True, [], [],
+     {'Progressing': 'RollingUpdate'}, 'Progressing'),
+    ('rollout-recreates-deleted', CPU, [(1, 'ready', True)], True, ['Pod/s-0'], [],
+     {'Progressing': 'RollingUpdate'}, 'Progressing'),
+    ('rollout-replaces-unready-outdated', CPU, [(0, 'pending', True), (1, 'ready', True)], True, [], ['s-0'],
+     {'Progressing': 'RollingUpdate'}, 'Progressing'),
+    ('rollout-no-new-pod-while-terminating', CPU, [(0, 'terminating', True), (1, 'ready', True)], True, [], [],
+     {'Progressing': 'RollingUpdate'}, 'Progressing'),
+    ('pod-failed', CPU, [(0, 'failed', False), (1, 'ready', False)], True, [], [],
+     {'Degraded': 'True', 'Ready': 'False'}, 'Degraded'),
+    ('pod-unschedulable', CPU, [(0, 'unschedulable', False), (1, 'ready', False)], True, [], [],
+     {'Progressing': 'WaitingForGPUs', 'Degraded': 'False'}, 'Progressing'),
+    ('scale-to-zero', {**CPU, 'replicas': 0}, [], True, [], [], {'Ready': 'True', 'Progressing': 'Complete'}, 'Ready'),
+]
+
+
+@pytest.mark.parametrize('spec, pods, children, creates, deletes, conditions, phase', [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_reconcile_table(spec, pods, children, creates, deletes, conditions, phase):
+    st = stage(spec)
+    old = stage({**spec, 'image': 'diffstage/runtime:old'})
+    observed = world(st, [pod(old if outdated else st, i, state) for i, state, outdated in pods], children=children)
+    plan = reconcile(st, observed)
+    assert created(plan) == creates
+    assert deleted(plan) == deletes
+    assert plan.patch == []
+    for kind, expected in conditions.items():
+        c = cond(plan.status, kind)
+        assert expected in (c['status'], c['reason']), (kind, c)
+        assert c['observedGeneration'] == 1 and c['lastTransitionTime'] == T1
+    assert plan.status['phase'] == phase and plan.status['observedGeneration'] == 1
+
+
+def test_capacity_missing_creates_nothing_and_names_the_largest_node():
+    st = stage(GPU)
+    plan = reconcile(st, world(st, children=False, nodes=[node('small', 1), node('big', 1), node('cordoned', 8, True)]))
+    assert plan.create == [] and plan.delete == []
+    accepted = cond(plan.status, 'Accepted')
+    assert (accepted['status'], accepted['reason']) == ('False', 'InsufficientGPUCapacity')
+    assert accepted['message'] == 'gpusPerPod=2 of nvidia.com/gpu fits no schedulable node: the largest is small with 1 allocatable'
+    assert plan.status['phase'] == 'Pending'
+    fits = reconcile(st, world(st, children=False, nodes=[node('small', 1), node('fits', 2)]))
+    assert created(fits) == ['ConfigMap/s-config', 'Service/s', 'Pod/s-0']
+    assert cond(fits.status, 'Accepted')['status'] == 'True'
+
+
+@pytest.mark.parametrize('nodes, message', [
+    ([], 'gpusPerPod=2 of nvidia.com/gpu cannot be placed: the cluster has no nodes'),
+    ([node('a', 8, True)], 'gpusPerPod=2 of nvidia.com/gpu cannot be placed: no node is schedulable'),
+    ([node('a', 0)], 'gpusPerPod=2 of nvidia.com/gpu fits no schedulable node: the largest is a with 0 allocatable'),
+])
+def test_capacity_messages(nodes, message):
+    st = stage(GPU)
+    assert cond(reconcile(st, world(st, children=False, nodes=nodes)).status, 'Accepted')['message'] == message
+
+
+def test_nodes_are_read_only_when_gpus_must_be_placed():
+    assert not needs_nodes(stage(CPU), world(stage(CPU), children=False))  # CPU ranks: no check
+    st = stage(GPU)
+    assert needs_nodes(st, world(st))  # a replica to create
+    assert not needs_nodes(st, world(st, [pod(st, 0)]))  # all there: nothing to place
+    rejected = stage(GPU, status={'conditions': [{'type': 'Accepted', 'status': 'False'}]})
+    assert needs_nodes(rejected, world(rejected, [pod(rejected, 0)]))  # re-check a failed check
+
+
+def test_deleting_stage_plans_nothing():
+    st = stage(CPU, deletionTimestamp=T0)
+    plan = reconcile(st, world(st, [pod(st, 0), pod(st, 1)]))
+    assert plan.writes == 0
+
+
+def test_invalid_spec_creates_nothing_and_stalls():
+    st = stage({**CPU, 'parallel': {'cfgParallelSize': 2}, 'resources': {'gpusPerPod': 3, 'gpuResourceName': ''}})
+    assert st.spec is None and 'num_gpus=3 is not divisible' in st.error
+    plan = reconcile(st, world(stage(CPU), children=False))
+    assert plan.create == [] and plan.status['phase'] == 'Stalled'
+    assert cond(plan.status, 'Accepted')['reason'] == 'InvalidSpec' and 'spec: parallel topology' in cond(
+        plan.status, 'Accepted')['message']
+    assert cond(plan.status, 'Stalled')['status'] == 'True'
+
+
+def test_second_reconcile_of_a_settled_stage_writes_nothing_and_keeps_transition_times():
+    st = stage(CPU)
+    pods = [pod(st, 0), pod(st, 1)]
+    st, first = settle(st, world(st, pods, now=T0))
+    assert first.status is not None
+    again = reconcile(st, world(st, pods, now=T1))
+    assert again.writes == 0, again.summary()
+    # one replica fails: only the conditions whose status flips get the new time
+    failed = [pod(st, 0, 'failed'), pod(st, 1)]
+    plan = reconcile(st, world(st, failed, now=T1))
+    assert cond(plan.status, 'Degraded')['lastTransitionTime'] == T1
+    assert 'conditions' in plan.status and cond(plan.status, 'Accepted')['lastTransitionTime'] == T0
+
+
+def test_spec_change_moves_the_generation_and_the_hash():
+    st = stage(CPU, generation=1)
+    changed = stage({**CPU, 'engine': {'maxNumSeqs': 8}}, generation=2)
+    assert template_hash(changed) != template_hash(st)
+    assert template_hash(stage({**CPU, 'replicas': 5})) == template_hash(st), 'scaling is not a rollout'
+    plan = reconcile(changed, world(st, [pod(st, 0), pod(st, 1)]))  # children built from the old spec
+    assert deleted(plan) == ['s-0'] and plan.status['observedGeneration'] == 2
+    assert plan.patch[0].kind == 'ConfigMap', 'the stage config follows the spec'
+
+
+def test_failed_pod_is_reported_with_its_termination_message():
+    st = stage(CPU)
+    plan = reconcile(st, world(st, [pod(st, 0, 'failed'), pod(st, 1)]))
+    replica = plan.status['replicaStatuses'][0]
+    assert replica['lastFailure'] == {'reason': 'EngineDead', 'message': 'collective timed out', 'exitCode': 3, 'time': T0}
+    assert cond(plan.status, 'Degraded')['message'] == 's-0: EngineDead (exit code 3): collective timed out'
+
+
+def test_children_that_drifted_are_patched_back():
+    st = stage(CPU)
+    service = build_service(st)
+    service['spec']['selector'] = {'app': 'someone-else'}
+    service['spec']['clusterIP'] = '10.0.0.1'  # server-added fields are not drift
+    observed = Observed(pods=[pod(st, 0), pod(st, 1)], service=service, configmap=build_configmap(st), now=T1)
+    plan = reconcile(st, observed)
+    assert [(p.kind, p.name) for p in plan.patch] == [('Service', 's')]
+    assert plan.patch[0].body['spec']['selector'] == {'diffstage.io/stage': 's', 'diffstage.io/serving': 'true'}
+
+
+def test_decisions_are_explained_by_events_once():
+    st = stage(GPU)
+    nodes = [node('small', 1)]
+    st, plan = settle(st, world(st, children=False, nodes=nodes))
+    assert [(e['type'], e['reason']) for e in plan.events] == [('Warning', 'InsufficientGPUCapacity')]
+    assert plan.events[0]['involvedObject'] == {'apiVersion': 'diffstage.io/v1alpha1', 'kind': 'DiffusionStage',
+                                                'name': 's', 'namespace': 'ns', 'uid': 'uid-1'}
+    assert reconcile(st, world(st, children=False, nodes=nodes)).events == [], 'a lasting condition: one event'
+    fits = reconcile(st, world(st, children=False, nodes=[node('big', 8)]))
+    assert [(e['reason'], e['message']) for e in fits.events] == [('CreatedPods', 'created s-0')]
+    scaled = stage({**CPU, 'replicas': 1})
+    down = reconcile(scaled, world(scaled, [pod(scaled, 0), pod(scaled, 1)]))
+    assert [(e['reason'], e['message']) for e in down.events] == [('DeletedPods', 'deleted s-1 (ScaleDown)')]
