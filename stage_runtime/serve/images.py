@@ -18,9 +18,8 @@ import numpy as np
 from aiohttp import web
 
 from stage_runtime.engine.stream import raise_for_output
-from stage_runtime.errors import InvalidRequestError, RequestAbortedError, StageUnavailableError
+from stage_runtime.errors import InvalidRequestError, RequestAbortedError
 from stage_runtime.imageio import encode_png
-from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.serve.schemas import ImageGenerationRequest, error_body, images_body, parse_body
 from stage_runtime.serve.service import StageService
 
@@ -65,14 +64,11 @@ async def create_images(request: web.Request) -> web.StreamResponse:
     async with aclosing(service.outputs(stream)) as items:
         async for item in items:
             final = item
-    _raise_for_final(service, final)
-    return web.json_response(images_body(final.request_id, await encode_images(final.images)))
-
-
-def _raise_for_final(service: StageService, final: DiffusionOutput) -> None:
     if final.error_type == RequestAbortedError.error_type and service.draining:
-        raise StageUnavailableError(final.error)           # drained away: retry on another replica (503)
-    raise_for_output(final)
+        # Aborted by the drain, not by a client: 503, so the caller retries on another replica.
+        return web.json_response(error_body(final.error_type, final.error), status=503)
+    raise_for_output(final)                                # 409 aborted, 503 engine dead, 500 failed
+    return web.json_response(images_body(final.request_id, await encode_images(final.images)))
 
 
 async def _stream_events(request: web.Request, service: StageService, stream) -> web.StreamResponse:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEATH_POLL_S = 0.05          # how often the engine's dead latch is checked
-DEAD_LINGER_S = 1.0          # after death, keep answering (/health 503, in-flight errors) this long
+DEAD_LINGER_S = 0.8          # after death, keep answering (/health 503, in-flight errors) this long
 DEAD_EXIT_DEADLINE_S = 1.8   # …and exit 3 no later than this after noticing, even if closing hangs
 HTTP_SHUTDOWN_S = 2.0
 
@@ -152,11 +152,18 @@ def serve(config: StageConfig) -> int:
     """Run the stage process to its end; returns the exit code (the termination log is written on failure)."""
     proc = StageDiffusionProc(config)
     try:
-        return asyncio.run(proc.run())
+        code = asyncio.run(proc.run())
     except Exception as exc:
         code = exit_code_for(exc)
         if code not in (2, 3):
             log.exception("stage failed")
         write_termination_log(proc.termination_log, reason_for(exc), str(exc))
         print(f"error: {exc}", file=sys.stderr)
-        return code
+    if code == EXIT_DEAD:
+        # The engine (and with it every worker and shared-memory segment) is closed; interpreter
+        # teardown with torch loaded takes seconds, and a dead stage must be gone within 2 s.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_DEAD)
+    return code

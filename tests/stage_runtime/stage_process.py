@@ -3,6 +3,10 @@
 ``StageProcess`` starts ``python -m stage_runtime serve`` with free ports (``--http-port 0 --zmq-port 0``;
 the bound addresses are read from its log), waits for ``/ready``, records every descendant process while
 it runs, and after it exits asserts that none of them survived and that it left no ``/dev/shm`` segment.
+
+Other engineers' tests share this machine and its /dev/shm, so a segment counts as the stage's when one
+of its processes mapped or opened it while tracked, or when its name carries one of their pids (the
+multiprocess executor names segments ``ds-<pid>-…``) — not merely because it appeared meanwhile.
 """
 
 from __future__ import annotations
@@ -55,16 +59,17 @@ def shm_segments() -> set[str]:
     return set(os.listdir(SHM)) if SHM.is_dir() else set()
 
 
-def shm_in_use() -> set[str]:
-    """Segments some live process maps (other engineers' tests share this machine)."""
+def shm_used_by(pids) -> set[str]:
+    """Segments these processes map or hold open right now."""
     used = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                maps = Path(f"/proc/{entry}/maps").read_text()
-            except OSError:
-                continue
-            used.update(m.group(1) for m in re.finditer(r"/dev/shm/(\S+)", maps))
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+            fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        used.update(m.group(1) for m in re.finditer(r"/dev/shm/(\S+)", maps))
+        used.update(link.removeprefix("/dev/shm/") for link in fds if link.startswith("/dev/shm/"))
     return used
 
 
@@ -76,6 +81,7 @@ class StageProcess:
         self.proc: subprocess.Popen | None = None
         self.http_url = self.zmq_url = ""
         self.seen: dict[int, int] = {}
+        self.shm_seen: set[str] = set()
         self._shm_before: set[str] = set()
 
     def start(self, wait_ready: bool = True, timeout: float = 120.0) -> StageProcess:
@@ -120,6 +126,7 @@ class StageProcess:
     def track(self) -> None:
         """Remember the stage's descendants now (workers, helpers): none may outlive it."""
         self.seen.update(descendants(self.proc.pid))
+        self.shm_seen |= shm_used_by([self.proc.pid, *self.seen])
 
     def signal(self, sig: int) -> None:
         self.track()
@@ -147,7 +154,9 @@ class StageProcess:
                 break
             time.sleep(0.05)
         assert not alive, f"orphan processes left by the stage: {sorted(alive)}"
-        leaked = (shm_segments() - self._shm_before) - shm_in_use()
+        pids = {str(pid) for pid in [self.proc.pid, *self.seen]}
+        ours = {name for name in shm_segments() - self._shm_before if pids & set(re.split(r"[^0-9]+", name))}
+        leaked = (self.shm_seen | ours) & shm_segments()
         assert not leaked, f"/dev/shm segments left by the stage: {sorted(leaked)}"
 
     def kill(self) -> None:
