@@ -177,12 +177,13 @@ class DiffusionEngine:
                 log.exception("execute failed for %s", sched_out.scheduled_request_ids)
                 runner_out = BatchRunnerOutput.of(*(RunnerOutput(rid, error=f"{type(exc).__name__}: {exc}")
                                                     for rid in sched_out.scheduled_request_ids))
+            # Observed before delivery: a wave is counted by the time its requests' outputs are visible.
+            self._notify_execute(len(sched_out.scheduled_request_ids), time.perf_counter() - started, runner_out)
             with self._lock:
                 self._apply_aborts_locked()
                 self._finalize_locked(self.scheduler.update_from_output(sched_out, runner_out))
                 if self.step_mode:
                     self._emit_progress_locked(sched_out.scheduled_request_ids, runner_out)
-            self._notify_execute(len(sched_out.scheduled_request_ids), time.perf_counter() - started, runner_out)
         self._fail_rpcs(self._rpcs, "DiffusionEngine is shutting down.")
 
     def _wait_for_work_locked(self) -> None:

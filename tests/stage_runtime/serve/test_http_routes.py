@@ -176,6 +176,11 @@ async def test_stats_requests_and_metrics_reflect_the_traffic(stage, http):
     assert (await slow).status_code == 409
     await wait_gone(http, "obs")
 
+    async def waves_counted() -> bool:          # an aborted request is answered before its wave returns
+        samples = metric_samples((await http.get("/metrics")).text)
+        return samples[("diffstage_batch_size_count", ())] >= metrics0[("diffstage_batch_size_count", ())] + 2
+
+    await wait_until(waves_counted, timeout=10, what="both waves observed")
     stats1 = (await http.get("/v1/stats")).json()
     assert stats1["finished_total"] == stats0["finished_total"] + 1
     assert stats1["aborted_total"] == stats0["aborted_total"] + 1
