@@ -1,5 +1,6 @@
 """A stage in step mode over HTTP: SSE with decoded previews, continuous batching of two streams, the
-served model name, and the startup states (``starting`` before warmup: /health 200, /ready 503)."""
+served model name, the startup states (``starting`` before warmup: /health 200, /ready 503), and a
+``shutdown`` message over ZMQ draining it to exit 0."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import httpx
 import pytest
 from serve_probes import decode_png, metric_samples, sse_events
 from stage_process import StageProcess
+
+from stage_runtime.client import StageClient
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +29,19 @@ def step_stage(tiny_sd_path, tmp_path_factory, stage_topology):
         stage.startup_view = (stats, ready, health, early)
         stage.wait_ready()
         yield stage
-        assert stage.stop() == 0, stage.log[-3000:]
+        stage.track()
+        asyncio.run(_shutdown_over_zmq(stage.zmq_url))          # the same drain as SIGTERM
+        assert stage.wait(60) == 0, stage.log[-3000:]
+        assert "stop requested (shutdown message over ZMQ)" in stage.log
         stage.assert_no_leaks()
     finally:
         stage.kill()
+
+
+async def _shutdown_over_zmq(url: str) -> None:
+    async with StageClient(url) as client:
+        await client.shutdown()
+        await asyncio.sleep(0.2)                                   # let the message leave before closing
 
 
 def test_starting_state_before_warmup(step_stage):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import time
 
 import httpx
@@ -122,6 +123,18 @@ def test_startup_errors_exit_2(spawn, tiny_sd_path, tmp_path, case):
     assert stage.wait(120) == 2, stage.log[-3000:]
     message = stage.termination_log.read_text()
     assert all(part in message for part in expected), message
+    stage.assert_no_leaks()
+
+
+def test_unexpected_startup_failure_exits_1(spawn, tiny_sd_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        stage = spawn(["--model", tiny_sd_path, "--device", "cpu", "--http-port", str(port)], wait_ready=False)
+        assert stage.wait(60) == 1, stage.log[-3000:]
+    message = stage.termination_log.read_text()
+    assert message.startswith("OSError: ") and str(port) in message
     stage.assert_no_leaks()
 
 
