@@ -28,8 +28,10 @@ log = logging.getLogger(__name__)
 
 _OUTCOME = {None: "completed", RequestAbortedError.error_type: "aborted", EngineDeadError.error_type: "dead",
             EngineClosedError.error_type: "unavailable"}
-_ADMISSION_OUTCOME = ((QueueFullError, "rejected"), (InvalidRequestError, "invalid"), (DuplicateRequestError, "invalid"),
-                      (EngineDeadError, "dead"), (StageUnavailableError, "unavailable"), (EngineClosedError, "unavailable"))
+_ADMISSION_OUTCOME = ((QueueFullError, "rejected"), (InvalidRequestError, "invalid"),
+                      (DuplicateRequestError, "invalid"), (EngineDeadError, "dead"),
+                      (StageUnavailableError, "unavailable"), (EngineClosedError, "unavailable"))
+_ADMISSION_ERRORS = tuple(cls for cls, _ in _ADMISSION_OUTCOME)
 
 
 class StageService:
@@ -68,7 +70,7 @@ class StageService:
 
     # -- admission and delivery -------------------------------------------------------------------------
     def submit(self, request: DiffusionRequest) -> RequestStream:
-        """Admit one request or raise (QueueFullError, InvalidRequestError, EngineDeadError, StageUnavailableError…)."""
+        """Admit one request, or raise (QueueFullError, InvalidRequestError, EngineDeadError, StageUnavailable…)."""
         try:
             state = self.state
             if state == "dead":
@@ -76,7 +78,7 @@ class StageService:
             if state != "ready":
                 raise StageUnavailableError(f"the stage is {state}; not admitting requests")
             stream = self.engine.add_request(request)
-        except tuple(cls for cls, _ in _ADMISSION_OUTCOME) as exc:
+        except _ADMISSION_ERRORS as exc:
             self.metrics.count(next(outcome for cls, outcome in _ADMISSION_OUTCOME if isinstance(exc, cls)))
             raise
         self._active[request.request_id] = stream
