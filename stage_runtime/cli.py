@@ -131,9 +131,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(config)
 
 
+class StageArgumentParser(argparse.ArgumentParser):
+    """A ``serve`` command line that does not parse is a configuration error like any other: exit 2 with
+    the reason in the termination log (the operator shows it), not only on stderr."""
+
+    serve_argv: list[str] | None = None           # set by main() while a serve command line is parsed
+
+    def error(self, message: str):
+        argv = StageArgumentParser.serve_argv
+        if argv is not None:
+            from stage_runtime.serve.termination import termination_log_path, write_termination_log
+
+            path = next((a.split("=", 1)[1] for a in argv if a.startswith("--termination-log=")), None)
+            if path is None and "--termination-log" in argv[:-1]:
+                path = argv[argv.index("--termination-log") + 1]
+            write_termination_log(termination_log_path(path), "ConfigError", f"invalid command line: {message}")
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stage-runtime", description="diffstage stage runtime")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = StageArgumentParser(prog="stage-runtime", description="diffstage stage runtime")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=StageArgumentParser)
     srv = sub.add_parser("serve", help="serve the engine over HTTP and ZMQ (what each pod runs)")
     add_engine_flags(srv)
     srv.add_argument("--host", help="listen address (default 0.0.0.0)")
@@ -165,7 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    StageArgumentParser.serve_argv = argv if argv[:1] == ["serve"] else None
+    try:
+        args = build_parser().parse_args(argv)
+    finally:
+        StageArgumentParser.serve_argv = None
     if args.command == "validate" and not (args.model or args.config):
         args.model = "<unset>"          # validate checks the topology; the model folder is not opened
     try:

@@ -57,3 +57,17 @@ def test_serve_flags_override_the_config_file(tmp_path):
 def test_bad_serve_flags_are_config_errors(argv, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(".", r"\.")):
         serve_config("--model", "/m", *argv)
+
+
+def test_a_serve_command_line_that_does_not_parse_exits_2_with_the_reason(tmp_path, capsys):
+    from stage_runtime.cli import main
+
+    log = tmp_path / "termination-log"
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--model", "/m", "--http-prot", "1", f"--termination-log={log}"])
+    assert info.value.code == 2
+    assert log.read_text().startswith("ConfigError: invalid command line: unrecognized arguments: --http-prot 1")
+    with pytest.raises(SystemExit):
+        main(["serve", "--termination-log", str(log), "--max-num-seqs", "many"])
+    assert "argument --max-num-seqs: invalid int value: 'many'" in log.read_text()
+    capsys.readouterr()
