@@ -159,13 +159,13 @@ class StageService:
                 "world_size": p.world_size, "topology": p.describe(), "workers": self.workers()}
 
     def workers(self) -> list[dict[str, Any]]:
-        """Each rank's pid and liveness: the executor's ``worker_status()`` when it has one (mp), else
-        the in-process rank 0 (uni)."""
+        """Each rank's pid and liveness: the executor's ``workers()`` when it has worker processes (mp),
+        else the in-process rank 0 (uni)."""
         if self.engine is None:
             return []
-        status = getattr(self.engine.executor, "worker_status", None)
-        if callable(status):
-            return [{"rank": int(w["rank"]), "pid": w.get("pid"), "alive": bool(w["alive"])} for w in status()]
+        workers = getattr(self.engine.executor, "workers", None)
+        if callable(workers):
+            return [{"rank": int(w["rank"]), "pid": w.get("pid"), "alive": bool(w["alive"])} for w in workers()]
         alive = self.engine.dead_reason is None
         world = self.config.parallel.world_size
         if world == 1:

@@ -3,8 +3,9 @@
 
 ``SentinelWorkerExecutor`` is the in-process executor plus one real child process standing for rank 0's
 worker, watched the way the multiprocess executor watches its workers: when the child dies (a test
-SIGKILLs the pid that ``/v1/stats`` reports for the rank) the executor latches dead with the same kind of
-reason, ``rank 0 (pid N) killed by signal 9``. It reports that pid through ``worker_status()``.
+SIGKILLs the pid that ``/v1/stats`` reports for the rank) the executor latches dead with the reason the
+multiprocess executor gives, ``worker rank 0 (pid N) killed by signal 9 (SIGKILL)``. It reports that pid
+through ``workers()``, as the multiprocess executor does.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ class SentinelWorkerExecutor(UniProcExecutor):
         code = proc.wait()
         if self._closed:
             return
-        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        self.mark_dead(f"rank 0 (pid {proc.pid}) {how}")
+        how = f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exited with code {code}"
+        self.mark_dead(f"worker rank 0 (pid {proc.pid}) {how}")
 
-    def worker_status(self) -> list[dict]:
+    def workers(self) -> list[dict]:
         proc = self.sentinel
         return [{"rank": 0, "pid": proc.pid, "alive": proc.poll() is None and not self.is_dead}]
 
