@@ -31,6 +31,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/engine_overhead.py
 	$(PY) bench/step_mode.py
+	$(PY) bench/executor_overhead.py
 	$(PY) bench/http_overhead.py
 
 clean:

@@ -212,6 +212,8 @@ class StageConfig(BaseModel):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     executor: str | None = None  # "uni" | "mp" | "package.module:ClassName"; None → resolved_executor
     warmup: bool = True
+    worker_startup_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)  # mp: every rank loaded and ready
+    collective_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)      # a stuck collective is fatal
     server: ServerConfig = Field(default_factory=ServerConfig)
 
     @field_validator("executor")

@@ -13,7 +13,9 @@
     ├── EngineClosedError      the engine is closed or closing       HTTP 503
     ├── EngineDeadError        a worker died / collective failed     HTTP 503, exit 3
     ├── StageUnavailableError  the stage is starting or draining     HTTP 503 (retry on another replica)
-    └── RpcError               a control RPC failed on the workers   ZMQ error for that rpc_id
+    ├── RpcError               a control RPC failed on the workers   ZMQ error for that rpc_id
+    └── WorkerFatalError       inside a rank: it cannot go on (a collective failed or timed
+                               out); never a per-request error — the rank exits, the engine dies
 
 Per-request failures stay per-request: they end one request's stream and never the engine.
 """
@@ -77,6 +79,16 @@ class EngineStartupError(DiffStageError, RuntimeError):
     """The engine could not start (e.g. the warmup request failed); it was closed again."""
 
     error_type = "engine_startup"
+
+
+class WorkerFatalError(DiffStageError, RuntimeError):
+    """Raised inside a worker rank when it cannot continue (e.g. a collective failed or timed out).
+
+    The runner never turns it into a per-request error: the rank reports it and exits, and the
+    executor fails closed (every in-flight request then ends with EngineDeadError).
+    """
+
+    error_type = "worker_fatal"
 
 
 class StageUnavailableError(DiffStageError, RuntimeError):

@@ -22,6 +22,8 @@ class RunnerOutput:
     aborted: bool = False                    # the runner stopped computing it because it was aborted
     step_index: int | None = None            # denoising steps completed so far
     finished: bool = True
+    async_output_id: str | None = None       # mp request mode: images follow as OUTPUT_READY under this id
+    compute_ms: float | None = None          # request mode: wall time of the pipeline call that produced it
 
 
 @dataclass
@@ -62,7 +64,7 @@ class DiffusionOutput:
     error_type: str | None = None            # an errors.* error_type, e.g. "request_aborted"
     step_index: int | None = None            # progress items: steps done of num_steps
     num_steps: int | None = None
-    metrics: dict[str, float] = field(default_factory=dict)   # queue_ms, exec_ms, e2e_ms
+    metrics: dict[str, float] = field(default_factory=dict)   # queue_ms, exec_ms, e2e_ms (+ compute_ms)
 
     @property
     def ok(self) -> bool:

@@ -10,8 +10,8 @@ from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import RequestStatus
 from stage_runtime.sched import RequestState
 
-COUNTERS = {RequestStatus.FINISHED_COMPLETED: "finished_total", RequestStatus.FINISHED_ABORTED: "aborted_total",
-            RequestStatus.FINISHED_ERROR: "failed_total"}
+# The engine's outcome counters, by the terminal output's error_type (None = completed).
+OUTCOME_COUNTERS = {None: "finished_total", "request_aborted": "aborted_total", "request_failed": "failed_total"}
 
 
 def terminal_output(state: RequestState) -> DiffusionOutput:
@@ -20,6 +20,8 @@ def terminal_output(state: RequestState) -> DiffusionOutput:
     arrival, end = state.request.arrival_time, state.finished_at or time.monotonic()
     start = state.scheduled_at or end
     metrics = {"queue_ms": (start - arrival) * 1e3, "exec_ms": (end - start) * 1e3, "e2e_ms": (end - arrival) * 1e3}
+    if state.result is not None and state.result.compute_ms is not None:
+        metrics["compute_ms"] = state.result.compute_ms       # the pipeline call alone, on the rank
     out = DiffusionOutput(rid, step_index=state.step_index, num_steps=state.request.num_steps, metrics=metrics)
     if state.status == RequestStatus.FINISHED_COMPLETED:
         out.images = state.result.images

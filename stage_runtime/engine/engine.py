@@ -9,6 +9,7 @@ interleave on the transport. Scheduler state is only touched under ``self._lock`
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -19,10 +20,10 @@ from typing import Any
 
 from stage_runtime.config import StageConfig
 from stage_runtime.engine.admission import check_execution_mode
-from stage_runtime.engine.delivery import COUNTERS, progress_output, terminal_output
+from stage_runtime.engine.delivery import OUTCOME_COUNTERS, progress_output, terminal_output
 from stage_runtime.engine.stream import RequestStream
 from stage_runtime.errors import (DuplicateRequestError, EngineClosedError, EngineDeadError, EngineStartupError,
-                                  InvalidRequestError)
+                                  InvalidRequestError, RequestAbortedError, RequestFailedError)
 from stage_runtime.executor.abstract import DiffusionExecutor
 from stage_runtime.outputs import BatchRunnerOutput, DiffusionOutput, ProgressEvent, RunnerOutput
 from stage_runtime.request import DiffusionRequest, RequestStatus, SamplingParams
@@ -41,6 +42,7 @@ class DiffusionEngine:
         self._lock = threading.Condition()
         self._streams: dict[str, RequestStream] = {}
         self._abort_ids: list[str] = []
+        self._awaiting_output: dict[str, str] = {}      # request id → async output id (images not here yet)
         self._rpcs: deque[tuple[str, tuple, dict, int | None, concurrent.futures.Future]] = deque()
         self._rpc_lock = threading.Lock()          # serialises direct RPCs before the loop starts
         self._thread: threading.Thread | None = None
@@ -229,16 +231,49 @@ class DiffusionEngine:
         ids, self._abort_ids = self._abort_ids, []
         if ids:
             self._finalize_locked(self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED))
+        for rid in ids:                             # computed, images not here yet: drop them
+            async_id = self._awaiting_output.pop(rid, None)
+            if async_id is not None:
+                self.executor.drop_output(async_id)
+                self._deliver_locked(DiffusionOutput(rid, error=f"Request {rid} aborted.",
+                                                     error_type=RequestAbortedError.error_type))
 
     def _finalize_locked(self, request_ids: list[str]) -> None:
-        """Deliver each terminal request exactly once and drop every trace of it."""
+        """Deliver each terminal request exactly once and drop every trace of it.
+
+        A request whose images come later (async output) leaves the scheduler now and keeps only its
+        stream and its async output id until OUTPUT_READY, an abort, or close.
+        """
         for rid in request_ids:
             state = self.scheduler.pop_request_state(rid)
-            if not rid.startswith(WARMUP_PREFIX):
-                self.counters[COUNTERS[state.status]] += 1
-            stream = self._streams.pop(rid, None)
-            if stream is not None:
-                stream.put(terminal_output(state))
+            output = terminal_output(state)
+            async_id = state.result.async_output_id if state.result is not None and output.error is None else None
+            if async_id is None:
+                self._deliver_locked(output)
+                continue
+            self._awaiting_output[rid] = async_id
+            future = self.executor.wait_output_ready(async_id)
+            future.add_done_callback(functools.partial(self._on_output_ready, output, async_id))
+
+    def _on_output_ready(self, output: DiffusionOutput, async_id: str, future) -> None:
+        if future.cancelled():
+            return                                  # dropped: the abort already delivered
+        try:
+            output.images = future.result()
+        except Exception as exc:
+            output.error, output.error_type = f"Output lost: {exc}", RequestFailedError.error_type
+        with self._lock:
+            if self._awaiting_output.get(output.request_id) == async_id:
+                del self._awaiting_output[output.request_id]
+                self._deliver_locked(output)
+
+    def _deliver_locked(self, output: DiffusionOutput) -> None:
+        rid = output.request_id
+        if not rid.startswith(WARMUP_PREFIX):
+            self.counters[OUTCOME_COUNTERS.get(output.error_type, "failed_total")] += 1
+        stream = self._streams.pop(rid, None)
+        if stream is not None:
+            stream.put(output)
 
     def _emit_progress_locked(self, request_ids, previews: BatchRunnerOutput | None = None) -> None:
         """Non-final items for requests that asked for progress (``stream``) or previews."""
@@ -266,6 +301,7 @@ class DiffusionEngine:
     def _fail_streams(self, message: str, error_type: str) -> None:
         with self._lock:
             streams, self._streams = self._streams, {}
+            self._awaiting_output.clear()
         for rid, stream in streams.items():
             stream.put(DiffusionOutput(rid, error=message, error_type=error_type))
 

@@ -8,7 +8,9 @@ engine wants cancelled (aborts reach a running pipeline call at the next denoisi
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -84,7 +86,18 @@ class DiffusionExecutor(ABC):
         hook = self._progress_hook
         return set(hook(event)) if hook is not None else set()
 
+    # -- async output (executors whose COMPUTE_DONE comes before the images) ----------------------------
+    def wait_output_ready(self, async_output_id: str) -> concurrent.futures.Future:
+        raise NotImplementedError(f"{type(self).__name__} returns no async outputs")
+
+    def drop_output(self, async_output_id: str) -> None:
+        """The engine no longer wants these images (aborted, or the client is gone)."""
+
     # -- health and failure ----------------------------------------------------------------------------
+    def workers(self) -> list[dict[str, Any]]:
+        """One entry per rank: ``{"rank", "pid", "alive"}``."""
+        return [{"rank": 0, "pid": os.getpid(), "alive": not self.is_dead}]
+
     @property
     def is_dead(self) -> bool:
         return self._dead_reason is not None

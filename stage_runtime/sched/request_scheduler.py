@@ -64,7 +64,7 @@ class RequestScheduler(BaseScheduler):
                 status, error = RequestStatus.FINISHED_ABORTED, None
             elif out.error is not None:
                 status, error = RequestStatus.FINISHED_ERROR, out.error
-            elif out.images is None:
+            elif out.images is None and out.async_output_id is None:
                 status, error = RequestStatus.FINISHED_ERROR, f"No output result for request {rid}"
             else:
                 status, error = RequestStatus.FINISHED_COMPLETED, None

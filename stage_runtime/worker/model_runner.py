@@ -13,11 +13,12 @@ A failing fused call is retried request by request, so one bad request never fai
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
 from stage_runtime.config import StageConfig
-from stage_runtime.errors import ConfigError, InvalidRequestError
+from stage_runtime.errors import ConfigError, InvalidRequestError, WorkerFatalError
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.models.info import ModelInfo
 from stage_runtime.models.registry import resolve_adapter_class
@@ -27,7 +28,6 @@ from stage_runtime.sched.output import SchedulerOutput
 from stage_runtime.worker.step_state import StepRequestState
 
 log = logging.getLogger(__name__)
-
 
 
 class _Interrupted(Exception):
@@ -89,6 +89,8 @@ class DiffusionModelRunner:
         try:
             return self._call(requests)
         except Exception as exc:
+            if isinstance(exc, WorkerFatalError):
+                raise
             if len(requests) == 1:
                 rid = requests[0].request_id
                 log.warning("request %s failed: %s: %s", rid, type(exc).__name__, exc)
@@ -105,6 +107,7 @@ class DiffusionModelRunner:
         tracker = StepTracker(ids, requests[0].num_steps, self.progress_hook)
         handle = self.adapter.denoiser.register_forward_pre_hook(tracker)
         self._active = tracker
+        start = time.perf_counter()
         try:
             with torch.inference_mode():
                 images = self.adapter.run_batch(requests)
@@ -113,12 +116,14 @@ class DiffusionModelRunner:
         finally:
             handle.remove()
             self._active = None
+        compute_ms = (time.perf_counter() - start) * 1e3
         outputs = {}
         for rid in ids:
             if rid in tracker.cancelled:
                 outputs[rid] = RunnerOutput(rid, aborted=True, step_index=tracker.step_index)
             elif rid in images:
-                outputs[rid] = RunnerOutput(rid, images=images[rid], step_index=tracker.step_index)
+                outputs[rid] = RunnerOutput(rid, images=images[rid], step_index=tracker.step_index,
+                                            compute_ms=compute_ms)
             # A missing id is left out on purpose: the scheduler ends it FINISHED_ERROR ("No output result").
         return outputs
 
@@ -137,7 +142,7 @@ class DiffusionModelRunner:
                     self.adapter.check_request(new.request)
                     self.step_states[new.request_id] = self.adapter.prepare_encode(new.request)
                 except Exception as exc:
-                    out.outputs[new.request_id] = self._step_error(new.request_id, exc)
+                    out.outputs[new.request_id] = self._step_error(new.request_id, exc)   # (re-raises fatal)
             states = []
             for rid in sched_out.scheduled_request_ids:
                 if rid in self.step_states:
@@ -152,6 +157,8 @@ class DiffusionModelRunner:
         try:
             preds = self.adapter.denoise_step(states)
         except Exception as exc:
+            if isinstance(exc, WorkerFatalError):
+                raise
             if len(states) == 1:
                 return {states[0].request_id: self._step_error(states[0].request_id, exc)}
             results: dict[str, RunnerOutput] = {}
@@ -178,6 +185,8 @@ class DiffusionModelRunner:
         return results
 
     def _step_error(self, request_id: str, exc: Exception) -> RunnerOutput:
+        if isinstance(exc, WorkerFatalError):
+            raise exc
         self.step_states.pop(request_id, None)
         log.warning("request %s failed: %s: %s", request_id, type(exc).__name__, exc)
         return RunnerOutput(request_id, error=f"{type(exc).__name__}: {exc}")

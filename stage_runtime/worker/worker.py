@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 
 import torch
 
 from stage_runtime.config import StageConfig
+from stage_runtime.distributed.apply import apply_parallelism
+from stage_runtime.distributed.groups import ParallelGroups, destroy_distributed, init_distributed, single_rank_groups
 from stage_runtime.errors import ConfigError
 from stage_runtime.models.info import ModelInfo
 from stage_runtime.outputs import BatchRunnerOutput, ProgressHook
@@ -17,33 +20,46 @@ from stage_runtime.worker.model_runner import DiffusionModelRunner
 log = logging.getLogger(__name__)
 
 
-def pick_device(requested: str, local_rank: int) -> torch.device:
+def pick_device(requested: str, local_rank: int, world_size: int = 1) -> torch.device:
     """``auto`` → CUDA when visible, else CPU; one device per rank (local_rank modulo the device count)."""
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError("device='cuda' but no CUDA device is visible")
-    return torch.device("cuda", local_rank % torch.cuda.device_count())
+    count = torch.cuda.device_count()
+    if world_size > count:
+        raise ConfigError(f"the topology needs world_size={world_size} ranks (one GPU each) "
+                          f"but only {count} CUDA device(s) are visible")
+    return torch.device("cuda", local_rank % count)
 
 
 class DiffusionWorker:
     def __init__(self, config: StageConfig, rank: int = 0, local_rank: int | None = None,
-                 progress_hook: ProgressHook | None = None):
+                 progress_hook: ProgressHook | None = None, init_method: str | None = None):
         self.config = config
         self.rank = rank
         self.local_rank = rank if local_rank is None else local_rank
         self.progress_hook = progress_hook
+        self.init_method = init_method          # torch.distributed rendezvous (world size > 1 only)
         self.device: torch.device | None = None
+        self.groups: ParallelGroups = single_rank_groups()
         self.model_runner: DiffusionModelRunner | None = None
 
     def init_device(self) -> None:
-        self.device = pick_device(self.config.device, self.local_rank)
+        """Pick this rank's device; join the process groups when the world has more than one rank."""
+        parallel = self.config.parallel
+        self.device = pick_device(self.config.device, self.local_rank, parallel.world_size)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        if parallel.world_size > 1:
+            self.groups = init_distributed(parallel, self.rank, self.init_method, self.device,
+                                           self.config.collective_timeout_s)
         self.model_runner = DiffusionModelRunner(self.config, self.device, progress_hook=self.progress_hook)
 
     def load_model(self) -> ModelInfo:
-        return self.model_runner.load_model()
+        info = self.model_runner.load_model()
+        apply_parallelism(self.model_runner.adapter, self.groups, self.config.parallel)
+        return info
 
     def model_info(self) -> ModelInfo:
         return self.model_runner.model_info
@@ -57,6 +73,12 @@ class DiffusionWorker:
     def ping(self) -> int:
         return self.rank
 
+    def worker_info(self) -> dict:
+        return {"rank": self.rank, "pid": os.getpid(), "device": str(self.device), "dp_rank": self.groups.dp_rank}
+
+    def num_request_states(self) -> int:
+        return 0 if self.model_runner is None else self.model_runner.num_request_states()
+
     def shutdown(self) -> None:
         if self.model_runner is not None:
             self.model_runner.close()
@@ -64,3 +86,4 @@ class DiffusionWorker:
         gc.collect()
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.empty_cache()
+        destroy_distributed()

@@ -6,6 +6,10 @@ engine, scheduler, executor, worker and runner run around the real tiny diffuser
 
 from __future__ import annotations
 
+import json
+import os
+import time
+
 from stage_runtime.models.sd import StableDiffusionAdapter
 
 
@@ -52,3 +56,28 @@ class StepFaultSDAdapter(StableDiffusionAdapter):
         if state.request.prompt == "late-boom" and state.step_index == 2:
             raise RuntimeError("boom in step 3")
         super().step_scheduler(state, noise_pred)
+
+
+class TracingSDAdapter(StableDiffusionAdapter):
+    """Appends one JSON line per pipeline call (pid, request ids, start/end on the monotonic clock) to the
+    file named by DIFFSTAGE_TEST_TRACE: shows which rank process ran what, and when."""
+
+    def run_batch(self, requests):
+        start = time.monotonic()
+        images = super().run_batch(requests)
+        with open(os.environ["DIFFSTAGE_TEST_TRACE"], "a", encoding="utf-8") as f:
+            f.write(json.dumps({"pid": os.getpid(), "ids": [r.request_id for r in requests],
+                                "start": start, "end": time.monotonic()}) + "\n")
+        return images
+
+
+class StallOnRankOneSDAdapter(StableDiffusionAdapter):
+    """Prompt "stall" makes rank 1 sleep before the pipeline call: its peers wait in a collective that
+    times out (collective_timeout_s) — the worker group must fail closed, not hang."""
+
+    def run_batch(self, requests):
+        import torch.distributed as dist
+
+        if any("stall" in r.prompt for r in requests) and dist.is_initialized() and dist.get_rank() == 1:
+            time.sleep(60)
+        return super().run_batch(requests)

@@ -161,12 +161,12 @@ def test_generate_without_model_exits_2(capsys):
     assert rc == 2 and "--model" in err
 
 
-def test_generate_mp_executor_not_available_exits_2(tiny_sd_path, tmp_path, capsys):
-    rc, out, err = run_cli(capsys, "generate", "--model", tiny_sd_path, "--prompt", "x", "--steps", "2",
+def test_generate_mp_with_a_bad_model_dir_exits_2_naming_the_rank(tmp_path, capsys):
+    (tmp_path / "model").mkdir()
+    rc, out, err = run_cli(capsys, "generate", "--model", str(tmp_path / "model"), "--prompt", "x", "--steps", "2",
                            "--executor", "mp", "--device", "cpu", "--out", str(tmp_path / "F.png"))
     assert rc == 2 and out == ""
-    assert err.startswith("error: ")
-    assert "executor='mp' is not available" in err
+    assert err.startswith("error: ") and "worker rank 0" in err and "model_index.json" in err
 
 
 def test_argparse_errors_exit_2(capsys):

@@ -55,6 +55,7 @@ def test_one_request(engine):
     out = engine.add_request(req("a")).result(timeout=60)
     assert out.images.shape == (1, 64, 64, 3) and out.images.dtype == np.uint8
     assert out.step_index == 3 and out.metrics["e2e_ms"] >= out.metrics["exec_ms"] > 0
+    assert 0 < out.metrics["compute_ms"] <= out.metrics["exec_ms"]      # the pipeline call alone
     assert engine.counters["finished_total"] == 1
     assert_no_state(engine)
 

@@ -28,11 +28,6 @@ def req(rid: str, prompt: str, steps: int, seed: int, **kw) -> DiffusionRequest:
     return DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed, **kw))
 
 
-
-
-
-
-
 def call_reference(path: str, prompt: str, steps: int, seed: int, n: int = 1, guidance: float | None = None):
     """The bare diffusers pipeline's __call__, one generator per image (seed + i)."""
     pipe = DiffusionPipeline.from_pretrained(path, local_files_only=True, low_cpu_mem_usage=False)

@@ -24,15 +24,12 @@ def test_get_class_uni_by_default_for_one_rank():
 
 
 def test_get_class_mp_for_two_ranks():
+    from stage_runtime.executor.multiproc import MultiprocExecutor
+
     config = cfg(parallel={"num_gpus": 2})
     assert config.resolved_executor == "mp"
-    try:
-        cls = DiffusionExecutor.get_class(config)
-    except ConfigError as exc:          # the multiprocess executor is not implemented yet
-        assert "executor='mp' is not available" in str(exc)
-        assert "stage_runtime.executor.multiproc" in str(exc)
-    else:
-        assert issubclass(cls, DiffusionExecutor) and cls.__name__ == "MultiprocExecutor"
+    assert DiffusionExecutor.get_class(config) is MultiprocExecutor
+    assert DiffusionExecutor.get_class(cfg(executor="mp")) is MultiprocExecutor
 
 
 def test_get_class_rejects_a_class_that_is_not_an_executor():

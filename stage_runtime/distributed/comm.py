@@ -1,0 +1,76 @@
+"""Guarded collectives: every torch.distributed call of the parallel model code goes through here.
+
+A collective that fails or times out leaves the worker group in an unknown state (peers may be
+blocked inside the same collective), so it is FATAL for the whole group: it surfaces as
+:class:`CollectiveError`, which the runner must never treat as one request's error. The message
+names the operation and the group's global ranks, e.g.
+``all_gather on group ranks [0, 1] failed: Connection closed by peer``.
+
+All helpers are symmetric: every rank of ``group`` must call them in the same order with tensors of
+the same shape (callers make shape decisions from data every rank shares).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+from stage_runtime.errors import WorkerFatalError
+
+T = TypeVar("T")
+
+
+class CollectiveError(WorkerFatalError):
+    """A torch.distributed collective failed or timed out: the worker group is dead (fail closed).
+
+    A :class:`WorkerFatalError` (hence a RuntimeError): never one request's error. The rank reports it
+    and exits; the executor latches dead, in-flight requests end with EngineDeadError, the stage exits 3.
+    """
+
+
+def group_label(group) -> str:
+    """``ranks [0, 1]`` for a process group (or ``world`` for the default group)."""
+    if group is None:
+        return "world"
+    try:
+        return f"ranks {dist.get_process_group_ranks(group)}"
+    except Exception:  # noqa: BLE001 - only used to build an error message
+        return repr(group)
+
+
+def guarded(op: str, group, fn: Callable[[], T]) -> T:
+    """Run ``fn()`` (a torch.distributed call on ``group``); any failure → CollectiveError naming both."""
+    try:
+        return fn()
+    except CollectiveError:
+        raise
+    except Exception as exc:  # gloo/NCCL raise RuntimeError, DistBackendError, DistNetworkError, timeouts
+        detail = " ".join(str(exc).split())[:500] or type(exc).__name__
+        raise CollectiveError(f"{op} on group {group_label(group)} failed: {detail}") from exc
+
+
+def group_size(group) -> int:
+    return guarded("get_world_size", group, lambda: dist.get_world_size(group))
+
+
+def group_rank(group) -> int:
+    return guarded("get_rank", group, lambda: dist.get_rank(group))
+
+
+def all_gather_cat(tensor: torch.Tensor, group, dim: int = 0) -> torch.Tensor:
+    """Concatenate every rank's equally-shaped ``tensor`` along ``dim``, in group-rank order."""
+    tensor = tensor.contiguous()
+    parts = [torch.empty_like(tensor) for _ in range(group_size(group))]
+    guarded("all_gather", group, lambda: dist.all_gather(parts, tensor, group=group))
+    return torch.cat(parts, dim=dim)
+
+
+def all_to_all_dim0(tensor: torch.Tensor, group) -> torch.Tensor:
+    """Exchange equal slices of dim 0: slice j goes to group rank j; result slice j came from rank j."""
+    tensor = tensor.contiguous()
+    out = torch.empty_like(tensor)
+    guarded("all_to_all_single", group, lambda: dist.all_to_all_single(out, tensor, group=group))
+    return out

@@ -1,0 +1,179 @@
+"""Ulysses sequence parallelism for the transformer blocks of SD's UNet and of DiT, over torch.distributed.
+
+Per transformer (each ``Transformer2DModel`` inside a UNet, or a ``DiTTransformer2DModel``)::
+
+    block[0] pre-hook          hidden_states (B, S, C) → my contiguous token chunk (B, S/P, C)
+    every block                norms, feed-forward, cross-attention: token-local, run on S/P tokens;
+                               self-attention: UlyssesAttnProcessor (two all_to_all, below)
+    block[-1] forward hook     (B, S/P, C) → all_gather over tokens → (B, S, C)
+
+A transformer whose sequence length S is not divisible by P (or that gets an attention mask) runs
+unsharded for that call: every rank sees the same shapes, so the decision is the same on all ranks.
+
+Self-attention (``attn.is_cross_attention`` False) sees the whole sequence by trading tokens for
+heads. With P = 2 ranks, H heads, tokens t0 (rank 0's chunk) and t1 (rank 1's)::
+
+    before (rank r holds)        all_to_all #1                after (rank r holds)
+    q,k,v[t_r, heads 0..H)   ── head group j → rank j ──▶   q,k,v[t0 ‖ t1, heads group r (H/P)]
+                                                            SDPA over ALL tokens, my H/P heads
+    out[t0 ‖ t1, group r]    ── token chunk j → rank j ──▶  out[t_r, heads 0..H)   → to_out
+
+One all_to_all carries q, k and v stacked; send slice j of dim 0 = head group j of my tokens, receive
+slice j = my head group of rank j's tokens (so the tokens arrive in global order). Cross-attention
+with replicated encoder states needs no communication (local queries, all keys).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from diffusers.models.attention import BasicTransformerBlock
+from diffusers.models.attention_processor import Attention
+
+from stage_runtime.distributed.comm import all_gather_cat, all_to_all_dim0, group_rank, group_size
+from stage_runtime.errors import ConfigError
+
+_MARK = "_diffstage_ulysses"
+_TRANSFORMERS = ("Transformer2DModel", "DiTTransformer2DModel")
+
+
+def check_ulysses_heads(num_heads: int, degree: int) -> None:
+    """ConfigError unless the Ulysses degree divides the attention head count."""
+    if degree < 1 or num_heads % degree:
+        raise ConfigError(f"ulysses_degree={degree} does not divide the model's attention heads "
+                          f"(num_attention_heads={num_heads}): Ulysses splits heads across ranks")
+
+
+class _ShardState:
+    """Whether the current call of one transformer runs with its token sequence sharded."""
+
+    def __init__(self) -> None:
+        self.active = False
+
+
+class UlyssesAttnProcessor:
+    """Self-attention over the full sequence from a token shard (see the module docstring)."""
+
+    def __init__(self, group, degree: int, state: _ShardState):
+        self.group, self.degree, self.state = group, degree, state
+
+    def __call__(self, attn: Attention, hidden_states: torch.Tensor,
+                 encoder_hidden_states: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                 temb: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        if hidden_states.ndim != 3:
+            raise RuntimeError(f"Ulysses attention expects (batch, tokens, channels), got {tuple(hidden_states.shape)}")
+        shard = self.state.active and encoder_hidden_states is None
+        if shard and attention_mask is not None:
+            raise RuntimeError("Ulysses attention got an attention mask for a sharded sequence")
+        batch, tokens, _ = hidden_states.shape
+        context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+        if attention_mask is not None:
+            attention_mask = attn.prepare_attention_mask(attention_mask, context.shape[1], batch)
+            attention_mask = attention_mask.view(batch, attn.heads, -1, attention_mask.shape[-1])
+        query, key, value = attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
+        head_dim = key.shape[-1] // attn.heads
+        heads = attn.heads // self.degree if shard else attn.heads
+        if shard:   # (B, S/P, H·D) ×3 → (3, B, S, H/P, D): all tokens, my head group
+            qkv = torch.stack([query, key, value]).view(3, batch, tokens, self.degree, heads, head_dim)
+            qkv = all_to_all_dim0(qkv.permute(3, 0, 1, 2, 4, 5), self.group)       # (P, 3, B, S/P, H/P, D)
+            qkv = qkv.permute(1, 2, 0, 3, 4, 5).reshape(3, batch, self.degree * tokens, heads, head_dim)
+            query, key, value = (t.transpose(1, 2) for t in qkv.unbind(0))        # (B, H/P, S, D)
+        else:
+            query, key, value = (t.view(batch, -1, heads, head_dim).transpose(1, 2) for t in (query, key, value))
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
+                                             is_causal=False)                        # (B, h, S_q, D)
+        if shard:   # (B, H/P, S, D) → (P, B, S/P, H/P, D) → all_to_all → my tokens, all heads
+            out = out.transpose(1, 2).reshape(batch, self.degree, tokens, heads, head_dim).transpose(0, 1)
+            out = all_to_all_dim0(out, self.group)                                 # slice j: head group j
+            out = out.permute(1, 2, 0, 3, 4).reshape(batch, tokens, attn.heads * head_dim)
+        else:
+            out = out.transpose(1, 2).reshape(batch, -1, attn.heads * head_dim)
+        out = attn.to_out[0](out.to(query.dtype))
+        return attn.to_out[1](out)
+
+
+def _check_block(block: torch.nn.Module, where: str, degree: int) -> list[Attention]:
+    """The block's self-attentions, after rejecting what the sharded path does not implement."""
+    if not isinstance(block, BasicTransformerBlock):
+        raise ConfigError(f"Ulysses: {where} is a {type(block).__name__}, only BasicTransformerBlock is supported")
+    if block.pos_embed is not None or hasattr(block, "fuser"):
+        raise ConfigError(f"Ulysses: {where} uses per-position embeddings or GLIGEN fusion (token-index dependent)")
+    selfs = []
+    for name in ("attn1", "attn2"):
+        attn = getattr(block, name, None)
+        if attn is None or attn.is_cross_attention:
+            continue           # cross-attention: local queries against replicated encoder states
+        unsupported = [
+            feature for feature, present in (
+                ("group_norm", attn.group_norm is not None), ("spatial_norm", attn.spatial_norm is not None),
+                ("norm_q/norm_k", attn.norm_q is not None or attn.norm_k is not None),
+                ("norm_cross", attn.norm_cross is not None),
+                ("residual_connection", attn.residual_connection),
+                (f"rescale_output_factor={attn.rescale_output_factor}", attn.rescale_output_factor != 1.0),
+                ("added_kv_proj", getattr(attn, "add_k_proj", None) is not None),
+                ("scale_qk=False", not attn.scale_qk))
+            if present]
+        if unsupported:
+            raise ConfigError(f"Ulysses: {where}.{name} uses {', '.join(unsupported)}, "
+                              "which the Ulysses attention processor does not implement")
+        check_ulysses_heads(attn.heads, degree)
+        selfs.append(attn)
+    return selfs
+
+
+def _install(transformer: torch.nn.Module, name: str, group, degree: int) -> None:
+    blocks = list(transformer.transformer_blocks)
+    state = _ShardState()
+    processors = [(attn, UlyssesAttnProcessor(group, degree, state)) for i, block in enumerate(blocks)
+                  for attn in _check_block(block, f"{name}.transformer_blocks.{i}", degree)]
+    rank = group_rank(group)
+
+    def shard(_module, args, kwargs):
+        for attn, processor in processors:   # e.g. set_attn_processor() after install: sharding would be wrong
+            if attn.processor is not processor:
+                raise RuntimeError(f"Ulysses: the attention processor of {name} was replaced by "
+                                   f"{type(attn.processor).__name__} after enable_ulysses(); sequence "
+                                   "sharding needs UlyssesAttnProcessor")
+        hidden = args[0] if args else kwargs["hidden_states"]
+        state.active = (hidden.ndim == 3 and hidden.shape[1] % degree == 0
+                        and kwargs.get("attention_mask") is None and (len(args) < 2 or args[1] is None))
+        if not state.active:
+            return None
+        local = hidden.chunk(degree, dim=1)[rank]
+        return ((local, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": local})
+
+    def gather(_module, _args, output):
+        if not state.active:
+            return None
+        state.active = False
+        return all_gather_cat(output, group, dim=1)
+
+    for attn, processor in processors:
+        attn.set_processor(processor)
+    blocks[0].register_forward_pre_hook(shard, with_kwargs=True)
+    blocks[-1].register_forward_hook(gather)
+
+
+def enable_ulysses(denoiser: torch.nn.Module, group, degree: int) -> None:
+    """Shard the token sequence of every supported transformer in ``denoiser`` across ``group``.
+
+    Raises ConfigError when the denoiser has no supported transformer, when a block uses a feature the
+    processor does not implement, or when ``degree`` does not divide a self-attention's heads.
+    """
+    if degree == 1:
+        return
+    if getattr(denoiser, _MARK, False):
+        raise ConfigError(f"Ulysses is already enabled on this {type(denoiser).__name__}")
+    targets = [(name or type(denoiser).__name__, m) for name, m in denoiser.named_modules()
+               if type(m).__name__ in _TRANSFORMERS and len(getattr(m, "transformer_blocks", ())) > 0]
+    if not targets:
+        raise ConfigError(f"Ulysses: {type(denoiser).__name__} has no Transformer2DModel/DiTTransformer2DModel "
+                          "blocks to shard")
+    for name, _m in targets:   # validate everything before installing anything
+        for i, block in enumerate(_m.transformer_blocks):
+            _check_block(block, f"{name}.transformer_blocks.{i}", degree)
+    if group is None or group_size(group) != degree:
+        raise ConfigError(f"ulysses_degree={degree} needs a sequence-parallel group of {degree} ranks")
+    for name, transformer in targets:
+        _install(transformer, name, group, degree)
+    setattr(denoiser, _MARK, True)

@@ -1,0 +1,81 @@
+"""What crosses between the engine process and its worker ranks (pickled over ZMQ, plain data only).
+
+    engine ──broadcast (XPUB → every rank's SUB)──▶ RpcMessage | CancelMessage | SHUTDOWN
+    rank r ──its own result channel (PUSH → PULL)──▶ RpcReply | ComputeDone | OutputReady | Progress | Fatal
+
+Reply rules (``WorkerProc``): a model call (``execute_model_batch`` / ``execute_step``) runs on every
+rank and is answered by each DP replica's leader; a control RPC with ``reply_rank=None`` runs on every
+rank and every rank answers with its own status; a control RPC with ``reply_rank=r`` runs and answers
+on rank r only. Arrays over ~1 MB inside a message are ``shm.ShmArray`` handles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MODEL_METHODS = frozenset({"execute_model_batch", "execute_step"})
+SHUTDOWN = "shutdown"
+
+
+@dataclass(frozen=True)
+class RpcMessage:
+    rpc_id: int
+    method: str
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    reply_rank: int | None = None
+    dp_assign: dict[str, int] | None = None    # model calls: request id → DP replica that runs it
+
+
+@dataclass(frozen=True)
+class CancelMessage:
+    """Stop computing these requests of the model call ``rpc_id`` (request mode, at the next step)."""
+
+    rpc_id: int
+    request_ids: tuple[str, ...]
+
+
+@dataclass
+class RpcReply:
+    rpc_id: int
+    rank: int
+    ok: bool = True
+    result: Any = None
+    error: str | None = None             # "<ExceptionType>: message"
+    traceback: str | None = None
+
+
+@dataclass
+class ComputeDone(RpcReply):
+    """Request mode: the forward is done (the rank takes the next wave). ``result`` is a
+    BatchRunnerOutput whose finished outputs carry ``async_output_id`` instead of images."""
+
+
+@dataclass
+class OutputReady:
+    """The images of earlier ComputeDone outputs, by async output id (or why they could not be sent)."""
+
+    rank: int
+    images: dict[str, Any]               # async_output_id → uint8 (n, H, W, 3) ndarray or ShmArray
+    error: str | None = None
+    failed_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A replica leader started denoising step ``step_index`` of a model call (request mode)."""
+
+    rpc_id: int
+    rank: int
+    request_ids: tuple[str, ...]
+    step_index: int
+    num_steps: int
+
+
+@dataclass(frozen=True)
+class Fatal:
+    """The rank cannot go on (a collective failed or timed out); it exits right after sending this."""
+
+    rank: int
+    reason: str

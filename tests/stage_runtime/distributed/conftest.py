@@ -1,0 +1,43 @@
+"""Two real gloo ranks, spawned ONCE per session for every 2-rank test here (importing torch+diffusers
+costs ~5 s per process). The ranks run, each in a freshly initialised world: the equality scenarios
+under CFG parallel, then under Ulysses; then a lost-peer check where rank 1 stalls past the timeout,
+then one where rank 1's process exits. The single-rank references are computed here meanwhile."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))   # dist_rank_checks: importable here and in spawned ranks
+
+CFG2 = {"cfg_parallel_size": 2}
+
+
+@pytest.fixture(scope="session")
+def two_rank_runs(tiny_sd_path, tiny_dit_path) -> tuple[dict[str, dict[int, dict]], dict]:
+    """({run name: {rank: payload}}, references): references hold per kind the single-rank images,
+    under ``<kind>-transformer`` the outputs of one directly called transformer (SD only), and under
+    ``<kind>-hook-calls`` how often a forward pre-hook on the denoiser fires during the scenarios."""
+    import dist_rank_checks as checks
+
+    paths = {"sd": tiny_sd_path, "dit": tiny_dit_path}
+    runs = {
+        "cfg": {"job": "models", "parallel": CFG2, "models": paths},
+        "ulysses": {"job": "models", "parallel": {"ulysses_degree": 2}, "models": paths},
+        "peer-stall": {"job": "peer_gone", "parallel": CFG2, "peer": "stall", "timeout_s": checks.PEER_TIMEOUT_S},
+        "peer-exit": {"job": "peer_gone", "parallel": CFG2, "peer": "exit", "timeout_s": checks.PEER_TIMEOUT_S},  # last
+    }
+    ranks = checks.Ranks(2, list(runs.values()))
+    try:
+        adapters = {kind: checks.load_adapter(path) for kind, path in paths.items()}
+        references = {kind: checks.scenarios(adapter) for kind, adapter in adapters.items()}
+        references.update({f"{kind}-hook-calls": checks.counting_denoiser_hooks(adapter, checks.scenarios)[1]
+                           for kind, adapter in adapters.items()})
+        references.update({f"{kind}-transformer": checks.transformer_outputs(adapter)
+                           for kind, adapter in adapters.items()})
+    finally:
+        payloads = ranks.wait(timeout_s=240)
+    by_run = {name: {rank: payloads[rank][i] for rank in payloads} for i, name in enumerate(runs)}
+    return by_run, references
