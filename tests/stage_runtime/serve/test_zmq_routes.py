@@ -34,7 +34,7 @@ async def test_generate_raw_images_equal_the_http_pngs(client, http):
                                 width=64, height=32, timeout=60)
     assert out.ok and out.request_id == "z-fox"
     assert out.images.shape == (2, 32, 64, 3) and out.images.dtype == np.uint8
-    assert set(out.metrics) == {"queue_ms", "exec_ms", "e2e_ms"}
+    assert {"queue_ms", "exec_ms", "e2e_ms"} <= set(out.metrics)
     resp = await http.post("/v1/images/generations", json={"prompt": "a red fox", "num_inference_steps": 3, "seed": 7,
                                                            "n": 2, "size": "64x32"})
     pngs = np.stack([decode_png(d["b64_json"]) for d in resp.json()["data"]])
