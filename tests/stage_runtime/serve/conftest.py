@@ -1,8 +1,7 @@
 """The real stage process for the serve tests: spawned once per package (imports cost ~5 s a process).
 
-``STAGE_TOPOLOGY`` is the one switch for the executor the stage runs: the in-process executor today; the
-multiprocess executor with 2 ranks (CFG-parallel) once it lands:
-``["--device", "cpu", "--executor", "mp", "--cfg-parallel-size", "2"]``.
+``STAGE_TOPOLOGY`` is the one switch for the executor the stage runs: the multiprocess executor with two
+gloo ranks (CFG-parallel), as in production; ``UNI`` runs everything in the stage process instead.
 """
 
 from __future__ import annotations
@@ -11,10 +10,13 @@ import httpx
 import pytest
 from stage_process import StageProcess
 
-STAGE_TOPOLOGY = ["--device", "cpu", "--executor", "uni"]
-# Fail-closed tests SIGKILL a worker that /v1/stats reports. With one in-process rank there is no worker
-# process, so the sentinel executor supplies one; with mp this becomes STAGE_TOPOLOGY.
-FAULT_TOPOLOGY = ["--device", "cpu", "--executor", "executors_for_tests:SentinelWorkerExecutor"]
+UNI = ["--device", "cpu", "--executor", "uni"]
+MP_CFG2 = ["--device", "cpu", "--executor", "mp", "--cfg-parallel-size", "2"]
+STAGE_TOPOLOGY = MP_CFG2
+# Fail-closed tests SIGKILL the last worker /v1/stats reports: a real rank process of the multiprocess
+# executor, and for the in-process executor (no worker process) the sentinel executor's stand-in.
+FAULT_TOPOLOGIES = {"mp-cfg2": MP_CFG2,
+                    "uni-sentinel": ["--device", "cpu", "--executor", "executors_for_tests:SentinelWorkerExecutor"]}
 # Small admission limits so 429 is reachable: one running request, two waiting.
 SHARED_LIMITS = ["--max-num-seqs", "1", "--max-waiting", "2"]
 
@@ -24,9 +26,9 @@ def stage_topology() -> list[str]:
     return STAGE_TOPOLOGY
 
 
-@pytest.fixture(scope="package")
-def fault_topology() -> list[str]:
-    return FAULT_TOPOLOGY
+@pytest.fixture(params=list(FAULT_TOPOLOGIES))
+def fault_topology(request) -> list[str]:
+    return FAULT_TOPOLOGIES[request.param]
 
 
 @pytest.fixture(scope="package")
