@@ -98,6 +98,15 @@ async def test_worker_death_fails_closed_with_exit_3_within_2_s(spawn, tiny_sd_p
     stage.assert_no_leaks()
 
 
+def test_sigkill_of_the_stage_itself_leaves_no_worker_and_no_segment(spawn, tiny_sd_path, stage_topology):
+    stage = spawn(["--model", tiny_sd_path, *stage_topology])
+    with httpx.Client(base_url=stage.http_url, timeout=60) as http:
+        assert http.post("/v1/images/generations", json={"prompt": "x", "num_inference_steps": 2}).status_code == 200
+    stage.signal(signal.SIGKILL)                     # no drain, no close, no atexit: the workers are on their own
+    assert stage.wait(10) == -signal.SIGKILL
+    stage.assert_no_leaks()
+
+
 def test_bad_topology_exits_2_with_the_reason_in_the_termination_log(spawn, tiny_sd_path):
     stage = spawn(["--model", tiny_sd_path, "--num-gpus", "3", "--cfg-parallel-size", "2"], wait_ready=False)
     assert stage.wait(60) == 2
