@@ -8,8 +8,10 @@
 
 Results are routed by request id (RPC replies by rpc id), so many requests — and many clients — run at
 once. A failed request raises the error tree's exception from :meth:`ClientStream.result`
-(QueueFullError, RequestAbortedError, EngineDeadError, InvalidRequestError…). Message shapes:
-:mod:`stage_runtime.serve.wire`. No torch here.
+(QueueFullError, RequestAbortedError, EngineDeadError, InvalidRequestError…). When the connection to the
+stage drops (the process was killed), every request and RPC in flight fails with EngineDeadError instead
+of waiting forever: the stage's state died with it. Message shapes: :mod:`stage_runtime.serve.wire`.
+No torch here.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
+from stage_runtime.errors import EngineDeadError
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.serve.wire import exception_from_message, output_from_message, pack, unpack
 
@@ -83,6 +87,8 @@ class StageClient:
         self._rpc_ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]
         self._recv_task: asyncio.Task | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._monitor_task: asyncio.Task | None = None
 
     async def __aenter__(self) -> StageClient:
         self.connect()
@@ -94,9 +100,28 @@ class StageClient:
     def connect(self) -> None:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sock.connect(self.address)
         self._sock = sock
         self._recv_task = asyncio.create_task(self._receive())
+        self._monitor_task = asyncio.create_task(self._watch_connection())
+
+    async def _watch_connection(self) -> None:
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._fail_in_flight(f"lost the connection to the stage at {self.address}; "
+                                     "its requests in flight are gone")
+
+    def _fail_in_flight(self, reason: str) -> None:
+        streams, self._streams = self._streams, {}
+        for rid, stream in streams.items():
+            stream._put({"type": "error", "request_id": rid, "error": reason,
+                         "error_type": EngineDeadError.error_type})
+        rpcs, self._rpcs = self._rpcs, {}
+        for future in rpcs.values():
+            if not future.done():
+                future.set_exception(EngineDeadError(reason))
 
     async def _receive(self) -> None:
         while True:
@@ -183,10 +208,16 @@ class StageClient:
         await self._send({"type": "shutdown"})
 
     async def close(self) -> None:
-        if self._recv_task is not None:
-            self._recv_task.cancel()
-            await asyncio.gather(self._recv_task, return_exceptions=True)
-            self._recv_task = None
+        for task in (self._recv_task, self._monitor_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._recv_task = self._monitor_task = None
+        if self._sock is not None:
+            self._sock.disable_monitor()
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
         for future in self._rpcs.values():
             future.cancel()
         self._rpcs.clear()

@@ -98,11 +98,14 @@ async def test_worker_death_fails_closed_with_exit_3_within_2_s(spawn, tiny_sd_p
     stage.assert_no_leaks()
 
 
-def test_sigkill_of_the_stage_itself_leaves_no_worker_and_no_segment(spawn, tiny_sd_path, stage_topology):
+async def test_sigkill_of_the_stage_itself_leaves_no_worker_and_no_segment(spawn, tiny_sd_path, stage_topology):
     stage = spawn(["--model", tiny_sd_path, *stage_topology])
-    with httpx.Client(base_url=stage.http_url, timeout=60) as http:
-        assert http.post("/v1/images/generations", json={"prompt": "x", "num_inference_steps": 2}).status_code == 200
-    stage.signal(signal.SIGKILL)                     # no drain, no close, no atexit: the workers are on their own
+    async with httpx.AsyncClient(base_url=stage.http_url, timeout=60) as http, StageClient(stage.zmq_url) as zmq:
+        stream = await zmq.add_request("x", request_id="orphaned", num_inference_steps=LONG_STEPS)
+        await wait_running(http, "orphaned")
+        stage.signal(signal.SIGKILL)                 # no drain, no close, no atexit: the workers are on their own
+        with pytest.raises(EngineDeadError, match="lost the connection to the stage"):
+            await stream.result(timeout=10)          # the client does not wait forever for a dead stage
     assert stage.wait(10) == -signal.SIGKILL
     stage.assert_no_leaks()
 
