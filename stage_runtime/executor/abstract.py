@@ -90,7 +90,7 @@ class DiffusionExecutor(ABC):
     def wait_output_ready(self, async_output_id: str) -> concurrent.futures.Future:
         raise NotImplementedError(f"{type(self).__name__} returns no async outputs")
 
-    def drop_output(self, async_output_id: str) -> None:
+    def drop_output(self, async_output_id: str) -> None:  # noqa: B027 - optional hook, a no-op by default
         """The engine no longer wants these images (aborted, or the client is gone)."""
 
     # -- health and failure ----------------------------------------------------------------------------

@@ -24,12 +24,10 @@ import pickle
 import secrets
 import shutil
 import signal
-import socket
 import tempfile
 import threading
 import time
 import weakref
-from collections import Counter
 from dataclasses import replace
 from typing import Any
 
@@ -39,33 +37,26 @@ from stage_runtime.errors import ConfigError, EngineClosedError, EngineDeadError
 from stage_runtime.executor import shm
 from stage_runtime.executor.abstract import DiffusionExecutor
 from stage_runtime.executor.async_output import AsyncOutputTable
-from stage_runtime.executor.messages import (SHUTDOWN, CancelMessage, Fatal, Progress, RpcMessage, RpcReply)
+from stage_runtime.executor.messages import SHUTDOWN, CancelMessage, Fatal, Progress, RpcMessage, RpcReply
+from stage_runtime.executor.placement import DataParallelPlacement
+from stage_runtime.executor.procs import (
+    KILL_GRACE_S,
+    describe_exit,
+    free_port,
+    join_all,
+    last_resort,
+    recv_or_none,
+    signal_all,
+)
 from stage_runtime.executor.result_pump import ResultPump
-from stage_runtime.executor.worker_proc import WorkerSpec, worker_main
+from stage_runtime.executor.worker_proc import EXIT_FATAL, WorkerSpec, worker_main
 from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, RunnerOutput
 from stage_runtime.sched.output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 STARTUP_ERRORS = {"ConfigError": ConfigError, "ModelLoadError": ModelLoadError}
 JOIN_GRACE_S = 5.0
-KILL_GRACE_S = 2.0
-
-
-def describe_exit(rank: int, pid: int | None, exitcode: int | None) -> str:
-    """``rank 1 (pid 4242) killed by signal 9 (SIGKILL)`` / ``… exited with code 3``."""
-    if exitcode is not None and exitcode < 0:
-        try:
-            name = f" ({signal.Signals(-exitcode).name})"
-        except ValueError:
-            name = ""
-        return f"rank {rank} (pid {pid}) killed by signal {-exitcode}{name}"
-    return f"rank {rank} (pid {pid}) exited with code {exitcode}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+FATAL_REASON_WAIT_S = 0.5
 
 
 class MultiprocExecutor(DiffusionExecutor):
@@ -80,7 +71,7 @@ class MultiprocExecutor(DiffusionExecutor):
         self._alive_conns: list = []
         self._rpc_ids = itertools.count(1)
         self._send_lock = threading.Lock()
-        self._dp_of: dict[str, int] = {}           # request id → DP replica it was placed on
+        self.placement = DataParallelPlacement(len(self.leader_ranks))
         self._fatal: dict[int, str] = {}
         self._stopping = threading.Event()
         self._stop_r, self._stop_w = multiprocessing.Pipe(duplex=False)
@@ -94,7 +85,7 @@ class MultiprocExecutor(DiffusionExecutor):
         for rank, sock in enumerate(self._results):
             sock.bind(f"ipc://{self._ipc_dir}/result-{rank}")
         self.pump = ResultPump(self._results, self.outputs, self._on_worker_progress, self._on_worker_fatal)
-        weakref.finalize(self, _last_resort, self.procs, self.shm_prefix, self._ipc_dir)
+        weakref.finalize(self, last_resort, self.procs, self.shm_prefix, self._ipc_dir)
         try:
             self._start_workers()
             self.pump.start()
@@ -108,7 +99,7 @@ class MultiprocExecutor(DiffusionExecutor):
     # -- startup ---------------------------------------------------------------------------------------
     def _start_workers(self) -> None:
         ctx = multiprocessing.get_context("spawn")
-        init_method = f"tcp://127.0.0.1:{_free_port()}" if self.world_size > 1 else None
+        init_method = f"tcp://127.0.0.1:{free_port()}" if self.world_size > 1 else None
         ready: dict[int, Any] = {}
         for rank in range(self.world_size):
             ready_r, ready_w = ctx.Pipe(duplex=False)
@@ -141,7 +132,7 @@ class MultiprocExecutor(DiffusionExecutor):
                 rank = owner[id(obj)]
                 if rank not in ready or (obj is not ready[rank] and ready[rank].poll()):
                     continue                # a rank that exited after writing: read its message first
-                msg = _recv_or_none(ready.pop(rank))
+                msg = recv_or_none(ready.pop(rank))
                 if msg is None or msg["status"] != "ready":
                     self._raise_startup_failure(rank, msg)
 
@@ -187,7 +178,7 @@ class MultiprocExecutor(DiffusionExecutor):
         return self._execute_model("execute_step", sched_out)
 
     def _execute_model(self, method: str, sched_out: SchedulerOutput) -> BatchRunnerOutput:
-        assign = self._place(sched_out)
+        assign = self.placement.place(sched_out)
         replies = self._call(RpcMessage(0, method, (sched_out,), {}, None, assign), self.leader_ranks, None)
         out = BatchRunnerOutput()
         for reply in replies.values():
@@ -198,7 +189,7 @@ class MultiprocExecutor(DiffusionExecutor):
                 mine = [rid for rid in sched_out.scheduled_request_ids
                         if assign is None or assign[rid] == self._dp_index(reply.rank)]
                 out.outputs.update({rid: RunnerOutput(rid, error=reply.error) for rid in mine})
-        self._release(sched_out, out, step_mode=method == "execute_step")
+        self.placement.release(sched_out, out, step_mode=method == "execute_step")
         return out
 
     def _call(self, msg: RpcMessage, ranks: list[int], timeout: float | None) -> dict[int, RpcReply]:
@@ -219,28 +210,8 @@ class MultiprocExecutor(DiffusionExecutor):
         with self._send_lock:
             self._bcast.send(data)
 
-    # -- data parallel placement -----------------------------------------------------------------------
     def _dp_index(self, leader_rank: int) -> int:
         return self.leader_ranks.index(leader_rank)
-
-    def _place(self, sched_out: SchedulerOutput) -> dict[str, int] | None:
-        """Each new request goes to the least-loaded DP replica and stays there until it finishes."""
-        if len(self.leader_ranks) == 1:
-            return None
-        for rid in sched_out.finished_req_ids:
-            self._dp_of.pop(rid, None)
-        load = Counter(self._dp_of.values())
-        for new in sched_out.scheduled_new_reqs:
-            dp = min(range(len(self.leader_ranks)), key=lambda d: (load[d], d))
-            self._dp_of[new.request_id] = dp
-            load[dp] += 1
-        return {rid: self._dp_of[rid] for rid in sched_out.scheduled_request_ids}
-
-    def _release(self, sched_out: SchedulerOutput, out: BatchRunnerOutput, step_mode: bool) -> None:
-        for rid in sched_out.scheduled_request_ids:
-            result = out.get(rid)
-            if not step_mode or result is None or result.finished or result.error or result.aborted:
-                self._dp_of.pop(rid, None)
 
     # -- async output ----------------------------------------------------------------------------------
     def wait_output_ready(self, async_output_id: str):
@@ -251,7 +222,7 @@ class MultiprocExecutor(DiffusionExecutor):
 
     def num_pending(self) -> int:
         """Bookkeeping held for calls and outputs in flight (0 when idle)."""
-        return self.pump.num_pending() + len(self.outputs) + len(self._dp_of)
+        return self.pump.num_pending() + len(self.outputs) + len(self.placement)
 
     # -- progress and cancel (request mode) --------------------------------------------------------------
     def _on_worker_progress(self, p: Progress) -> None:
@@ -273,6 +244,10 @@ class MultiprocExecutor(DiffusionExecutor):
         proc = self.procs[rank]
         proc.join(1.0)
         reason = describe_exit(rank, proc.pid, proc.exitcode)
+        if proc.exitcode == EXIT_FATAL:          # it sent its reason just before exiting: let the pump read it
+            deadline = time.monotonic() + FATAL_REASON_WAIT_S
+            while rank not in self._fatal and time.monotonic() < deadline:
+                time.sleep(0.01)
         if rank in self._fatal:
             reason = f"{reason}: {self._fatal[rank]}"
         self.mark_dead(f"worker {reason}")
@@ -303,11 +278,11 @@ class MultiprocExecutor(DiffusionExecutor):
         live = [p for p in self.procs if p.is_alive()]
         if live and self._dead_reason is None:
             self._broadcast(pickle.dumps(SHUTDOWN))
-            _join_all(live, JOIN_GRACE_S)
+            join_all(live, JOIN_GRACE_S)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             live = [p for p in self.procs if p.is_alive()]
-            _signal_all(live, sig)
-            _join_all(live, KILL_GRACE_S)
+            signal_all(live, sig)
+            join_all(live, KILL_GRACE_S)
 
     def _shutdown_workers(self) -> None:
         self._stop_workers()
@@ -322,35 +297,3 @@ class MultiprocExecutor(DiffusionExecutor):
         if leaked:
             log.warning("removed %d shared-memory segment(s) left by dead ranks", len(leaked))
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
-
-
-def _join_all(procs: list, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-
-
-def _signal_all(procs: list, sig: int) -> None:
-    for p in procs:
-        try:
-            os.kill(p.pid, sig)
-        except ProcessLookupError:
-            continue                            # exited (and was reaped) in the meantime
-
-
-def _last_resort(procs: list, shm_prefix: str, ipc_dir: str) -> None:
-    """At interpreter exit without shutdown(): no rank, segment or socket file may outlive us."""
-    live = [p for p in procs if p.is_alive()]
-    _signal_all(live, signal.SIGKILL)
-    _join_all(live, KILL_GRACE_S)
-    shm.sweep(shm_prefix)
-    shutil.rmtree(ipc_dir, ignore_errors=True)
-
-
-def _recv_or_none(conn) -> dict | None:
-    try:
-        return conn.recv() if conn.poll() else None
-    except (EOFError, OSError):
-        return None
-    finally:
-        conn.close()

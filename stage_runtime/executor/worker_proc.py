@@ -34,8 +34,17 @@ import zmq
 from stage_runtime.config import StageConfig
 from stage_runtime.errors import WorkerFatalError
 from stage_runtime.executor import shm
-from stage_runtime.executor.messages import (MODEL_METHODS, SHUTDOWN, CancelMessage, ComputeDone, Fatal,
-                                             OutputReady, Progress, RpcMessage, RpcReply)
+from stage_runtime.executor.messages import (
+    MODEL_METHODS,
+    SHUTDOWN,
+    CancelMessage,
+    ComputeDone,
+    Fatal,
+    OutputReady,
+    Progress,
+    RpcMessage,
+    RpcReply,
+)
 from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent
 from stage_runtime.sched.output import SchedulerOutput
 
@@ -103,7 +112,7 @@ class WorkerProc:
         self._output_thread: threading.Thread | None = None
 
     def start(self) -> None:
-        from stage_runtime.worker.worker import DiffusionWorker   # torch + diffusers: only in the rank
+        from stage_runtime.worker.worker import DiffusionWorker  # torch + diffusers: only in the rank
 
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.connect(self.spec.broadcast_addr)
@@ -164,9 +173,9 @@ class WorkerProc:
         if dp_assign is None:
             return sched_out
         dp = self.worker.groups.dp_rank
-        return replace(sched_out,
-                       scheduled_new_reqs=[n for n in sched_out.scheduled_new_reqs if dp_assign.get(n.request_id) == dp],
-                       scheduled_cached_req_ids=[r for r in sched_out.scheduled_cached_req_ids if dp_assign.get(r) == dp])
+        new = [n for n in sched_out.scheduled_new_reqs if dp_assign.get(n.request_id) == dp]
+        cached = [rid for rid in sched_out.scheduled_cached_req_ids if dp_assign.get(rid) == dp]
+        return replace(sched_out, scheduled_new_reqs=new, scheduled_cached_req_ids=cached)
 
     # -- request mode: progress out, cancels in, agreed by the replica ---------------------------------
     def _on_progress(self, event: ProgressEvent) -> set[str]:
@@ -224,8 +233,10 @@ class WorkerProc:
         log.error("fatal: %s", reason)
         try:
             self._send(Fatal(self.rank, reason))
-        finally:
+        finally:                  # term() flushes the reason (up to the linger) before the hard exit
+            self.sub.close(linger=0)
             self.push.close(linger=1000)
+            self._ctx.term()
             os._exit(EXIT_FATAL)
 
     def close(self) -> None:
@@ -249,9 +260,9 @@ def agree(groups, cancelled: set[str]) -> set[str]:
         return set(cancelled)
     import torch.distributed as dist
 
+    from stage_runtime.distributed.comm import guarded
+
     box = [sorted(cancelled)]
-    try:
-        dist.broadcast_object_list(box, src=groups.replica_ranks[0], group=groups.replica_group)
-    except Exception as exc:
-        raise WorkerFatalError(f"cancel agreement across ranks {groups.replica_ranks} failed: {exc}") from exc
+    guarded("broadcast_object_list(cancelled ids)", groups.replica_group,
+            lambda: dist.broadcast_object_list(box, src=groups.replica_ranks[0], group=groups.replica_group))
     return set(box[0])

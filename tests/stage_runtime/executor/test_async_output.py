@@ -96,7 +96,7 @@ def test_exactly_one_result_under_concurrent_arrival_and_wait():
     for _ in range(200):
         table = AsyncOutputTable()
         box: list[concurrent.futures.Future] = []
-        t = threading.Thread(target=lambda: box.append(table.wait("id")))
+        t = threading.Thread(target=lambda table=table, box=box: box.append(table.wait("id")))
         t.start()
         table.deliver({"id": "img"})
         t.join()

@@ -21,6 +21,8 @@ def engine(tiny_sd_path):
     eng = mp_engine(tiny_sd_path, max_num_seqs=4)
     yield eng
     eng.close()
+    eng.executor.shutdown()                 # idempotent
+    eng.close()
     assert_released(eng)
 
 

@@ -11,7 +11,7 @@ from engine_probes import max_diff, wait_until
 from mp_probes import assert_released, mp_engine, req
 from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
-from stage_runtime.errors import ConfigError
+from stage_runtime.errors import ConfigError, RequestAbortedError
 
 TOLERANCE = 2          # uint8 levels: row-split and all_to_all change float summation order, nothing else
 
@@ -49,8 +49,15 @@ def test_two_rank_plans_equal_one_rank(model, parallel, mode, tiny_sd_path, tiny
         for stream in streams:
             images = stream.result(120).images
             assert max_diff(images, expected[stream.request_id]) <= TOLERANCE
+        if mode == "step":        # streaming and a step-granular abort across the ranks
+            long = eng.add_request(req("long", prompt, 400, 3, stream=True))
+            short = eng.add_request(req("short", prompt, 4, 4, stream=True))
+            assert [o.step_index for o in short if not o.finished] == [1, 2, 3]
+            assert eng.abort("long") == ["long"]
+            with pytest.raises(RequestAbortedError):
+                long.result(30)
         wait_until(lambda: eng.executor.num_pending() == 0, timeout=5)
-        assert eng.collective_rpc("num_request_states") == [0, 0]
+        wait_until(lambda: eng.collective_rpc("num_request_states") == [0, 0], timeout=5)
     finally:
         eng.close()
     assert_released(eng)
