@@ -1,12 +1,14 @@
-"""``stage-runtime``: generate, validate, make-tiny-model.
+"""``stage-runtime``: serve, generate, validate, make-tiny-model.
 
-Exit codes (DESIGN.md §3): 0 ok, 2 configuration / topology / input error, 1 anything unexpected.
+Exit codes (DESIGN.md §3): 0 ok, 2 configuration / topology / input error, 1 anything unexpected;
+``serve`` also exits 3 when the engine died, and writes ``Reason: message`` to its termination log.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -25,6 +27,8 @@ ENGINE_FLAGS = {
     "execution_mode": ("scheduler", "execution_mode"), "max_num_seqs": ("scheduler", "max_num_seqs"),
     "request_batch_max_wait_ms": ("scheduler", "request_batch_max_wait_ms"),
     "max_waiting": ("scheduler", "max_waiting"),
+    "host": ("server", "host"), "http_port": ("server", "http_port"), "zmq_port": ("server", "zmq_port"),
+    "drain_timeout": ("server", "drain_timeout"), "termination_log": ("server", "termination_log"),
 }
 
 
@@ -112,9 +116,51 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from stage_runtime.serve.proc import serve
+    from stage_runtime.serve.termination import EXIT_CONFIG, termination_log_path, write_termination_log
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        write_termination_log(termination_log_path(args.termination_log), "ConfigError", str(exc))
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    return serve(config)
+
+
+class StageArgumentParser(argparse.ArgumentParser):
+    """A ``serve`` command line that does not parse is a configuration error like any other: exit 2 with
+    the reason in the termination log (the operator shows it), not only on stderr."""
+
+    serve_argv: list[str] | None = None           # set by main() while a serve command line is parsed
+
+    def error(self, message: str):
+        argv = StageArgumentParser.serve_argv
+        if argv is not None:
+            from stage_runtime.serve.termination import termination_log_path, write_termination_log
+
+            path = next((a.split("=", 1)[1] for a in argv if a.startswith("--termination-log=")), None)
+            if path is None and "--termination-log" in argv[:-1]:
+                path = argv[argv.index("--termination-log") + 1]
+            write_termination_log(termination_log_path(path), "ConfigError", f"invalid command line: {message}")
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stage-runtime", description="diffstage stage runtime")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = StageArgumentParser(prog="stage-runtime", description="diffstage stage runtime")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=StageArgumentParser)
+    srv = sub.add_parser("serve", help="serve the engine over HTTP and ZMQ (what each pod runs)")
+    add_engine_flags(srv)
+    srv.add_argument("--host", help="listen address (default 0.0.0.0)")
+    srv.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0: any free port)")
+    srv.add_argument("--zmq-port", type=int, help="ZMQ ROUTER port (default 5570; 0: any free port)")
+    srv.add_argument("--drain-timeout", type=float, help="SIGTERM grace for in-flight requests, seconds (default 25)")
+    srv.add_argument("--termination-log", help="where the one-line failure reason goes "
+                                               "(default /dev/termination-log when it exists)")
+    srv.set_defaults(func=cmd_serve)
     gen = sub.add_parser("generate", help="generate one image through the engine")
     add_engine_flags(gen)
     gen.add_argument("--prompt", required=True)
@@ -137,7 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    StageArgumentParser.serve_argv = argv if argv[:1] == ["serve"] else None
+    try:
+        args = build_parser().parse_args(argv)
+    finally:
+        StageArgumentParser.serve_argv = None
     if args.command == "validate" and not (args.model or args.config):
         args.model = "<unset>"          # validate checks the topology; the model folder is not opened
     try:

@@ -21,7 +21,7 @@ from stage_runtime.errors import ConfigError
 
 __all__ = [
     "ConfigError", "ExecutionMode", "ParallelDim", "ModelConfig", "ParallelConfig", "SchedulerConfig",
-    "StageConfig", "RankCoords", "load_config", "load_config_file", "merge_overrides",
+    "ServerConfig", "StageConfig", "RankCoords", "load_config", "load_config_file", "merge_overrides",
 ]
 
 ExecutionMode = Literal["request", "step"]
@@ -184,6 +184,24 @@ class SchedulerConfig(BaseModel):
         return self
 
 
+class ServerConfig(BaseModel):
+    """How the stage process (``stage-runtime serve``) listens, drains and reports its end."""
+
+    model_config = _FROZEN
+    host: str = Field("0.0.0.0", min_length=1)
+    http_port: int = Field(8000, ge=0, le=65535)     # 0: any free port (printed on startup)
+    zmq_port: int = Field(5570, ge=0, le=65535)
+    # SIGTERM grace for in-flight requests; below Kubernetes' default 30 s terminationGracePeriodSeconds.
+    drain_timeout: float = Field(25.0, ge=0, le=3600, allow_inf_nan=False)
+    termination_log: str | None = None               # None: /dev/termination-log when it exists
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> ServerConfig:
+        if self.http_port and self.http_port == self.zmq_port:
+            raise ValueError(f"http_port={self.http_port} and zmq_port={self.zmq_port} must differ")
+        return self
+
+
 class StageConfig(BaseModel):
     """Everything one stage process needs; the top level of ``stage.yaml``."""
 
@@ -196,6 +214,7 @@ class StageConfig(BaseModel):
     warmup: bool = True
     worker_startup_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)  # mp: every rank loaded and ready
     collective_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)      # a stuck collective is fatal
+    server: ServerConfig = Field(default_factory=ServerConfig)
 
     @field_validator("executor")
     @classmethod

@@ -12,6 +12,8 @@
     ├── EngineStartupError     warmup or startup failed             CLI exit 1
     ├── EngineClosedError      the engine is closed or closing       HTTP 503
     ├── EngineDeadError        a worker died / collective failed     HTTP 503, exit 3
+    ├── StageUnavailableError  the stage is starting or draining     HTTP 503 (retry on another replica)
+    ├── RpcError               a control RPC failed on the workers   ZMQ error for that rpc_id
     └── WorkerFatalError       inside a rank: it cannot go on (a collective failed or timed
                                out); never a per-request error — the rank exits, the engine dies
 
@@ -43,7 +45,7 @@ class InvalidRequestError(RequestError, ValueError):
     error_type = "invalid_request_error"
 
     def __init__(self, field: str, value: object, reason: str):
-        self.field, self.value = field, value
+        self.field, self.value, self.reason = field, value, reason
         super().__init__(f"{field}={value!r}: {reason}")
 
 
@@ -87,3 +89,15 @@ class WorkerFatalError(DiffStageError, RuntimeError):
     """
 
     error_type = "worker_fatal"
+
+
+class StageUnavailableError(DiffStageError, RuntimeError):
+    """The stage process is starting or draining: it admits nothing now (another replica may)."""
+
+    error_type = "stage_unavailable"
+
+
+class RpcError(DiffStageError, RuntimeError):
+    """A control RPC (``collective_rpc``) failed on the workers or could not be encoded."""
+
+    error_type = "rpc_error"

@@ -12,8 +12,10 @@ import concurrent.futures
 import functools
 import logging
 import threading
+import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from stage_runtime.config import StageConfig
@@ -29,6 +31,9 @@ from stage_runtime.sched import RequestScheduler, RequestState, StepScheduler
 
 log = logging.getLogger(__name__)
 WARMUP_PREFIX = "warmup-"
+
+# Called on the engine thread after every executed wave / tick: (batch_size, seconds, denoising_steps).
+ExecuteObserver = Callable[[int, float, int], None]
 
 
 class DiffusionEngine:
@@ -47,6 +52,7 @@ class DiffusionEngine:
         self.dead_reason: str | None = None
         self.ready = False
         self.counters = {"finished_total": 0, "aborted_total": 0, "failed_total": 0}
+        self._execute_observers: list[ExecuteObserver] = []
         self.executor = (executor_class or DiffusionExecutor.get_class(config))(config)
         try:
             self.model_info = self.executor.collective_rpc("model_info", unique_reply_rank=0)
@@ -163,6 +169,7 @@ class DiffusionEngine:
             self._run_rpcs(rpcs)
             if sched_out.is_empty and not (self.step_mode and sched_out.finished_req_ids):
                 continue                  # (step mode still runs an empty tick to retire aborted states)
+            started = time.perf_counter()
             try:
                 runner_out = self.execute_fn(sched_out)
             except EngineDeadError as exc:
@@ -172,6 +179,8 @@ class DiffusionEngine:
                 log.exception("execute failed for %s", sched_out.scheduled_request_ids)
                 runner_out = BatchRunnerOutput.of(*(RunnerOutput(rid, error=f"{type(exc).__name__}: {exc}")
                                                     for rid in sched_out.scheduled_request_ids))
+            # Observed before delivery: a wave is counted by the time its requests' outputs are visible.
+            self._notify_execute(len(sched_out.scheduled_request_ids), time.perf_counter() - started, runner_out)
             with self._lock:
                 self._apply_aborts_locked()
                 self._finalize_locked(self.scheduler.update_from_output(sched_out, runner_out))
@@ -316,6 +325,25 @@ class DiffusionEngine:
                 self.scheduler.close()
             self.executor.shutdown()
 
+    # -- observation -----------------------------------------------------------------------------------
+    def add_execute_observer(self, observer: ExecuteObserver) -> None:
+        """Metrics hook: ``observer(batch_size, seconds, steps)`` after every wave (request mode: the steps
+        the wave ran) or tick (step mode: one step). Runs on the engine thread; keep it cheap."""
+        self._execute_observers.append(observer)
+
+    def _notify_execute(self, batch_size: int, seconds: float, runner_out: BatchRunnerOutput) -> None:
+        if not batch_size or not self._execute_observers:
+            return
+        if self.step_mode:
+            steps = 1
+        else:
+            steps = max((o.step_index or 0 for o in runner_out.outputs.values()), default=0) or 1
+        for observer in self._execute_observers:
+            try:
+                observer(batch_size, seconds, steps)
+            except Exception:
+                log.exception("execute observer %r failed", observer)
+
     # -- introspection ---------------------------------------------------------------------------------
     @property
     def state(self) -> str:
@@ -324,6 +352,12 @@ class DiffusionEngine:
         if self._closed:
             return "closed"
         return "ready" if self.ready else "starting"
+
+    def stats(self) -> dict[str, int]:
+        """Load and outcome counters in one consistent snapshot (``GET /v1/stats``)."""
+        with self._lock:
+            return {"waiting": self.scheduler.num_waiting_reqs, "running": self.scheduler.num_running_reqs,
+                    "capacity": self.scheduler.max_num_running_reqs, **self.counters}
 
     def requests_snapshot(self) -> list[dict[str, Any]]:
         """In-flight requests with state and step progress (``GET /v1/requests``)."""

@@ -1,0 +1,97 @@
+"""The stage's HTTP surface (aiohttp): routes of DESIGN.md §3 and JSON errors for every failure.
+
+Errors are ``{"error": {"type", "message"}}`` (+ ``param`` on a 400), with the status of the error
+tree (:data:`stage_runtime.serve.wire.STATUS_BY_TYPE`); 429 carries Retry-After.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from aiohttp import web
+
+from stage_runtime.errors import DiffStageError, InvalidRequestError, QueueFullError
+from stage_runtime.serve.images import SERVICE, create_images
+from stage_runtime.serve.metrics import CONTENT_TYPE_LATEST
+from stage_runtime.serve.schemas import AbortBody, error_body, parse_body
+from stage_runtime.serve.service import StageService
+from stage_runtime.serve.wire import error_type_of, status_of
+
+log = logging.getLogger(__name__)
+_HTTP_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+def error_response(exc: DiffStageError, service: StageService) -> web.Response:
+    error_type = error_type_of(exc)
+    param = exc.field if isinstance(exc, InvalidRequestError) else None
+    headers = {"Retry-After": str(service.retry_after())} if isinstance(exc, QueueFullError) else None
+    return web.json_response(error_body(error_type, str(exc), param), status=status_of(error_type),
+                             headers=headers)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except DiffStageError as exc:
+        return error_response(exc, request.app[SERVICE])
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return web.json_response(error_body(_HTTP_TYPES.get(exc.status, "http_error"), exc.reason),
+                                 status=exc.status)
+    except Exception as exc:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return web.json_response(error_body("internal_error", f"{type(exc).__name__}: {exc}"), status=500)
+
+
+async def abort(request: web.Request) -> web.Response:
+    try:
+        data = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise InvalidRequestError("body", "<not JSON>", "must be a JSON object") from None
+    body = parse_body(AbortBody, data).check()
+    return web.json_response(request.app[SERVICE].abort(body.request_ids, all=body.all))
+
+
+async def stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SERVICE].stats())
+
+
+async def requests(request: web.Request) -> web.Response:
+    return web.json_response({"requests": request.app[SERVICE].requests()})
+
+
+async def health(request: web.Request) -> web.Response:
+    """Liveness: 200 while the engine is alive (also while starting or draining), 503 once it is dead."""
+    service = request.app[SERVICE]
+    if service.dead_reason is not None:
+        return web.json_response(error_body("engine_dead", f"Engine is dead: {service.dead_reason}"), status=503)
+    return web.json_response({"status": "ok", "state": service.state})
+
+
+async def ready(request: web.Request) -> web.Response:
+    """Readiness: 200 only after warmup while admitting work; 503 while starting, draining or dead."""
+    state = request.app[SERVICE].state
+    if state != "ready":
+        return web.json_response(error_body("stage_unavailable", f"the stage is {state}"), status=503)
+    return web.json_response({"status": "ready"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    return web.Response(body=service.metrics.render(service.stats()), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def build_app(service: StageService) -> web.Application:
+    app = web.Application(middlewares=[json_errors])
+    app[SERVICE] = service
+    app.router.add_post("/v1/images/generations", create_images)
+    app.router.add_post("/v1/abort", abort)
+    app.router.add_get("/v1/stats", stats)
+    app.router.add_get("/v1/requests", requests)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)
+    return app

@@ -1,0 +1,81 @@
+"""Prometheus metrics of one stage process, on its own CollectorRegistry (never the global one).
+
+Labels stay low-cardinality: an outcome, a worker rank, a stage state — never a request id or prompt.
+Latencies come from the terminal output's timings; step time and batch size from the engine's execute
+observer; waiting/running, worker liveness and state are read from ``/v1/stats`` at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "StageMetrics"]
+
+# completed / aborted / failed: the request ran; the others ended at admission or by the engine's death.
+OUTCOMES = ("completed", "aborted", "failed", "dead", "invalid", "rejected", "unavailable")
+STATES = ["starting", "ready", "draining", "dead"]
+SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+FAST_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+BATCH = (1, 2, 4, 8, 16, 32, 64, 128)
+PREFIX = "diffstage_"
+
+
+class StageMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(f"{PREFIX}requests", "Requests by outcome", ["outcome"], registry=r)
+        for outcome in OUTCOMES:
+            self.requests.labels(outcome)          # every outcome is exported from the start, at 0
+        self.images = Counter(f"{PREFIX}images_generated", "Images returned by completed requests", registry=r)
+        self.queue_seconds = Histogram(f"{PREFIX}request_queue_seconds", "Admission to first execution",
+                                       buckets=SECONDS, registry=r)
+        self.exec_seconds = Histogram(f"{PREFIX}request_exec_seconds", "First execution to the terminal output",
+                                      buckets=SECONDS, registry=r)
+        self.e2e_seconds = Histogram(f"{PREFIX}request_e2e_seconds", "Admission to the terminal output",
+                                     buckets=SECONDS, registry=r)
+        self.step_seconds = Histogram(f"{PREFIX}denoise_step_seconds", "Wall time of one denoising step "
+                                      "(one tick in step mode; wave time / steps in request mode)",
+                                      buckets=FAST_SECONDS, registry=r)
+        self.batch_size = Histogram(f"{PREFIX}batch_size", "Requests per executed wave or tick",
+                                    buckets=BATCH, registry=r)
+        self.waiting = Gauge(f"{PREFIX}requests_waiting", "Requests admitted and not yet running", registry=r)
+        self.running = Gauge(f"{PREFIX}requests_running", "Requests running now", registry=r)
+        self.capacity = Gauge(f"{PREFIX}requests_capacity", "Requests that can run at once (max_num_seqs)",
+                              registry=r)
+        self.worker_alive = Gauge(f"{PREFIX}worker_alive", "1 while the rank's worker is alive", ["rank"],
+                                  registry=r)
+        self.state = Enum(f"{PREFIX}stage_state", "Stage process state", states=STATES, registry=r)
+
+    # -- observation ------------------------------------------------------------------------------------
+    def count(self, outcome: str) -> None:
+        self.requests.labels(outcome).inc()
+
+    def observe_terminal(self, outcome: str, timings: Mapping[str, float], num_images: int = 0) -> None:
+        """One request ended: its outcome and, when it ran, its latencies (the output's ``metrics`` in ms)."""
+        self.count(outcome)
+        if num_images:
+            self.images.inc(num_images)
+        for key, hist in (("queue_ms", self.queue_seconds), ("exec_ms", self.exec_seconds),
+                          ("e2e_ms", self.e2e_seconds)):
+            if key in timings:
+                hist.observe(timings[key] / 1e3)
+
+    def observe_execute(self, batch_size: int, seconds: float, steps: int) -> None:
+        """Engine execute observer (engine thread; prometheus-client is thread-safe)."""
+        self.batch_size.observe(batch_size)
+        self.step_seconds.observe(seconds / max(1, steps))
+
+    # -- exposition -------------------------------------------------------------------------------------
+    def render(self, stats: Mapping[str, Any]) -> bytes:
+        """Refresh the scrape-time gauges from a ``/v1/stats`` snapshot and return the exposition text."""
+        self.waiting.set(stats["waiting"])
+        self.running.set(stats["running"])
+        self.capacity.set(stats["capacity"])
+        self.state.state(stats["state"])
+        for worker in stats["workers"]:
+            self.worker_alive.labels(str(worker["rank"])).set(1 if worker["alive"] else 0)
+        return generate_latest(self.registry)

@@ -1,0 +1,169 @@
+"""StageDiffusionProc: the lifecycle of the process each pod runs.
+
+    bind HTTP + ZMQ (state "starting": /health 200, /ready 503)
+      → build the engine in a thread (device check, model load, warmup)     failure → exit 2 / 3 / 1
+      → ready (/ready 200) … until SIGTERM / SIGINT / a ZMQ shutdown, or the engine dies
+    SIGTERM: draining (/ready 503, nothing admitted) → in-flight requests finish within --drain-timeout,
+             the rest are aborted with a clear error → close the engine → exit 0
+    engine dead: termination log "WorkerDied: <reason>", /health 503, in-flight requests fail with
+             engine_dead, exit 3 — within DEAD_EXIT_DEADLINE_S of noticing, whatever still runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from stage_runtime.config import StageConfig
+from stage_runtime.errors import ConfigError
+from stage_runtime.serve.app import build_app
+from stage_runtime.serve.metrics import StageMetrics
+from stage_runtime.serve.service import StageService
+from stage_runtime.serve.termination import (EXIT_DEAD, EXIT_OK, WORKER_DIED, exit_code_for, reason_for,
+                                             termination_log_path, write_termination_log)
+from stage_runtime.serve.zmq_server import ZmqServer
+
+if TYPE_CHECKING:
+    from stage_runtime.engine import DiffusionEngine
+
+log = logging.getLogger(__name__)
+
+DEATH_POLL_S = 0.05          # how often the engine's dead latch is checked
+DEAD_LINGER_S = 0.8          # after death, keep answering (/health 503, in-flight errors) this long
+DEAD_EXIT_DEADLINE_S = 1.8   # …and exit 3 no later than this after noticing, even if closing hangs
+HTTP_SHUTDOWN_S = 2.0
+
+
+def check_visible_devices(config: StageConfig) -> None:
+    """One device per rank: more ranks than visible CUDA devices is a topology error (exit 2)."""
+    if config.device == "cpu":
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    world = config.parallel.world_size
+    if (config.device == "cuda" and world > count) or (config.device == "auto" and 0 < count < world):
+        raise ConfigError(f"device={config.device!r}: {config.parallel.describe()} needs {world} CUDA device(s), "
+                          f"one per rank, but {count} are visible")
+
+
+def build_engine(config: StageConfig) -> DiffusionEngine:
+    check_visible_devices(config)
+    from stage_runtime.engine import DiffusionEngine
+
+    return DiffusionEngine.make_engine(config)
+
+
+def _hard_exit(code: int) -> None:
+    log.error("shutdown did not finish in time: exiting %d now", code)
+    logging.shutdown()
+    os._exit(code)
+
+
+class StageDiffusionProc:
+    def __init__(self, config: StageConfig):
+        self.config = config
+        self.metrics = StageMetrics()
+        self.service = StageService(config, self.metrics)
+        self.termination_log = termination_log_path(config.server.termination_log)
+        self._stop: asyncio.Event | None = None
+
+    def request_stop(self, why: str) -> None:
+        if not self._stop.is_set():
+            log.info("stop requested (%s): draining for up to %.1f s", why, self.config.server.drain_timeout)
+        self._stop.set()
+
+    async def run(self) -> int:
+        """Serve until stopped or dead; returns the exit code. Startup failures raise."""
+        loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, sig.name)
+        server = self.config.server
+        runner = web.AppRunner(build_app(self.service), handler_cancellation=True, access_log=None,
+                               shutdown_timeout=HTTP_SHUTDOWN_S)
+        await runner.setup()
+        http_open = True
+        zmq_server = ZmqServer(self.service, server.host, server.zmq_port, self.request_stop)
+        zmq_task = None
+        try:
+            await web.TCPSite(runner, server.host, server.http_port).start()
+            endpoint = zmq_server.bind()
+            host, port = runner.addresses[0][:2]
+            log.info("listening http=http://%s:%d zmq=%s", host, port, endpoint)
+            zmq_task = asyncio.create_task(zmq_server.serve())
+            engine = await asyncio.to_thread(build_engine, self.config)
+            try:
+                return await self._serve(engine)
+            finally:
+                http_open = False
+                await runner.cleanup()                # stop accepting; responses in progress are flushed
+                await asyncio.to_thread(engine.close)
+        finally:
+            if zmq_task is not None:
+                zmq_task.cancel()
+                await asyncio.gather(zmq_task, return_exceptions=True)
+            await zmq_server.close()
+            if http_open:
+                await runner.cleanup()
+
+    async def _serve(self, engine: DiffusionEngine) -> int:
+        self.service.attach(engine)
+        log.info("ready: %s executor=%s execution_mode=%s", self.config.parallel.describe(),
+                 self.config.resolved_executor, engine.config.scheduler.execution_mode)
+        stop = asyncio.create_task(self._stop.wait())
+        dead = asyncio.create_task(self._watch_death(engine))
+        await asyncio.wait({stop, dead}, return_when=asyncio.FIRST_COMPLETED)
+        if not dead.done():
+            aborted = await self.service.drain(self.config.server.drain_timeout)
+            log.info("drained (%d request(s) aborted at the drain timeout)", len(aborted))
+        stop.cancel()
+        dead.cancel()
+        if engine.dead_reason is not None:
+            return await self._fail_closed(engine.dead_reason)
+        return EXIT_OK
+
+    @staticmethod
+    async def _watch_death(engine: DiffusionEngine) -> None:
+        while engine.dead_reason is None:
+            await asyncio.sleep(DEATH_POLL_S)
+
+    async def _fail_closed(self, reason: str) -> int:
+        """The engine is dead: say why first (the message must survive a hard exit), answer for a moment, exit 3."""
+        write_termination_log(self.termination_log, WORKER_DIED, reason)
+        timer = threading.Timer(DEAD_EXIT_DEADLINE_S, _hard_exit, args=(EXIT_DEAD,))
+        timer.daemon = True
+        timer.start()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await self.service.wait_idle(DEAD_LINGER_S)       # in-flight requests get their engine_dead errors
+        await asyncio.sleep(max(0.0, DEAD_LINGER_S - (loop.time() - started)))
+        return EXIT_DEAD
+
+
+def serve(config: StageConfig) -> int:
+    """Run the stage process to its end; returns the exit code (the termination log is written on failure)."""
+    proc = StageDiffusionProc(config)
+    try:
+        code = asyncio.run(proc.run())
+    except Exception as exc:
+        code = exit_code_for(exc)
+        if code not in (2, 3):
+            log.exception("stage failed")
+        write_termination_log(proc.termination_log, reason_for(exc), str(exc))
+        print(f"error: {exc}", file=sys.stderr)
+    if code == EXIT_DEAD:
+        # The engine (and with it every worker and shared-memory segment) is closed; interpreter
+        # teardown with torch loaded takes seconds, and a dead stage must be gone within 2 s.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_DEAD)
+    return code

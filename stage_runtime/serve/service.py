@@ -1,0 +1,205 @@
+"""StageService: what the HTTP and ZMQ frontends share — admission, outcomes, abort, stats, drain.
+
+Every request enters through :meth:`StageService.submit` and is consumed through
+:meth:`StageService.outputs`, so its outcome is counted exactly once and a consumer that goes away
+(client disconnect, unroutable ZMQ peer) aborts it. Runs on the event loop thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from stage_runtime.config import StageConfig
+from stage_runtime.errors import (DuplicateRequestError, EngineClosedError, EngineDeadError, InvalidRequestError,
+                                  QueueFullError, RequestAbortedError, StageUnavailableError)
+from stage_runtime.outputs import DiffusionOutput
+from stage_runtime.serve.metrics import StageMetrics
+
+if TYPE_CHECKING:
+    from stage_runtime.engine import DiffusionEngine, RequestStream
+    from stage_runtime.request import DiffusionRequest
+
+log = logging.getLogger(__name__)
+
+_OUTCOME = {None: "completed", RequestAbortedError.error_type: "aborted", EngineDeadError.error_type: "dead",
+            EngineClosedError.error_type: "unavailable"}
+_ADMISSION_OUTCOME = ((QueueFullError, "rejected"), (InvalidRequestError, "invalid"),
+                      (DuplicateRequestError, "invalid"), (EngineDeadError, "dead"),
+                      (StageUnavailableError, "unavailable"), (EngineClosedError, "unavailable"))
+_ADMISSION_ERRORS = tuple(cls for cls, _ in _ADMISSION_OUTCOME)
+
+
+class StageService:
+    def __init__(self, config: StageConfig, metrics: StageMetrics):
+        self.config = config
+        self.metrics = metrics
+        self.engine: DiffusionEngine | None = None
+        self.draining = False
+        self._drain_note: str | None = None       # set once the drain timeout expired
+        self._active: dict[str, RequestStream] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._exec_s: float | None = None          # moving average of exec time (Retry-After estimate)
+
+    def attach(self, engine: DiffusionEngine) -> None:
+        """The engine is started and warmed up: the stage becomes ready."""
+        engine.add_execute_observer(self.metrics.observe_execute)
+        self.engine = engine
+
+    # -- state ------------------------------------------------------------------------------------------
+    @property
+    def dead_reason(self) -> str | None:
+        return None if self.engine is None else self.engine.dead_reason
+
+    @property
+    def state(self) -> str:
+        if self.dead_reason is not None:
+            return "dead"
+        if self.draining:
+            return "draining"
+        return "ready" if self.engine is not None and self.engine.ready else "starting"
+
+    @property
+    def served_name(self) -> str | None:
+        return self.config.model.served_name
+
+    # -- admission and delivery -------------------------------------------------------------------------
+    def submit(self, request: DiffusionRequest) -> RequestStream:
+        """Admit one request, or raise (QueueFullError, InvalidRequestError, EngineDeadError, StageUnavailable…)."""
+        try:
+            state = self.state
+            if state == "dead":
+                raise EngineDeadError(f"Engine is dead: {self.dead_reason}")
+            if state != "ready":
+                raise StageUnavailableError(f"the stage is {state}; not admitting requests")
+            stream = self.engine.add_request(request)
+        except _ADMISSION_ERRORS as exc:
+            self.metrics.count(next(outcome for cls, outcome in _ADMISSION_OUTCOME if isinstance(exc, cls)))
+            raise
+        self._active[request.request_id] = stream
+        self._idle.clear()
+        return stream
+
+    async def outputs(self, stream: RequestStream) -> AsyncIterator[DiffusionOutput]:
+        """The request's items in order, the final one last. Leaving early aborts the request.
+
+        Use it under ``contextlib.aclosing`` so an early exit aborts deterministically.
+        """
+        rid, final = stream.request_id, None
+        try:
+            async for item in stream:
+                if item.finished:
+                    final = self._finish(item)
+                    yield final
+                    return
+                yield item
+        finally:
+            self._active.pop(rid, None)
+            if not self._active:
+                self._idle.set()
+            if final is None:            # the consumer went away before the end: stop computing for it
+                if self.engine is not None:
+                    self.engine.abort([rid])
+                stream.close()
+                self.metrics.count("aborted")
+                log.info("request %s abandoned by its client: aborted", rid)
+
+    def _finish(self, out: DiffusionOutput) -> DiffusionOutput:
+        outcome = _OUTCOME.get(out.error_type, "failed")
+        if outcome == "aborted" and self._drain_note is not None:
+            out.error = f"Request {out.request_id} {self._drain_note}"
+        images = 0 if out.images is None else len(out.images)
+        self.metrics.observe_terminal(outcome, out.metrics, images)
+        if outcome == "completed" and "exec_ms" in out.metrics:
+            sample = out.metrics["exec_ms"] / 1e3
+            self._exec_s = sample if self._exec_s is None else 0.8 * self._exec_s + 0.2 * sample
+        return out
+
+    def retry_after(self) -> int:
+        """Seconds until a slot is likely free: the queue ahead × the average exec time / capacity, 1–60."""
+        if self.engine is None:
+            return 1
+        stats = self.engine.stats()
+        ahead = stats["waiting"] + 1
+        return int(min(60, max(1, math.ceil((self._exec_s or 1.0) * ahead / max(1, stats["capacity"])))))
+
+    # -- control ----------------------------------------------------------------------------------------
+    def abort(self, request_ids: list[str] | None = None, all: bool = False) -> dict[str, list[str]]:
+        if self.engine is None:
+            return {"aborted": [], "not_found": list(dict.fromkeys(request_ids or []))}
+        if all:
+            return {"aborted": self.engine.abort_all(), "not_found": []}
+        ids = list(dict.fromkeys(request_ids or []))
+        known = set(self.engine.abort(ids))
+        return {"aborted": [i for i in ids if i in known], "not_found": [i for i in ids if i not in known]}
+
+    def collective_rpc(self, method: str, args: tuple, kwargs: dict, timeout: float | None,
+                       unique_reply_rank: int | None) -> Any:
+        """Blocking (run it in a thread): ordered with the engine's waves on the busy-loop thread."""
+        if self.engine is None:
+            raise StageUnavailableError("the stage is starting; no engine yet")
+        return self.engine.collective_rpc(method, args, kwargs, timeout, unique_reply_rank)
+
+    # -- introspection ----------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        p = self.config.parallel
+        if self.engine is not None:
+            load = self.engine.stats()
+        else:
+            load = {"waiting": 0, "running": 0, "capacity": self.config.scheduler.max_num_seqs,
+                    "finished_total": 0, "aborted_total": 0, "failed_total": 0}
+        return {"state": self.state, "waiting": load["waiting"], "running": load["running"],
+                "capacity": load["capacity"], "finished_total": load["finished_total"],
+                "aborted_total": load["aborted_total"], "failed_total": load["failed_total"],
+                "world_size": p.world_size, "topology": p.describe(), "workers": self.workers()}
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Each rank's pid and liveness: the executor's ``workers()`` when it has worker processes (mp),
+        else the in-process rank 0 (uni)."""
+        if self.engine is None:
+            return []
+        workers = getattr(self.engine.executor, "workers", None)
+        if callable(workers):
+            return [{"rank": int(w["rank"]), "pid": w.get("pid"), "alive": bool(w["alive"])} for w in workers()]
+        alive = self.engine.dead_reason is None
+        world = self.config.parallel.world_size
+        if world == 1:
+            return [{"rank": 0, "pid": os.getpid(), "alive": alive}]
+        return [{"rank": r, "pid": None, "alive": alive} for r in range(world)]
+
+    def requests(self) -> list[dict[str, Any]]:
+        return [] if self.engine is None else self.engine.requests_snapshot()
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    # -- drain ------------------------------------------------------------------------------------------
+    async def wait_idle(self, timeout: float) -> bool:
+        """True when every admitted request has been delivered to its consumer within ``timeout``."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def drain(self, timeout: float) -> list[str]:
+        """Stop admitting; let in-flight requests finish within ``timeout``; abort the rest with a clear
+        error. Returns the aborted request ids."""
+        self.draining = True
+        if await self.wait_idle(timeout):
+            return []
+        self._drain_note = (f"aborted: the stage is shutting down and its drain timeout ({timeout:g} s) "
+                            "expired; retry on another replica")
+        ids = list(self._active)
+        log.warning("drain timeout %.1f s expired: aborting %d request(s)", timeout, len(ids))
+        if self.engine is not None:
+            self.engine.abort(ids)
+        if not await self.wait_idle(10.0):
+            log.error("requests still undelivered after the drain abort: %s", sorted(self._active))
+        return ids

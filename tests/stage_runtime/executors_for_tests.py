@@ -1,0 +1,45 @@
+"""Executors for fault injection, loaded through the documented extension point
+``executor: "executors_for_tests:Class"`` (the real engine, scheduler, worker and runner run unchanged).
+
+``SentinelWorkerExecutor`` is the in-process executor plus one real child process standing for rank 0's
+worker, watched the way the multiprocess executor watches its workers: when the child dies (a test
+SIGKILLs the pid that ``/v1/stats`` reports for the rank) the executor latches dead with the reason the
+multiprocess executor gives, ``worker rank 0 (pid N) killed by signal 9 (SIGKILL)``. It reports that pid
+through ``workers()``, as the multiprocess executor does.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+
+from stage_runtime.executor.uniproc import UniProcExecutor
+
+
+class SentinelWorkerExecutor(UniProcExecutor):
+    sentinel: subprocess.Popen | None = None
+
+    def _init_executor(self) -> None:
+        super()._init_executor()
+        self.sentinel = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(3600)"],
+                                         stdin=subprocess.DEVNULL)
+        threading.Thread(target=self._watch, args=(self.sentinel,), name="sentinel-monitor", daemon=True).start()
+
+    def _watch(self, proc: subprocess.Popen) -> None:
+        code = proc.wait()
+        if self._closed:
+            return
+        how = f"killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exited with code {code}"
+        self.mark_dead(f"worker rank 0 (pid {proc.pid}) {how}")
+
+    def workers(self) -> list[dict]:
+        proc = self.sentinel
+        return [{"rank": 0, "pid": proc.pid, "alive": proc.poll() is None and not self.is_dead}]
+
+    def _shutdown_workers(self) -> None:
+        if self.sentinel is not None and self.sentinel.poll() is None:
+            self.sentinel.send_signal(signal.SIGKILL)
+            self.sentinel.wait(5)
+        super()._shutdown_workers()
