@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 STARTUP_ERRORS = {"ConfigError": ConfigError, "ModelLoadError": ModelLoadError}
 JOIN_GRACE_S = 5.0
 FATAL_REASON_WAIT_S = 0.5
+DEAD_GRACE_S = 0.5
 
 
 class MultiprocExecutor(DiffusionExecutor):
@@ -271,18 +272,23 @@ class MultiprocExecutor(DiffusionExecutor):
 
     # -- shutdown --------------------------------------------------------------------------------------
     def _stop_workers(self) -> None:
-        """SHUTDOWN to every rank; after a grace period SIGTERM, then SIGKILL. Safe to call twice."""
+        """SHUTDOWN to every rank; after a grace period SIGTERM, then SIGKILL. Safe to call twice.
+
+        A dead group gets no SHUTDOWN and a short SIGTERM grace: its ranks may sit in a collective that
+        never completes, and the stage process must be able to exit 3 within its own deadline.
+        """
         if not self._stopping.is_set():
             self._stopping.set()
             self._stop_w.send(b"")
+        dead = self._dead_reason is not None
         live = [p for p in self.procs if p.is_alive()]
-        if live and self._dead_reason is None:
+        if live and not dead:
             self._broadcast(pickle.dumps(SHUTDOWN))
             join_all(live, JOIN_GRACE_S)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             live = [p for p in self.procs if p.is_alive()]
             signal_all(live, sig)
-            join_all(live, KILL_GRACE_S)
+            join_all(live, DEAD_GRACE_S if dead else KILL_GRACE_S)
 
     def _shutdown_workers(self) -> None:
         self._stop_workers()
