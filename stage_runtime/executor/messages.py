@@ -49,7 +49,8 @@ class RpcReply:
 @dataclass
 class ComputeDone(RpcReply):
     """Request mode: the forward is done (the rank takes the next wave). ``result`` is a
-    BatchRunnerOutput whose finished outputs carry ``async_output_id`` instead of images."""
+    BatchRunnerOutput; outputs whose images exceed the shared-memory threshold carry ``async_output_id``
+    instead (their images follow as OUTPUT_READY), smaller images are inline."""
 
 
 @dataclass
