@@ -8,9 +8,9 @@ Startup: bind the sockets, spawn the ranks, wait for every ready message (or the
 fails or exits, or the startup timeout: each names the rank and the cause), then for every rank's
 subscription to reach the broadcast socket. Model calls go to every rank; each DP replica's leader
 answers for the requests placed on its replica. Request mode answers COMPUTE_DONE first; images over
-the shared-memory threshold follow as OUTPUT_READY (``wait_output_ready``). Worker death: every pending call and output fails with
-EngineDeadError naming the rank and its exit, health fails, the other ranks are terminated; a dead
-group is never reused. Shutdown is idempotent and leaves no process, socket file or /dev/shm segment.
+the shared-memory threshold follow as OUTPUT_READY (``wait_output_ready``). Worker death: every
+pending call and output fails with EngineDeadError naming the rank and its exit, health fails, the
+other ranks are terminated; a dead group is never reused. Shutdown is idempotent and leaves no process, socket file or /dev/shm segment.
 """
 
 from __future__ import annotations
