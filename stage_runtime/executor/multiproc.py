@@ -10,7 +10,8 @@ subscription to reach the broadcast socket. Model calls go to every rank; each D
 answers for the requests placed on its replica. Request mode answers COMPUTE_DONE first; images over
 the shared-memory threshold follow as OUTPUT_READY (``wait_output_ready``). Worker death: every
 pending call and output fails with EngineDeadError naming the rank and its exit, health fails, the
-other ranks are terminated; a dead group is never reused. Shutdown is idempotent and leaves no process, socket file or /dev/shm segment.
+other ranks are terminated; a dead group is never reused. Shutdown is idempotent and leaves no
+process, socket file or /dev/shm segment.
 """
 
 from __future__ import annotations
