@@ -122,7 +122,10 @@ class ResidencyManager:
             self._make_room(unit.nbytes)
         self.state[name] = Residency.LOADING
         self._resident += unit.nbytes
-        self._transfer(name)
+        try:
+            self._transfer(name)
+        except Exception as exc:
+            raise WorkerFatalError(f"offload: loading {name} failed: {type(exc).__name__}: {exc}") from exc
 
     def _transfer(self, name: str) -> None:
         unit = self.units[name]
