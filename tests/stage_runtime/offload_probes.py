@@ -71,3 +71,21 @@ def offload_mappings() -> list[str]:
 def max_diff(a: np.ndarray, b: np.ndarray) -> int:
     assert a.shape == b.shape
     return int(np.abs(a.astype(int) - b.astype(int)).max())
+
+
+def run_steps(runner: DiffusionModelRunner, request: DiffusionRequest) -> np.ndarray:
+    """Step mode driven as the step scheduler does: the payload once, then the id, tick by tick."""
+    rid = request.request_id
+    tick = SchedulerOutput(step_id=1, scheduled_new_reqs=[NewRequestData(rid, request.resolve(runner.model_info))])
+    for step in range(2, 1000):
+        out = runner.execute_step(tick).get(rid)
+        assert out.error is None, out.error
+        if out.finished:
+            return out.images
+        tick = SchedulerOutput(step_id=step, scheduled_cached_req_ids=[rid])
+    raise AssertionError("request never finished")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm", encoding="utf-8") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -4,9 +4,6 @@ unpinned units, a failed load leaves the unit released, accounting matches the s
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 from diffusers import DiffusionPipeline
 
@@ -15,36 +12,7 @@ from stage_runtime.errors import WorkerFatalError
 from stage_runtime.offload.manager import Residency, ResidencyManager
 from stage_runtime.offload.plan import resolve_units
 from stage_runtime.offload.tiers import DiskTier
-
-
-class SlowDiskTier(DiskTier):
-    """The real disk tier with a slow medium: each load sleeps first (exposes use-before-ready races)."""
-
-    def __init__(self, delay_s: float):
-        super().__init__()
-        self.delay_s = delay_s
-        self.loading = threading.Event()
-
-    def load(self, unit):
-        self.loading.set()
-        time.sleep(self.delay_s)
-        super().load(unit)
-
-
-class BrokenDiskTier(DiskTier):
-    """The real disk tier whose medium fails after the first storage of ``unit_name`` was copied."""
-
-    def __init__(self, unit_name: str):
-        super().__init__()
-        self.unit_name = unit_name
-
-    def load(self, unit):
-        if unit.name != self.unit_name:
-            return super().load(unit)
-        first = unit.storages[0]
-        saved = self.handles[unit.name].get_tensor("s0")
-        first.resize_(saved.numel())
-        raise OSError("I/O error reading the offload file")
+from tiers_for_tests import BrokenDiskTier, SlowDiskTier
 
 
 @pytest.fixture
