@@ -24,6 +24,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from stage_runtime.errors import ConfigError
 from stage_runtime.offload.plan import Unit
 
 
@@ -47,7 +48,11 @@ class DiskTier:
         self.file_bytes = 0
 
     def prepare(self, units: list[Unit]) -> None:
-        folder = tempfile.mkdtemp(prefix="diffstage-offload-", dir=self.parent_dir)
+        try:
+            folder = tempfile.mkdtemp(prefix="diffstage-offload-", dir=self.parent_dir)
+        except OSError as exc:
+            raise ConfigError(f"offload.dir={self.parent_dir!r}: cannot create the offload folder there: "
+                              f"{exc.strerror or exc}") from None
         try:
             for i, unit in enumerate(units):
                 path = os.path.join(folder, f"{i:04d}.safetensors")

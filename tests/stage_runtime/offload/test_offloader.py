@@ -14,6 +14,7 @@ from offload_probes import (bitwise_equal, make_runner, materialised_bytes, max_
 from stage_runtime.errors import ConfigError
 from stage_runtime.offload.manager import Residency
 from stage_runtime.offload.offloader import Offloader
+from stage_runtime.offload.tiers import HostTier
 from tiers_for_tests import SlowDiskTier
 
 MODES = {
@@ -164,3 +165,28 @@ def test_close_releases_everything(tiny_sd_path):
     assert not [t for t in threading.enumerate() if t.name.startswith("offload-prefetch")]
     assert offloader.manager.closed
     runner.close()                                                       # idempotent
+
+
+def test_host_tier_policy_on_cpu(tiny_dit_path):
+    """The cuda<->cpu tier's code (host masters, release without copy) run on CPU: same images, bounded copies."""
+    runner = make_runner(tiny_dit_path)
+    reference = run_request(runner, req("ref", "207", steps=3, seed=5))
+    config = runner.config.offload.model_copy(update={"mode": "layerwise"})
+    total = sum(materialised_bytes([c]) for c in module_components(runner).values())
+    with pytest.raises(ConfigError, match=rf"offload.max_host_bytes=1000 is below the {total} bytes .*\(the host "
+                                          r"copies of every managed weight\)"):
+        Offloader(config.model_copy(update={"max_host_bytes": 1000}), runner.adapter.pipe,
+                  runner.adapter.denoiser, runner.device, tier=HostTier(runner.device))
+    runner.offloader = Offloader(config.model_copy(update={"max_host_bytes": total}), runner.adapter.pipe,
+                                 runner.adapter.denoiser, runner.device, tier=HostTier(runner.device))
+    try:
+        assert max_diff(run_request(runner, req("a", "207", steps=3, seed=5)), reference) == 0
+        stats = runner.offload_stats()
+        assert stats["tier"] == "cpu<->cpu" and stats["host_held_bytes"] == total
+    finally:
+        runner.close()
+
+
+def test_an_offload_dir_that_cannot_be_used_is_named(tiny_dit_path, tmp_path):
+    with pytest.raises(ConfigError, match=r"offload.dir='.*missing': cannot create the offload folder there"):
+        make_runner(tiny_dit_path, {"mode": "model", "dir": str(tmp_path / "missing")})
