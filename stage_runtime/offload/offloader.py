@@ -54,7 +54,11 @@ class Offloader:
         self._current: Unit | None = None
         self._component: str | None = None
         self._handles = []
-        self.manager.start()
+        try:
+            self.manager.start()
+        except BaseException:
+            self.tier.close()              # drop the mappings made before the failure; the weights stay in place
+            raise
         for unit in self.units:
             for module in unit.modules:
                 self._handles.append(module.register_forward_pre_hook(self._hook(unit)))
