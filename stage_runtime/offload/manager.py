@@ -20,8 +20,6 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import torch
-
 from stage_runtime.errors import WorkerFatalError
 from stage_runtime.offload.plan import Unit
 
@@ -131,8 +129,7 @@ class ResidencyManager:
         unit = self.units[name]
         start = time.perf_counter()
         try:
-            with torch.no_grad():
-                self.tier.load(unit)
+            self.tier.load(unit)
         except BaseException:
             with self._lock:
                 self.tier.release(unit)
@@ -186,7 +183,7 @@ class ResidencyManager:
     # -- accounting -------------------------------------------------------------------------------------------
     def measured_resident_bytes(self) -> int:
         """Bytes the managed storages hold right now, summed from their actual sizes."""
-        return sum(st.nbytes() for u in self.units.values() for st in u.storages)
+        return sum(u.materialised_bytes() for u in self.units.values())
 
     def stats(self) -> dict:
         with self._lock:

@@ -2,12 +2,10 @@
 
 A *unit* is the smallest thing the residency manager moves: a whole component (``model`` mode), or —
 ``layerwise`` mode, for the denoiser — each block plus one ``head`` unit holding the denoiser weights
-outside its blocks (embeddings, norms, projections). Units own *storages*, not tensors: every
-parameter and buffer of the unit's modules is reduced to its distinct untyped storage, so views,
-tied weights and any dtype move as raw bytes (bitwise) and the tensors themselves never change.
-A storage may belong to one unit only. Storages that cannot be resized (e.g. created from a
-loaded file's buffer) are *adopted* once: copied into a fresh storage that every tensor viewing them
-is rebound to (``Tensor.set_``, same offset, size and stride: the Parameter objects stay the same).
+outside its blocks (embeddings, norms, projections). A unit is a list of *storage groups*: the distinct
+storages under its parameters and buffers, each with every tensor viewing it and that view's geometry
+(offset, size, stride). The tiers move a group's storage as raw bytes (bitwise, any dtype, tied or
+strided views included) and rebind the very same tensor objects to it. A storage belongs to one unit only.
 """
 
 from __future__ import annotations
@@ -23,15 +21,41 @@ BLOCK_ATTRS = ("down_blocks", "mid_block", "up_blocks", "transformer_blocks", "s
 
 
 @dataclass(eq=False)
+class View:
+    tensor: torch.Tensor
+    offset: int
+    size: torch.Size
+    stride: tuple[int, ...]
+
+
+@dataclass(eq=False)
+class StorageGroup:
+    nbytes: int
+    device: torch.device
+    views: list[View]
+
+
+@dataclass(eq=False)
 class Unit:
     name: str                              # "text_encoder", "vae", "transformer.head", "unet.block3"
     component: str                         # the pipeline component it belongs to
     kind: str                              # "component" | "head" | "block"
     modules: list[torch.nn.Module]         # modules whose forward uses the unit (hooks go here)
-    storages: list[torch.UntypedStorage]   # distinct storages it owns
-    nbytes: int = 0                        # bytes when materialised (from the storages at plan time)
+    groups: list[StorageGroup]             # distinct storages it owns, with their views
     index: int = -1                        # block position in execution order (blocks only)
-    tensors: list[torch.Tensor] = field(default_factory=list)   # params and buffers (for checks and stats)
+    nbytes: int = field(init=False)        # bytes when materialised
+
+    def __post_init__(self) -> None:
+        self.nbytes = sum(g.nbytes for g in self.groups)
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [v.tensor for g in self.groups for v in g.views]
+
+    def materialised_bytes(self) -> int:
+        """Bytes its tensors hold right now (distinct storages, actual sizes)."""
+        sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in self.tensors}
+        return sum(n for ptr, n in sizes.items() if ptr)
 
 
 def module_components(pipe) -> dict[str, torch.nn.Module]:
@@ -48,32 +72,15 @@ def _tensors(modules: list[torch.nn.Module]) -> list[torch.Tensor]:
     return out
 
 
-def _by_storage(tensors: list[torch.Tensor]) -> dict[int, list[torch.Tensor]]:
-    groups: dict[int, list[torch.Tensor]] = {}
-    for t in tensors:
-        if t.untyped_storage().nbytes():
-            groups.setdefault(t.untyped_storage().data_ptr(), []).append(t)
-    return groups
-
-
-def _adopt(views: list[torch.Tensor]) -> torch.UntypedStorage:
-    """A resizable copy of the views' storage, with every view rebound to it (identity kept)."""
-    old = views[0].untyped_storage()
-    if old.resizable():
-        return old
-    new = torch.UntypedStorage(old.nbytes(), device=old.device)
-    torch.empty(0, dtype=torch.uint8, device=old.device).set_(new).copy_(
-        torch.empty(0, dtype=torch.uint8, device=old.device).set_(old))
-    with torch.no_grad():
-        for t in views:
-            t.set_(new, t.storage_offset(), t.size(), t.stride())
-    return new
-
-
 def _make_unit(name: str, component: str, kind: str, modules: list[torch.nn.Module], index: int = -1) -> Unit:
-    tensors = _tensors(modules)
-    storages = [_adopt(views) for views in _by_storage(tensors).values()]
-    return Unit(name, component, kind, modules, storages, sum(s.nbytes() for s in storages), index, tensors)
+    groups: dict[int, StorageGroup] = {}
+    for t in _tensors(modules):
+        st = t.untyped_storage()
+        if not st.nbytes():
+            continue
+        group = groups.setdefault(st.data_ptr(), StorageGroup(st.nbytes(), t.device, []))
+        group.views.append(View(t, t.storage_offset(), t.size(), t.stride()))
+    return Unit(name, component, kind, modules, list(groups.values()), index)
 
 
 def denoiser_blocks(denoiser: torch.nn.Module) -> list[torch.nn.Module]:
@@ -114,8 +121,8 @@ def resolve_units(pipe, denoiser: torch.nn.Module, mode: str, components: tuple[
 def _check_disjoint(units: list[Unit]) -> None:
     owner: dict[int, str] = {}
     for unit in units:
-        for st in unit.storages:
-            other = owner.setdefault(st.data_ptr(), unit.name)
+        for group in unit.groups:
+            other = owner.setdefault(group.views[0].tensor.untyped_storage().data_ptr(), unit.name)
             if other != unit.name:
                 raise ConfigError(f"offload: {other} and {unit.name} share weights; offload neither or "
                                   "list them as one component")

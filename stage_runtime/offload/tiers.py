@@ -1,14 +1,15 @@
 """Where a released unit's bytes live, and the two transfers: ``load`` (materialise) and ``release``.
 
-Both tiers work on a unit's storages in place: ``release`` resizes each storage to 0 bytes (the memory
-is really freed; every Parameter and buffer keeps its identity, shape, dtype and device), ``load``
-resizes it back and copies the saved bytes in, so values come back bitwise.
+``release`` rebinds every tensor of the unit to an empty storage (the memory is really freed; a module
+that ran anyway would fail on the empty shape, never read freed memory); ``load`` allocates each
+storage again, copies the saved bytes in and rebinds the SAME tensor objects with their recorded
+offset, size and stride: Parameter identity, dtype, device and values (bitwise) are kept.
 
 - :class:`DiskTier` (``cpu ↔ disk``, any device): every unit is written ONCE to a safetensors file
-  (one raw-byte tensor per storage) and memory-mapped back with ``safe_open``. The file is unlinked as
-  soon as it is mapped and the folder removed right away: the mapping keeps the bytes, no file
-  descriptor stays open, and nothing is left on disk even if the process is SIGKILLed. ``close()``
-  drops the mappings.
+  (one raw-byte tensor per storage) and memory-mapped back with ``safe_open`` (``get_tensor`` maps the
+  bytes, the copy reads them from the page cache). The file is unlinked as soon as it is mapped and the
+  folder removed right away: no file descriptor stays open and nothing is left on disk, even if the
+  process is SIGKILLed. ``close()`` drops the mappings.
 - :class:`HostTier` (``cuda ↔ cpu``): one immutable host master per storage (pinned on CUDA); weights
   are read-only while serving, so a release needs no device→host copy. The masters are the retained
   host copies counted against ``max_host_bytes``.
@@ -16,6 +17,7 @@ resizes it back and copies the saved bytes in, so values come back bitwise.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -25,7 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from stage_runtime.errors import ConfigError
-from stage_runtime.offload.plan import Unit
+from stage_runtime.offload.plan import StorageGroup, Unit
 
 
 def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -33,9 +35,32 @@ def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
-def free_storages(unit: Unit) -> None:
-    for st in unit.storages:
-        st.resize_(0)
+def rebinding():
+    """Rebinding parameters: plain tensors (also inside inference mode), no autograd."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.inference_mode(False))
+    stack.enter_context(torch.no_grad())
+    return stack
+
+
+def bind(group: StorageGroup, source: torch.Tensor, non_blocking: bool = False) -> None:
+    """Materialise ``group``: a new storage filled from ``source`` (raw bytes), every view rebound to it."""
+    storage = torch.UntypedStorage(group.nbytes, device=group.device)
+    byte_view(storage).copy_(source, non_blocking=non_blocking)
+    for v in group.views:
+        v.tensor.set_(storage, v.offset, v.size, v.stride)
+
+
+def free(unit: Unit) -> None:
+    with rebinding():
+        for group in unit.groups:
+            for v in group.views:
+                v.tensor.set_(torch.empty(0, dtype=v.tensor.dtype, device=v.tensor.device))
+
+
+def saved_bytes(group: StorageGroup) -> torch.Tensor:
+    """The group's current storage as raw bytes (it must be materialised)."""
+    return byte_view(group.views[0].tensor.untyped_storage())
 
 
 class DiskTier:
@@ -56,7 +81,7 @@ class DiskTier:
         try:
             for i, unit in enumerate(units):
                 path = os.path.join(folder, f"{i:04d}.safetensors")
-                save_file({f"s{j}": byte_view(st) for j, st in enumerate(unit.storages)}, path)
+                save_file({f"s{j}": saved_bytes(g) for j, g in enumerate(unit.groups)}, path)
                 self.file_bytes += os.path.getsize(path)
                 self.handles[unit.name] = safe_open(path, framework="pt", device="cpu")
                 os.unlink(path)
@@ -65,13 +90,12 @@ class DiskTier:
 
     def load(self, unit: Unit) -> None:
         handle = self.handles[unit.name]
-        for j, st in enumerate(unit.storages):
-            saved = handle.get_tensor(f"s{j}")
-            st.resize_(saved.numel())
-            byte_view(st).copy_(saved)
+        with rebinding():
+            for j, group in enumerate(unit.groups):
+                bind(group, handle.get_tensor(f"s{j}"))
 
     def release(self, unit: Unit) -> None:
-        free_storages(unit)
+        free(unit)
 
     def held_bytes(self) -> int:
         return 0        # the file pages belong to the page cache, not to this process's heap
@@ -92,21 +116,21 @@ class HostTier:
     def prepare(self, units: list[Unit]) -> None:
         for unit in units:
             masters = []
-            for st in unit.storages:
-                host = torch.empty(st.nbytes(), dtype=torch.uint8, pin_memory=self.pinned)
-                host.copy_(byte_view(st))
+            for group in unit.groups:
+                host = torch.empty(group.nbytes, dtype=torch.uint8, pin_memory=self.pinned)
+                host.copy_(saved_bytes(group))
                 masters.append(host)
             self.masters[unit.name] = masters
 
     def load(self, unit: Unit) -> None:
-        for st, host in zip(unit.storages, self.masters[unit.name], strict=True):
-            st.resize_(host.numel())
-            byte_view(st).copy_(host, non_blocking=self.pinned)
+        with rebinding():
+            for group, host in zip(unit.groups, self.masters[unit.name], strict=True):
+                bind(group, host, non_blocking=self.pinned)
         if self.pinned:
             torch.cuda.current_stream(self.device).synchronize()   # ready = the copies completed
 
     def release(self, unit: Unit) -> None:
-        free_storages(unit)
+        free(unit)
 
     def held_bytes(self) -> int:
         return sum(h.numel() for masters in self.masters.values() for h in masters)

@@ -8,9 +8,10 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 from offload_probes import (bitwise_equal, make_runner, materialised_bytes, max_diff, module_components,
-                            offload_mappings, open_fds, req, rss_bytes, run_request, run_steps)
+                            offload_mappings, open_fds, req, rss_bytes, run_request, run_steps, snapshot)
 from stage_runtime.errors import ConfigError
 from stage_runtime.offload.manager import Residency
 from stage_runtime.offload.offloader import Offloader
@@ -135,6 +136,12 @@ def test_a_bound_below_the_working_set_is_a_config_error(tiny_sd_path):
 def test_100_requests_leave_no_growth(tiny_sd_path):
     runner = make_runner(tiny_sd_path, {"mode": "layerwise"})
     try:
+        components = module_components(runner)
+        for unit in runner.offloader.units:                              # bring all in to take the snapshot
+            runner.offloader.manager.ensure(unit.name)
+        before = {n: snapshot(c) for n, c in components.items()}
+        runner.offloader.release_all()
+        params = {n: dict(c.named_parameters()) for n, c in components.items()}
         for i in range(10):                                              # warm up allocator and caches
             run_request(runner, req(f"w{i}", steps=1, seed=i))
         fds, maps, rss = open_fds(), offload_mappings(), rss_bytes()
@@ -147,6 +154,12 @@ def test_100_requests_leave_no_growth(tiny_sd_path):
         assert stats["peak_resident_bytes"] == peak and stats["units_resident"] == 0
         assert open_fds() == fds and offload_mappings() == maps
         assert rss_bytes() - rss < 32 * 2**20, f"RSS grew by {(rss_bytes() - rss) / 2**20:.1f} MiB"
+        for unit in runner.offloader.units:                              # after ~110 round trips of every unit
+            runner.offloader.manager.ensure(unit.name)
+        for name, component in components.items():
+            for qual, t in [*component.named_parameters(), *component.named_buffers()]:
+                assert bitwise_equal(t, before[name][qual]), f"{name}.{qual}"
+            assert all(t is params[name][q] for q, t in component.named_parameters())
     finally:
         runner.close()
 
@@ -164,6 +177,9 @@ def test_close_releases_everything(tiny_sd_path):
     assert [m for c in modules for m in c.modules() if m._forward_pre_hooks] == []
     assert not [t for t in threading.enumerate() if t.name.startswith("offload-prefetch")]
     assert offloader.manager.closed
+    conv = next(m for c in modules for m in c.modules() if isinstance(m, torch.nn.Conv2d))
+    with pytest.raises(RuntimeError):                  # a released module fails loudly, never reads freed memory
+        conv(torch.zeros(1, conv.in_channels, 8, 8))
     runner.close()                                                       # idempotent
 
 

@@ -25,8 +25,11 @@ def identities(module: torch.nn.Module) -> dict[str, tuple]:
             for n, t in [*module.named_parameters(), *module.named_buffers()]}
 
 
-@pytest.mark.parametrize("tier_kind", ["disk", "host"])
-def test_round_trips_are_bitwise_and_keep_identity(sd_pipe, tmp_path, tier_kind):
+@pytest.mark.parametrize("tier_kind, dtype", [("disk", None), ("host", None), ("disk", torch.float16),
+                                               ("disk", torch.bfloat16)])
+def test_round_trips_are_bitwise_and_keep_identity(sd_pipe, tmp_path, tier_kind, dtype):
+    if dtype is not None:
+        sd_pipe.to(dtype)                     # buffers of other dtypes (e.g. int64 position ids) stay as they are
     modules = [sd_pipe.unet, sd_pipe.vae, sd_pipe.text_encoder]
     units = resolve_units(sd_pipe, sd_pipe.unet, "layerwise", ())
     before = [snapshot(m) for m in modules]
