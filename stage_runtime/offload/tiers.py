@@ -6,8 +6,8 @@ storage again, copies the saved bytes in and rebinds the SAME tensor objects wit
 offset, size and stride: Parameter identity, dtype, device and values (bitwise) are kept.
 
 - :class:`DiskTier` (``cpu ↔ disk``, any device): every unit is written ONCE to a safetensors file
-  (one raw-byte tensor per storage) and memory-mapped back with ``safe_open`` (``get_tensor`` maps the
-  bytes, the copy reads them from the page cache). The file is unlinked as soon as it is mapped and the
+  (the unit's storages as one raw-byte tensor) and memory-mapped back with ``safe_open`` (each load maps
+  the bytes once and copies them out of the page cache). The file is unlinked as soon as it is mapped and the
   folder removed right away: no file descriptor stays open and nothing is left on disk, even if the
   process is SIGKILLed. ``close()`` drops the mappings.
 - :class:`HostTier` (``cuda ↔ cpu``): one immutable host master per storage (pinned on CUDA); weights
@@ -81,7 +81,7 @@ class DiskTier:
         try:
             for i, unit in enumerate(units):
                 path = os.path.join(folder, f"{i:04d}.safetensors")
-                save_file({f"s{j}": saved_bytes(g) for j, g in enumerate(unit.groups)}, path)
+                save_file({"bytes": torch.cat([saved_bytes(g) for g in unit.groups])}, path)   # one blob
                 self.file_bytes += os.path.getsize(path)
                 self.handles[unit.name] = safe_open(path, framework="pt", device="cpu")
                 os.unlink(path)
@@ -89,10 +89,11 @@ class DiskTier:
             shutil.rmtree(folder)
 
     def load(self, unit: Unit) -> None:
-        handle = self.handles[unit.name]
+        blob, at = self.handles[unit.name].get_tensor("bytes"), 0      # one mapping per load, dropped after
         with rebinding():
-            for j, group in enumerate(unit.groups):
-                bind(group, handle.get_tensor(f"s{j}"))
+            for group in unit.groups:
+                bind(group, blob[at:at + group.nbytes])
+                at += group.nbytes
 
     def release(self, unit: Unit) -> None:
         free(unit)

@@ -33,5 +33,5 @@ class BrokenDiskTier(DiskTier):
         if unit.name != self.unit_name:
             return super().load(unit)
         with rebinding():                                                    # a partial load, then the failure
-            bind(unit.groups[0], self.handles[unit.name].get_tensor("s0"))
+            bind(unit.groups[0], self.handles[unit.name].get_tensor("bytes")[:unit.groups[0].nbytes])
         raise OSError("I/O error reading the offload file")
