@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(PY) bench/executor_overhead.py
 	$(PY) bench/operator_reconcile.py
 	$(PY) bench/http_overhead.py
+	$(PY) bench/offload.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .demo

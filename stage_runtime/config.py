@@ -20,14 +20,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from stage_runtime.errors import ConfigError
 
 __all__ = [
-    "ConfigError", "ExecutionMode", "ParallelDim", "ModelConfig", "ParallelConfig", "SchedulerConfig",
-    "ServerConfig", "StageConfig", "RankCoords", "load_config", "load_config_file", "merge_overrides",
+    "ConfigError", "ExecutionMode", "ParallelDim", "ModelConfig", "OffloadConfig", "OffloadMode", "ParallelConfig",
+    "SchedulerConfig", "ServerConfig", "StageConfig", "RankCoords", "load_config", "load_config_file", "merge_overrides",
 ]
 
 ExecutionMode = Literal["request", "step"]
 ParallelDim = Literal["tp", "sp", "pp", "cfg", "dp"]
+OffloadMode = Literal["none", "model", "layerwise"]
 # Rank layout order, fastest-varying first (Megatron-style orthogonal groups): tp-sp-pp-cfg-dp.
 _LAYOUT: tuple[str, ...] = ("tp", "sp", "pp", "cfg", "dp")
+_IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
@@ -202,6 +204,51 @@ class ServerConfig(BaseModel):
         return self
 
 
+class OffloadConfig(BaseModel):
+    """Weight offload (see ``stage_runtime.offload``): which components, how, and the memory bound.
+
+    ``model``: a component is brought in before its phase (encode, denoise, decode) and released after
+    it; ``layerwise``: the denoiser's blocks are brought in one ahead of use and released behind (other
+    listed components are handled model-level). ``components`` empty = every module component of the
+    pipeline (names are checked against the pipeline when it is loaded). ``max_host_bytes`` bounds the
+    host memory the offloader holds for managed weights; ``dir`` is where the offload files go.
+    """
+
+    model_config = _FROZEN
+    mode: OffloadMode = "none"
+    components: tuple[str, ...] = ()
+    resident_layers: int = Field(2, ge=1)      # layerwise: blocks materialised at once (incl. the one prefetched)
+    max_host_bytes: int | None = Field(None, ge=1)
+    prefetch: bool = True                       # layerwise: load the next block in a background thread
+    dir: str | None = Field(None, min_length=1)  # parent of the runner's temporary offload folder
+
+    @field_validator("components")
+    @classmethod
+    def _component_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if not _IDENTIFIER.match(name):
+                raise ValueError(f"component names are pipeline attribute names, got {name!r}")
+        dupes = sorted({n for n in v if v.count(n) > 1})
+        if dupes:
+            raise ValueError(f"component(s) listed twice: {', '.join(dupes)}")
+        return v
+
+    @model_validator(mode="after")
+    def _fields_fit_mode(self) -> OffloadConfig:
+        # Non-default values that the mode would ignore are mistakes (a dumped config round-trips: defaults pass).
+        set_fields = {n for n, f in type(self).model_fields.items() if n != "mode" and getattr(self, n) != f.default}
+        if self.mode == "none" and set_fields:
+            raise ValueError(f"{sorted(set_fields)[0]} is set but mode='none'; "
+                             "set mode to 'model' or 'layerwise'")
+        layer_only = set_fields & {"resident_layers", "prefetch"}
+        if self.mode == "model" and layer_only:
+            raise ValueError(f"{sorted(layer_only)[0]} only applies to mode='layerwise' (mode='model')")
+        if self.mode == "layerwise" and self.prefetch and self.resident_layers < 2:
+            raise ValueError(f"resident_layers={self.resident_layers} must be >= 2 with prefetch=True "
+                             "(the running block and the one prefetched ahead); set prefetch=False or raise it")
+        return self
+
+
 class StageConfig(BaseModel):
     """Everything one stage process needs; the top level of ``stage.yaml``."""
 
@@ -210,6 +257,7 @@ class StageConfig(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    offload: OffloadConfig = Field(default_factory=OffloadConfig)
     executor: str | None = None  # "uni" | "mp" | "package.module:ClassName"; None → resolved_executor
     warmup: bool = True
     worker_startup_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)  # mp: every rank loaded and ready

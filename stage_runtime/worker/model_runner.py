@@ -8,6 +8,10 @@ Request mode: one wave of key-compatible requests runs as ONE pipeline call (per
 results mapped back by request id). A forward pre-hook on the denoiser marks each denoising step: it
 reports progress to the engine and stops work the engine cancelled (an abort lands within one step).
 A failing fused call is retried request by request, so one bad request never fails its batch-mates.
+
+Offload (``config.offload.mode != "none"``): the runner owns an Offloader (built after loading) whose
+forward hooks bring each component in before use; the runner releases everything it holds when a
+pipeline call ends (request mode), when no step state is left (step mode), and at close.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from stage_runtime.errors import ConfigError, InvalidRequestError, WorkerFatalEr
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.models.info import ModelInfo
 from stage_runtime.models.registry import resolve_adapter_class
+from stage_runtime.offload import build_offloader
 from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, ProgressHook, RunnerOutput
 from stage_runtime.request import DiffusionRequest
 from stage_runtime.sched.output import SchedulerOutput
@@ -62,11 +67,13 @@ class DiffusionModelRunner:
         self.model_info: ModelInfo | None = None
         self._active: StepTracker | None = None       # the pipeline call in flight, if any (request mode)
         self.step_states: dict[str, StepRequestState] = {}    # step mode: request id → its step state
+        self.offloader = None                                  # weight residency owner (offload mode != none)
 
     def load_model(self) -> ModelInfo:
         adapter_cls = resolve_adapter_class(self.config.model)
         self.adapter = adapter_cls.load(self.config.model.path, self.device, self.config.model.dtype)
         self.model_info = self.adapter.info()
+        self.offloader = build_offloader(self.config.offload, self.adapter, self.device)
         return self.model_info
 
     # -- request mode ----------------------------------------------------------------------------------
@@ -116,6 +123,8 @@ class DiffusionModelRunner:
         finally:
             handle.remove()
             self._active = None
+            if self.offloader is not None:
+                self.offloader.release_all()
         compute_ms = (time.perf_counter() - start) * 1e3
         outputs = {}
         for rid in ids:
@@ -133,6 +142,13 @@ class DiffusionModelRunner:
         if not self.model_info.supports_step_execution:
             raise ConfigError(f"{self.model_info.pipeline_class} does not support step execution "
                               f"(adapter {self.model_info.adapter}); use execution_mode=request")
+        try:
+            return self._execute_step(sched_out)
+        finally:
+            if self.offloader is not None and not self.step_states:
+                self.offloader.release_all()
+
+    def _execute_step(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
         for rid in sched_out.finished_req_ids:
             self.step_states.pop(rid, None)
         out = BatchRunnerOutput()
@@ -196,7 +212,14 @@ class DiffusionModelRunner:
         """Per-request state this runner holds right now (0 between calls in request mode)."""
         return len(self.step_states) + (0 if self._active is None else len(self._active.request_ids))
 
+    def offload_stats(self) -> dict:
+        """The offloader's accounting (resident bytes per tier, transfers), or ``{"mode": "none"}``."""
+        return {"mode": "none"} if self.offloader is None else self.offloader.stats()
+
     def close(self) -> None:
+        if self.offloader is not None:
+            self.offloader.close()
+            self.offloader = None
         self.adapter = None
         self._active = None
         self.step_states.clear()

@@ -79,6 +79,19 @@ class DiffusionWorker:
     def num_request_states(self) -> int:
         return 0 if self.model_runner is None else self.model_runner.num_request_states()
 
+    def offload_stats(self) -> dict:
+        """This rank's offload accounting, for ``collective_rpc("offload_stats")`` (one dict per rank).
+
+        ``{"rank", "mode"}`` plus, when offload is on: ``tier`` ("cpu<->disk" or "cuda<->cpu"), ``units``,
+        ``units_resident``, ``units_loading``, ``managed_bytes``, ``resident_bytes`` ({fast tier: bytes,
+        slow tier: bytes}, measured from the storages), ``host_held_bytes``, ``peak_resident_bytes``,
+        ``max_resident_bytes`` and transfer counters (``loads``, ``releases``, ``evictions``,
+        ``bytes_loaded``, ``load_seconds``, ``prefetches``, ``prefetch_hits``, ``prefetch_waits``,
+        ``prefetch_skipped``).
+        """
+        stats = {"mode": "none"} if self.model_runner is None else self.model_runner.offload_stats()
+        return {"rank": self.rank, **stats}
+
     def shutdown(self) -> None:
         if self.model_runner is not None:
             self.model_runner.close()

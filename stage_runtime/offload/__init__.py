@@ -1,0 +1,25 @@
+"""Weight offload: explicit residency of pipeline components (and denoiser blocks), used only when ready.
+
+    plan.py       which weights form which unit (component, denoiser head, denoiser block)
+    tiers.py      where released bytes live: cpu <-> disk (safetensors, mmap) or cuda <-> cpu (host masters)
+    manager.py    ResidencyManager: one state per unit, the only owner of transitions, bounded memory
+    offloader.py  the policy (model-level phases, layerwise ring with prefetch) wired in by forward hooks
+
+The model runner builds one with :func:`build_offloader` after loading and owns it; the worker's
+``offload_stats()`` reports its accounting.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from stage_runtime.config import OffloadConfig
+
+
+def build_offloader(config: OffloadConfig, adapter, device: torch.device):
+    """An :class:`~stage_runtime.offload.offloader.Offloader` for ``adapter``'s pipeline, or None (mode none)."""
+    if config.mode == "none":
+        return None
+    from stage_runtime.offload.offloader import Offloader
+
+    return Offloader(config, adapter.pipe, adapter.denoiser, device)
