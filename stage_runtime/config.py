@@ -21,7 +21,8 @@ from stage_runtime.errors import ConfigError
 
 __all__ = [
     "ConfigError", "ExecutionMode", "ParallelDim", "ModelConfig", "OffloadConfig", "OffloadMode", "ParallelConfig",
-    "SchedulerConfig", "ServerConfig", "StageConfig", "RankCoords", "load_config", "load_config_file", "merge_overrides",
+    "SchedulerConfig", "ServerConfig", "StageConfig", "RankCoords", "load_config", "load_config_file",
+    "merge_overrides",
 ]
 
 ExecutionMode = Literal["request", "step"]

@@ -49,6 +49,13 @@ class StageMetrics:
         self.worker_alive = Gauge(f"{PREFIX}worker_alive", "1 while the rank's worker is alive", ["rank"],
                                   registry=r)
         self.state = Enum(f"{PREFIX}stage_state", "Stage process state", states=STATES, registry=r)
+        self.offload_resident = Gauge(f"{PREFIX}offload_resident_bytes", "Managed weight bytes per tier "
+                                      "(offload on; the fast tier is what is materialised)", ["rank", "tier"],
+                                      registry=r)
+        self.offload_peak = Gauge(f"{PREFIX}offload_peak_resident_bytes", "Peak materialised managed bytes",
+                                  ["rank"], registry=r)
+        self.offload_transfers = Gauge(f"{PREFIX}offload_transfers", "Offload transfers since start, by kind "
+                                       "(loads, releases, evictions, prefetches)", ["rank", "kind"], registry=r)
 
     # -- observation ------------------------------------------------------------------------------------
     def count(self, outcome: str) -> None:
@@ -78,4 +85,13 @@ class StageMetrics:
         self.state.state(stats["state"])
         for worker in stats["workers"]:
             self.worker_alive.labels(str(worker["rank"])).set(1 if worker["alive"] else 0)
+        for rank_stats in stats.get("offload") or []:
+            if rank_stats.get("mode", "none") == "none":
+                continue
+            rank = str(rank_stats["rank"])
+            for tier, nbytes in rank_stats["resident_bytes"].items():
+                self.offload_resident.labels(rank, tier).set(nbytes)
+            self.offload_peak.labels(rank).set(rank_stats["peak_resident_bytes"])
+            for kind in ("loads", "releases", "evictions", "prefetches"):
+                self.offload_transfers.labels(rank, kind).set(rank_stats.get(kind, 0))
         return generate_latest(self.registry)

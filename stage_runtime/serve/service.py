@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from stage_runtime.request import DiffusionRequest
 
 log = logging.getLogger(__name__)
+OFFLOAD_STATS_PERIOD_S = 2.0
+OFFLOAD_STATS_TIMEOUT_S = 60.0
 
 _OUTCOME = {None: "completed", RequestAbortedError.error_type: "aborted", EngineDeadError.error_type: "dead",
             EngineClosedError.error_type: "unavailable"}
@@ -45,11 +47,31 @@ class StageService:
         self._idle = asyncio.Event()
         self._idle.set()
         self._exec_s: float | None = None          # moving average of exec time (Retry-After estimate)
+        self.offload: list[dict[str, Any]] | None = None   # last offload_stats() per rank (offload on)
+        self._offload_task: asyncio.Task | None = None
 
     def attach(self, engine: DiffusionEngine) -> None:
         """The engine is started and warmed up: the stage becomes ready."""
         engine.add_execute_observer(self.metrics.observe_execute)
         self.engine = engine
+        if self.config.offload.mode != "none":
+            self._offload_task = asyncio.get_running_loop().create_task(self._poll_offload_stats())
+
+    async def _poll_offload_stats(self) -> None:
+        """Every rank's offload accounting, refreshed in the background: ``/v1/stats`` never waits for it.
+
+        The RPC is ordered with the engine's waves (it may wait for a request-mode call to finish), so it
+        runs on a thread and the last snapshot is served.
+        """
+        while self.engine is not None and self.engine.dead_reason is None:
+            try:
+                self.offload = await asyncio.to_thread(self.engine.collective_rpc, "offload_stats", (), {},
+                                                       OFFLOAD_STATS_TIMEOUT_S, None)
+            except (EngineDeadError, EngineClosedError):
+                return
+            except (RuntimeError, TimeoutError) as exc:
+                log.warning("offload_stats failed: %s", exc)
+            await asyncio.sleep(OFFLOAD_STATS_PERIOD_S)
 
     # -- state ------------------------------------------------------------------------------------------
     @property
@@ -156,7 +178,8 @@ class StageService:
         return {"state": self.state, "waiting": load["waiting"], "running": load["running"],
                 "capacity": load["capacity"], "finished_total": load["finished_total"],
                 "aborted_total": load["aborted_total"], "failed_total": load["failed_total"],
-                "world_size": p.world_size, "topology": p.describe(), "workers": self.workers()}
+                "world_size": p.world_size, "topology": p.describe(), "workers": self.workers(),
+                **({"offload": self.offload} if self.config.offload.mode != "none" else {})}
 
     def workers(self) -> list[dict[str, Any]]:
         """Each rank's pid and liveness: the executor's ``workers()`` when it has worker processes (mp),
