@@ -44,5 +44,9 @@ bench: $(STAMP)
 	$(PY) bench/operator_reconcile.py
 	$(PY) bench/http_overhead.py
 
+# The runtime (CPU), runtime-cuda and operator images, where Docker runs; otherwise says why and exits 0.
+images:
+	bash images/build.sh
+
 clean:
 	rm -rf $(VENV) build *.egg-info .demo
