@@ -44,6 +44,11 @@ bench: $(STAMP)
 	$(PY) bench/operator_reconcile.py
 	$(PY) bench/http_overhead.py
 
+# Tier 5, opt-in: a kind cluster with fake GPU capacity, the images loaded, the same scenario as the local
+# e2e, then the cluster deleted. Without Docker or kind it says why and exits 0.
+e2e-kind: $(STAMP)
+	$(PY) -m e2e.kind.run
+
 # The runtime (CPU), runtime-cuda and operator images, where Docker runs; otherwise says why and exits 0.
 images:
 	bash images/build.sh

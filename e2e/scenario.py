@@ -97,6 +97,22 @@ def delete(driver: Driver, name: str, timeout: float) -> None:
              lambda: [p['metadata']['name'] for p in driver.pods(name)])
 
 
+def refused_for_gpu_capacity(driver: Driver, gpus_per_node: int, timeout: float) -> Obj:
+    """A stage asking for more GPUs per pod than any node has: Accepted=False, no pod, the largest node named."""
+    too_big = with_spec(sample(), replicas=1, parallel={'dataParallelSize': 2 * gpus_per_node},
+                        resources={'gpusPerPod': 2 * gpus_per_node, 'gpuResourceName': 'nvidia.com/gpu'})
+    name = too_big['metadata']['name'] = 'too-big'
+    driver.apply(too_big)
+    refused = lambda: condition(driver, name, 'Accepted').get('status') == 'False'  # noqa: E731
+    wait_for(refused, timeout, 'Accepted=False', lambda: status(driver, name))
+    accepted = condition(driver, name, 'Accepted')
+    assert accepted['reason'] == 'InsufficientGPUCapacity', accepted
+    assert 'the largest is' in accepted['message'] and f'with {gpus_per_node} allocatable' in accepted['message']
+    assert not driver.pods(name), 'nothing is created for a stage that fits no node'
+    delete(driver, name, timeout)
+    return accepted
+
+
 def with_spec(manifest: Obj, **spec: Any) -> Obj:
     out = copy.deepcopy(manifest)
     out['spec'].update(spec)

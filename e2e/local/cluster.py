@@ -28,6 +28,7 @@ from e2e.scenario import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 MERGE = {'Content-Type': 'application/merge-patch+json'}
 SHM = Path('/dev/shm')
+FAKE_GPUS = 8  # the node's nvidia.com/gpu capacity (the pods here run CPU ranks)
 Obj = dict[str, Any]
 
 
@@ -54,6 +55,9 @@ class LocalCluster:
             self.emulator = self._stack.enter_context(running())
             if self.namespace != 'default':
                 self.emulator.seed('namespaces', {'metadata': {'name': self.namespace}})
+            self.emulator.seed('nodes', {'metadata': {'name': 'local'}, 'status': {  # fake GPUs, as on kind
+                'capacity': {'cpu': str(os.cpu_count()), 'nvidia.com/gpu': str(FAKE_GPUS)},
+                'allocatable': {'cpu': str(os.cpu_count()), 'nvidia.com/gpu': str(FAKE_GPUS)}}})
             self.api = self._stack.enter_context(httpx.Client(base_url=self.emulator.base_url, timeout=10))
             self.services = ServiceResolver(self.api)
             self._start_operator()

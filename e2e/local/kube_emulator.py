@@ -132,7 +132,9 @@ class KubeEmulator(kmock.KubernetesScaffold, KubeStore):
         self.mutations.clear()
 
     def write_kubeconfig(self, path: str | Path) -> Path:
-        named = lambda key, value: [{'name': 'emulator', key: value}]
+        def named(key: str, value: Any) -> list[dict[str, Any]]:
+            return [{'name': 'emulator', key: value}]
+
         Path(path).write_text(json.dumps({
             'apiVersion': 'v1', 'kind': 'Config', 'current-context': 'emulator',
             'clusters': named('cluster', {'server': self.base_url}), 'users': named('user', {'token': 'emulator'}),
@@ -159,7 +161,7 @@ class KubeEmulator(kmock.KubernetesScaffold, KubeStore):
                 return await self._handle(request)
             except rendering.StreamingError as e:  # the response has already started streaming
                 raw_response = e.args[0]
-                raise e.__cause__ or e
+                raise (e.__cause__ or e) from None
         except Exception as e:  # noqa: BLE001 (every failure becomes an answer, as in kmock)
             if not isinstance(e, kmock.KubernetesError) and self._errors:
                 self._errors[-1].append(e)  # an emulator bug: the `kube_emulator` fixture fails on it

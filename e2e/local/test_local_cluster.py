@@ -3,7 +3,8 @@ real process, every pod as real local processes (`stage-runtime make-tiny-model`
 serve` with two CPU ranks), images over real HTTP through the Service.
 
 One cluster and one `tiny` stage (manifests/samples/tiny-cpu.yaml, as shipped) serve the whole module, so
-the tests run in file order as one scenario: Ready → images → a failing pod → scale 2→3→1 → (issue 7:
+the tests run in file order as one scenario: Ready → images → a failing pod → a stage too big for any
+node → scale 2→3→1 → (issue 7:
 kill a worker, abort) → delete → nothing left.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import httpx
 import pytest
 
 from e2e import scenario
-from e2e.local.cluster import LocalCluster
+from e2e.local.cluster import FAKE_GPUS, LocalCluster
 from e2e.local.pod_process import group_members
 
 pytestmark = [
@@ -77,6 +78,10 @@ def test_a_failing_pod_reports_exit_code_and_termination_message(cluster, tiny):
     assert scenario.is_ready(cluster, tiny, 2), 'the other stage is untouched'
 
 
+def test_a_stage_bigger_than_any_node_is_refused(cluster, tiny):
+    scenario.refused_for_gpu_capacity(cluster, FAKE_GPUS, timeout=30)
+
+
 def test_scale_2_to_3_to_1(cluster, tiny):
     scenario.scale(cluster, tiny, 3, timeout=150)
     assert len(cluster.services.endpoints('default', tiny)) == 3
@@ -113,7 +118,7 @@ def test_a_killed_worker_restarts_the_replica_and_status_records_it(cluster, tin
         lambda: next((r.get('lastFailure') for r in scenario.status(cluster, tiny).get('replicaStatuses') or ()
                       if r.get('lastFailure')), None), 30, 'the failure in status')
     assert failure['exitCode'] == 3 and failure['reason'] == 'WorkerDied', failure
-    scenario.wait_for(lambda: (scenario.status(cluster, tiny).get('restarts') or {}).get('total') == 1, 20,
+    scenario.wait_for(lambda: (scenario.status(cluster, tiny).get('restarts') or {}).get('total') == 1, 15,
                       'the restart in status.restarts', lambda: scenario.status(cluster, tiny))
     scenario.wait_ready(cluster, tiny, 1, timeout=120)
     scenario.generate(cluster, tiny)
