@@ -5,7 +5,7 @@ serve` with two CPU ranks), images over real HTTP through the Service.
 One cluster and one `tiny` stage (manifests/samples/tiny-cpu.yaml, as shipped) serve the whole module, so
 the tests run in file order as one scenario: Ready → images → a failing pod → a stage too big for any
 node → scale 2→3→1 → (issue 7:
-kill a worker, abort) → delete → nothing left.
+no request lost to the scale-down, kill a worker, abort) → delete → nothing left.
 """
 from __future__ import annotations
 
@@ -82,15 +82,67 @@ def test_a_stage_bigger_than_any_node_is_refused(cluster, tiny):
     scenario.refused_for_gpu_capacity(cluster, FAKE_GPUS, timeout=30)
 
 
-def test_scale_2_to_3_to_1(cluster, tiny):
+class Load:
+    """Requests through the Service, one after another, from a thread: what clients see during a change."""
+
+    def __init__(self, cluster, service: str):
+        self.cluster, self.service, self.answers, self.failures = cluster, service, 0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name='load', daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            url = self.cluster.service_url(self.service)
+            if url is None:
+                self.failures.append('no ready endpoint behind the Service')
+                time.sleep(0.1)
+                continue
+            try:
+                response = httpx.post(f'{url}/v1/images/generations', timeout=60,
+                                      json={'prompt': 'load', 'size': '64x64', 'num_inference_steps': 2})
+            except httpx.HTTPError as exc:
+                self.failures.append(f'{url}: {exc!r}')
+                continue
+            self.answers += 1
+            if response.status_code != 200:
+                self.failures.append(f'{url}: {response.status_code} {response.text[:200]}')
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(90)
+
+
+@pytest.fixture(scope='module')
+def scale_down_load() -> dict:
+    return {}
+
+
+def test_scale_2_to_3_to_1(cluster, tiny, scale_down_load):
     scenario.scale(cluster, tiny, 3, timeout=150)
     assert len(cluster.services.endpoints('default', tiny)) == 3
     scenario.generate(cluster, tiny)
-    scenario.scale(cluster, tiny, 1, timeout=60)
-    scenario.wait_for(lambda: len(cluster.runner.running()) == 1, 60, 'the removed pods to stop',
-                      cluster.runner.running)
+    with Load(cluster, tiny) as load:  # what the clients saw is judged below (issue 7); here: the scale happens
+        scenario.scale(cluster, tiny, 1, timeout=60)
+        scenario.wait_for(lambda: len(cluster.runner.running()) == 1, 60, 'the removed pods to stop',
+                          cluster.runner.running)
+        time.sleep(1)
+    scale_down_load.update(answers=load.answers, failures=load.failures)
     assert len(cluster.services.endpoints('default', tiny)) == 1
     scenario.generate(cluster, tiny)
+
+
+@pytest.mark.xfail(strict=False, reason='needs issue 7 (fence, drain, then delete on scale-down). Racy today: the '
+                                        'pod is deleted at once and a request resolved just before meets it draining '
+                                        '(503); it often passes here only because the local Service has no '
+                                        'propagation delay')
+def test_scale_down_lost_no_request(scale_down_load):
+    assert scale_down_load, 'test_scale_2_to_3_to_1 ran first and put load on the scale-down'
+    assert scale_down_load['answers'] >= 3, scale_down_load
+    assert not scale_down_load['failures'], scale_down_load['failures'][:5]
 
 
 def _stage_worker(cluster, pod_name: str) -> int:
