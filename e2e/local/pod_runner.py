@@ -88,12 +88,14 @@ class PodRunner:
         while not self._closing.is_set():
             try:
                 self._list_and_watch()
-            except httpx.HTTPError as exc:
+            except httpx.HTTPError as exc:  # the API went away or a watch broke: list again (level-based)
                 if self._closing.is_set():
                     return
-                self.errors.append(f'watch: {exc!r}')
                 log.warning('pod watch failed, listing again: %r', exc)
                 time.sleep(0.5)
+            except Exception as exc:  # a runner bug: recorded for the test, then raised
+                self.errors.append(f'watch: {exc!r}')
+                raise
 
     def _list_and_watch(self) -> None:
         listing = self.api.get('/api/v1/pods')
@@ -182,8 +184,9 @@ class _PodThread(threading.Thread):
             self._run()
         except (PodSpecError, OSError) as exc:  # the pod cannot run here: say so in its status, like a kubelet
             self.runner.patch_status(self.pod, {'phase': 'Failed', 'reason': 'LocalRunError', 'message': str(exc)})
-        except httpx.HTTPError as exc:
+        except Exception as exc:  # an API failure or a runner bug: recorded for the test, then raised
             self.runner.errors.append(f'{self.pod["metadata"]["name"]}: {exc!r}')
+            raise
         finally:
             if self.local is not None:
                 grace = float(self.pod['spec'].get('terminationGracePeriodSeconds', 30))
