@@ -42,7 +42,8 @@ def run(*argv: str, timeout: float = 900, **kwargs) -> str:
 def fake_gpus() -> None:
     """Extended resources on node status: the scheduler counts them, no device plugin needed."""
     nodes = json.loads(run('kubectl', 'get', 'nodes', '-o', 'json'))['items']
-    patch = json.dumps([{'op': 'add', 'path': '/status/capacity/nvidia.com~1gpu', 'value': FAKE_GPUS}])
+    patch = json.dumps([{'op': 'add', 'path': f'/status/{field}/nvidia.com~1gpu', 'value': FAKE_GPUS}
+                        for field in ('capacity', 'allocatable')])  # the kubelet derives the same on its next sync
     for node in nodes:
         if 'node-role.kubernetes.io/control-plane' not in node['metadata'].get('labels', {}):
             run('kubectl', 'patch', 'node', node['metadata']['name'], '--subresource=status', '--type=json',

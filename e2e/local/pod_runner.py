@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -36,10 +37,23 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
 
 
-def loopback_addresses() -> Any:
-    """127.<b>.x.y, with <b> from this process's pid so two runners on one machine rarely meet."""
+def loopback_addresses(ports: tuple[int, ...] = (8000, 5570)) -> Any:
+    """127.<b>.x.y, with <b> from this process's pid, skipping any address where one of the pods' ports is taken
+    (another runner on this machine, or a server listening on 0.0.0.0 there)."""
     base = 100 + os.getpid() % 150
-    return (f'127.{base}.{i // 250}.{i % 250 + 2}' for i in itertools.count())
+    for i in itertools.count():
+        address = f'127.{base}.{i // 250}.{i % 250 + 2}'
+        if all(_bindable(address, port) for port in ports):
+            yield address
+
+
+def _bindable(address: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((address, port))
+        except OSError:
+            return False
+    return True
 
 
 class PodRunner:

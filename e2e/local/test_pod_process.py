@@ -66,3 +66,18 @@ def test_what_cannot_run_locally_is_refused_by_name(stage, tmp_path):
     lp = local(pod, tmp_path, configmaps)
     with pytest.raises(PodSpecError, match="fieldRef 'spec.nodeName'"):
         lp.env(pod['spec']['containers'][0])
+
+
+def test_each_pod_gets_a_loopback_address_whose_ports_are_free():
+    import socket
+
+    from e2e.local.pod_runner import loopback_addresses
+
+    addresses = loopback_addresses()
+    first = next(addresses)
+    taken = first.rsplit('.', 1)[0] + '.' + str(int(first.rsplit('.', 1)[1]) + 1)
+    with socket.socket() as server:
+        server.bind((taken, 5570))  # someone else holds the next address's ZMQ port
+        server.listen()
+        following = next(addresses)
+    assert first.startswith('127.') and following not in (first, taken)
