@@ -28,6 +28,7 @@ pytestmark = [
     pytest.mark.timeout(240),
 ]
 TINY = 'tiny'
+LONG_REQUEST = {'prompt': 'long', 'size': '64x64', 'num_inference_steps': 500, 'request_id': 'e2e-long'}  # ~10 s+
 NEEDS_ISSUE_7 = 'needs issue 7 (operator restarts and abort): the operator does not act on it yet'
 
 
@@ -145,6 +146,12 @@ def test_scale_down_lost_no_request(scale_down_load):
     assert not scale_down_load['failures'], scale_down_load['failures'][:5]
 
 
+def test_the_long_request_of_the_abort_test_is_valid():
+    from stage_runtime.serve.schemas import ImageGenerationRequest
+
+    ImageGenerationRequest.model_validate(LONG_REQUEST)
+
+
 def _stage_worker(cluster, pod_name: str) -> int:
     """A rank process of the pod's stage (a child of its `stage-runtime serve` process)."""
     thread = next(t for t in cluster.runner._every if t.pod['metadata']['name'] == pod_name and t.is_alive())
@@ -181,12 +188,12 @@ def test_abort_through_spec_abort_ends_the_running_request(cluster, tiny):
     url = scenario.wait_for(lambda: cluster.service_url(tiny), 10, 'a ready replica')
     answers: list[httpx.Response] = []
     request = threading.Thread(target=lambda: answers.append(httpx.post(
-        f'{url}/v1/images/generations', timeout=120,
-        json={'prompt': 'long', 'size': '64x64', 'num_inference_steps': 2000, 'request_id': 'e2e-long'})))
+        f'{url}/v1/images/generations', timeout=120, json=LONG_REQUEST)))
     request.start()
     try:
         scenario.wait_for(lambda: httpx.get(f'{url}/v1/requests', timeout=5).json().get('requests'), 20,
                           'the request to run')
+        assert not answers, answers[0].text
         cluster.patch_spec(tiny, {'abort': {'id': 'e2e-1', 'all': True}})
         abort = scenario.wait_for(lambda: (scenario.status(cluster, tiny).get('abort') or {}).get('observedId'),
                                   15, 'status.abort', lambda: scenario.status(cluster, tiny))
