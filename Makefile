@@ -1,6 +1,6 @@
 # diffstage: two commands on a fresh machine.
-#   make demo   builds the tiny built-in model and generates one PNG through the engine (no cluster, no GPU)
-#   make test   runs the test suite (unit, runtime integration)
+#   make demo   the whole system on an embedded local cluster: operator + tiny stage, one PNG through the Service
+#   make test   runs the test suite (unit, runtime integration, operator integration, local cluster e2e)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: demo test venv bench crds clean
+.PHONY: demo demo-engine test venv bench crds images e2e-kind clean
 
 venv: $(STAMP)
 
@@ -22,7 +22,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# The emulated Kubernetes API, the operator process and a pod runner (pods as local processes); no Docker.
 demo: $(STAMP)
+	$(PY) -m e2e.local.demo --out .demo/demo.png
+
+# The engine alone, in this process: build the tiny model, generate one PNG.
+demo-engine: $(STAMP)
 	$(PY) -m stage_runtime.demo
 
 test: $(STAMP)
@@ -39,6 +44,15 @@ bench: $(STAMP)
 	$(PY) bench/operator_reconcile.py
 	$(PY) bench/http_overhead.py
 	$(PY) bench/offload.py
+
+# Tier 5, opt-in: a kind cluster with fake GPU capacity, the images loaded, the same scenario as the local
+# e2e, then the cluster deleted. Without Docker or kind it says why and exits 0.
+e2e-kind: $(STAMP)
+	$(PY) -m e2e.kind.run
+
+# The runtime (CPU), runtime-cuda and operator images, where Docker runs; otherwise says why and exits 0.
+images:
+	bash images/build.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .demo

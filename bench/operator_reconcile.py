@@ -27,8 +27,8 @@ import httpx
 import stage_operator  # noqa: F401 (the real package, before tests/stage_operator on sys.path can shadow it)
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from support.kube_emulator import KubeEmulator, running  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from e2e.local.kube_emulator import KubeEmulator, running  # noqa: E402
 
 from stage_operator.controller import Controller  # noqa: E402
 from stage_operator.kube import Kube  # noqa: E402

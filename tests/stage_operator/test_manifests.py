@@ -26,7 +26,7 @@ def test_kustomize_builds_the_base():
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
     kinds = sorted(d['kind'] for d in docs)
     assert kinds == ['ClusterKopfPeering', 'ClusterRole', 'ClusterRoleBinding', 'CustomResourceDefinition',
-                     'CustomResourceDefinition', 'Deployment', 'Namespace', 'ServiceAccount']
+                     'CustomResourceDefinition', 'Deployment', 'Namespace', 'Service', 'ServiceAccount']
     crd = next(d for d in docs if d['kind'] == 'CustomResourceDefinition' and d['spec']['group'] == 'diffstage.io')
     generated = yaml.safe_load((ROOT / 'crds' / 'diffusionstage.yaml').read_text())
     assert crd['spec'] == generated['spec'], 'the base ships the generated CRD'
@@ -66,7 +66,7 @@ KUBERNETES = ['1.29', '1.37']  # CEL messageExpression is GA from 1.29
 def test_base_and_crd_validate_against_the_kubernetes_schemas(version):
     import kubernetes_validate
 
-    docs = [d for name in ('namespace.yaml', 'rbac.yaml', 'operator.yaml', 'kopf-peering.yaml')
+    docs = [d for name in ('namespace.yaml', 'rbac.yaml', 'operator.yaml', 'kopf-peering.yaml', 'metrics-service.yaml')
             for d in load_all(BASE / name)] + load_all(ROOT / 'crds' / 'diffusionstage.yaml')
     checked = [d['kind'] for d in docs if d['apiVersion'] != 'kopf.dev/v1']
     for doc in docs:

@@ -196,7 +196,7 @@ class KubeStore:
             try:
                 new = jsonpatch.apply_patch(current, request.data)
             except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, TypeError) as e:
-                raise _error(422, 'Invalid', f'json patch failed: {e}')  # a failed `test` op too
+                raise _error(422, 'Invalid', f'json patch failed: {e}') from e  # a failed `test` op too
         elif 'merge-patch' in content_type:  # strategic merge patches included
             new = _merge_patch(current, request.data)
         else:
@@ -273,7 +273,8 @@ class KubeStore:
         with self._lock:
             if since == '0' or not since.isdigit():  # "any version": the current objects, then changes
                 position = len(self._log)
-                initial = [copy.deepcopy(o) for k, o in self._store.items() if k[0] == res and self._selected(request, o)]
+                initial = [copy.deepcopy(o) for k, o in self._store.items()
+                           if k[0] == res and self._selected(request, o)]
             else:  # exactly the changes after that resourceVersion
                 position, initial = bisect.bisect_right(self._log, int(since), key=lambda e: e[0]), []
         self._watches[res] += 1

@@ -1,0 +1,151 @@
+"""The embedded local cluster: the emulated Kubernetes API, the operator as a real process
+(`python -m stage_operator --namespace NS --standalone`, its kubeconfig pointing at the emulator) and the
+pod runner (every pod as local processes). It is a `scenario.Driver`: the hands of kubectl over HTTP.
+
+    with LocalCluster(workdir) as cluster:
+        cluster.apply(scenario.sample())
+        ...
+    cluster.leftovers()   # processes or /dev/shm segments the stopped pods left behind ({} when clean)
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from e2e.local.kube_emulator import KubeEmulator, running
+from e2e.local.pod_process import group_members
+from e2e.local.pod_runner import PodRunner
+from e2e.local.services import ServiceResolver
+from e2e.scenario import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+MERGE = {'Content-Type': 'application/merge-patch+json'}
+SHM = Path('/dev/shm')
+FAKE_GPUS = 8  # the node's nvidia.com/gpu capacity (the pods here run CPU ranks)
+Obj = dict[str, Any]
+
+
+class LocalCluster:
+    def __init__(self, workdir: Path, namespace: str = 'default', resync_seconds: float = 2.0):
+        self.workdir, self.namespace, self.resync_seconds = Path(workdir), namespace, resync_seconds
+        self.emulator: KubeEmulator | None = None
+        self.operator: subprocess.Popen | None = None
+        self.runner: PodRunner | None = None
+        self.api: httpx.Client | None = None
+        self.services: ServiceResolver | None = None
+        self._stack = ExitStack()
+        self._shm_before: set[str] = set()
+
+    @property
+    def operator_log(self) -> str:
+        path = self.workdir / 'operator.log'
+        return path.read_text(errors='replace') if path.exists() else ''
+
+    def __enter__(self) -> LocalCluster:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._shm_before = set(os.listdir(SHM)) if SHM.is_dir() else set()
+        try:
+            self.emulator = self._stack.enter_context(running())
+            if self.namespace != 'default':
+                self.emulator.seed('namespaces', {'metadata': {'name': self.namespace}})
+            self.emulator.seed('nodes', {'metadata': {'name': 'local'}, 'status': {  # fake GPUs, as on kind
+                'capacity': {'cpu': str(os.cpu_count()), 'nvidia.com/gpu': str(FAKE_GPUS)},
+                'allocatable': {'cpu': str(os.cpu_count()), 'nvidia.com/gpu': str(FAKE_GPUS)}}})
+            self.api = self._stack.enter_context(httpx.Client(base_url=self.emulator.base_url, timeout=10))
+            self.services = ServiceResolver(self.api)
+            self._start_operator()
+            self.runner = PodRunner(self.emulator.base_url, root=self.workdir).start()
+            self._stack.callback(self.runner.close)
+            wait_for(lambda: self.emulator.watching('diffusionstages') and self.emulator.watching('pods') >= 2, 90,
+                     'the operator and the pod runner to watch', lambda: self.operator_log[-3000:])
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def _start_operator(self) -> None:
+        kubeconfig = self.emulator.write_kubeconfig(self.workdir / 'kubeconfig')
+        env = {**os.environ, 'KUBECONFIG': str(kubeconfig), 'PYTHONPATH': str(ROOT)}
+        with open(self.workdir / 'operator.log', 'wb') as log:
+            self.operator = subprocess.Popen(
+                [sys.executable, '-m', 'stage_operator', '--namespace', self.namespace, '--standalone',
+                 '--resync-seconds', str(self.resync_seconds)],
+                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self._stack.callback(self._stop_operator)
+
+    def _stop_operator(self) -> None:
+        if self.operator.poll() is None:
+            self.operator.send_signal(signal.SIGTERM)
+            try:
+                self.operator.wait(30)
+            except subprocess.TimeoutExpired:
+                self.operator.kill()
+                self.operator.wait(10)
+                raise AssertionError(f'the operator ignored SIGTERM for 30 s:\n{self.operator_log[-3000:]}') from None
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    # -- after exit ----------------------------------------------------------------------------------
+    def leftovers(self) -> dict[str, Any]:
+        """What the run left behind; {} when clean. Call after the `with` block."""
+        out: dict[str, Any] = {}
+        if self.runner is not None and self.runner.leftovers:
+            out['processes that outlived their pod'] = dict(self.runner.leftovers)
+        groups = self.runner.all_groups if self.runner is not None else []
+        if alive := group_members(groups):
+            out['live pod processes'] = alive
+        pids = {str(p) for p in groups}
+        shm = {name for name in (set(os.listdir(SHM)) if SHM.is_dir() else set()) - self._shm_before
+               if pids & set(name.replace('_', '-').split('-'))}
+        if shm:
+            out['/dev/shm segments'] = sorted(shm)
+        if self.operator is not None and self.operator.poll() is None:
+            out['operator'] = self.operator.pid
+        return out
+
+    # -- scenario.Driver -----------------------------------------------------------------------------
+    def _stages(self, name: str = '') -> str:
+        return f'/apis/diffstage.io/v1alpha1/namespaces/{self.namespace}/diffusionstages' + (f'/{name}' if name else '')
+
+    def _ok(self, response: httpx.Response) -> Obj:
+        assert response.is_success, f'{response.request.method} {response.request.url}: {response.text}'
+        return response.json()
+
+    def apply(self, manifest: Obj) -> None:
+        name = manifest['metadata']['name']
+        if self.api.get(self._stages(name)).status_code == 404:
+            self._ok(self.api.post(self._stages(), json=manifest))
+        else:
+            self.patch_spec(name, manifest['spec'])
+
+    def stage(self, name: str) -> Obj | None:
+        response = self.api.get(self._stages(name))
+        return None if response.status_code == 404 else self._ok(response)
+
+    def stages(self) -> list[Obj]:
+        return self._ok(self.api.get(self._stages()))['items']
+
+    def patch_spec(self, name: str, spec: Obj) -> None:
+        self._ok(self.api.patch(self._stages(name), headers=MERGE, json={'spec': spec}))
+
+    def scale(self, name: str, replicas: int) -> None:
+        self._ok(self.api.patch(self._stages(name) + '/scale', headers=MERGE, json={'spec': {'replicas': replicas}}))
+
+    def delete(self, name: str) -> None:
+        self._ok(self.api.delete(self._stages(name)))
+
+    def pods(self, stage: str) -> list[Obj]:
+        response = self.api.get(f'/api/v1/namespaces/{self.namespace}/pods',
+                                params={'labelSelector': f'diffstage.io/stage={stage}'})
+        return self._ok(response)['items']
+
+    def service_url(self, service: str) -> str | None:
+        return self.services.url(self.namespace, service)

@@ -1,0 +1,198 @@
+"""One pod as local processes: what a kubelet and a container runtime would do, mapped onto this machine.
+
+The mapping (the only liberties the local cluster takes with a pod):
+- **Network**: each pod gets its own loopback address as `status.podIP` (127.X.Y.Z; Linux routes all of
+  127.0.0.0/8 to `lo`), and a `--host` argument is rewritten to it, so every pod listens on its declared
+  container ports (8000, 5570) and the operator and the Service reach `podIP:containerPort` unchanged.
+- **Files**: each volume mount becomes a folder under the pod's sandbox; an argument, an env value or the
+  termination message path under a `mountPath` is rewritten into that folder. A `configMap` volume is
+  filled with the ConfigMap's keys (read from the API), an `emptyDir` starts empty and is shared by the
+  pod's containers; an `emptyDir` mounted at /dev/shm is this machine's /dev/shm (segment names carry pids).
+- **Image**: ignored; the `stage-runtime` command runs as `<this python> -m stage_runtime`.
+- **Env**: `value` and the downward API (`fieldRef`: metadata.name/namespace/labels['k'], status.podIP),
+  over this process's environment (PATH, HOME, the venv). Anything else raises: nothing is silently skipped.
+
+Each container runs in its own session (process group), so the whole group can be checked and ended.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+COMMANDS = {'stage-runtime': [sys.executable, '-m', 'stage_runtime']}
+SHM = '/dev/shm'
+_LABEL_REF = re.compile(r"metadata\.labels\['([^']+)'\]")
+
+Obj = dict[str, Any]
+
+
+class PodSpecError(Exception):
+    """The pod asks for something the local cluster cannot run (named in the message)."""
+
+
+class LocalPod:
+    """A pod's sandbox (volumes, termination logs) and its container processes."""
+
+    def __init__(self, pod: Obj, pod_ip: str, read_configmap: Callable[[str, str], Obj | None], root: Path):
+        self.pod, self.ip = pod, pod_ip
+        self.namespace, self.name = pod['metadata']['namespace'], pod['metadata']['name']
+        self.sandbox = Path(tempfile.mkdtemp(prefix=f'{self.name}-', dir=root))
+        self.volumes = self._volumes(read_configmap)
+        self.process: subprocess.Popen | None = None
+        self.groups: list[int] = []  # every container's process group (its pid), for the leak check
+
+    # -- volumes and rewriting -----------------------------------------------------------------------
+    def _volumes(self, read_configmap: Callable[[str, str], Obj | None]) -> dict[str, Path | None]:
+        """Volume name → host folder (None: /dev/shm as it is)."""
+        mounts = [m for c in self._containers() for m in c.get('volumeMounts') or ()]
+        out: dict[str, Path | None] = {}
+        for volume in self.pod['spec'].get('volumes') or ():
+            name = volume['name']
+            if 'emptyDir' in volume and any(m['name'] == name and m['mountPath'] == SHM for m in mounts):
+                out[name] = None
+            elif 'emptyDir' in volume:
+                out[name] = self._folder('volumes', name)
+            elif 'configMap' in volume:
+                out[name] = folder = self._folder('volumes', name)
+                configmap = read_configmap(self.namespace, volume['configMap']['name'])
+                if configmap is None:
+                    raise PodSpecError(f'configmap "{volume["configMap"]["name"]}" not found')
+                for key, text in (configmap.get('data') or {}).items():
+                    (folder / key).write_text(text)
+            else:
+                raise PodSpecError(f'volume {name!r}: only emptyDir and configMap run locally: {sorted(volume)}')
+        return out
+
+    def _folder(self, *parts: str) -> Path:
+        folder = self.sandbox.joinpath(*parts)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def _containers(self) -> list[Obj]:
+        spec = self.pod['spec']
+        return list(spec.get('initContainers') or ()) + list(spec['containers'])
+
+    def path_map(self, container: Obj) -> dict[str, str]:
+        """mountPath → host folder for this container, plus its termination message path."""
+        mapping = {}
+        for mount in container.get('volumeMounts') or ():
+            if mount['name'] not in self.volumes:
+                raise PodSpecError(f'{container["name"]}: no volume {mount["name"]!r}')
+            if (host := self.volumes[mount['name']]) is not None:
+                mapping[mount['mountPath'].rstrip('/')] = str(host)
+        mapping[self.termination_path(container, pod_side=True)] = str(self.termination_path(container))
+        return mapping
+
+    def termination_path(self, container: Obj, pod_side: bool = False) -> Any:
+        if pod_side:
+            return container.get('terminationMessagePath') or '/dev/termination-log'
+        return self.sandbox / f'termination-{container["name"]}.log'
+
+    @staticmethod
+    def rewrite(value: str, mapping: Mapping[str, str]) -> str:
+        """A value equal to a mapped path or under it, mapped (the longest mount wins)."""
+        for prefix in sorted(mapping, key=len, reverse=True):
+            if value == prefix or value.startswith(prefix + '/'):
+                return mapping[prefix] + value[len(prefix):]
+        return value
+
+    def argv(self, container: Obj) -> list[str]:
+        command = list(container.get('command') or ()) + list(container.get('args') or ())
+        if not command:
+            raise PodSpecError(f'{container["name"]}: no command (the image entrypoint cannot run locally)')
+        mapping = self.path_map(container)
+        argv = [self.rewrite(arg, mapping) for arg in command]
+        for i, arg in enumerate(argv[:-1]):
+            if arg == '--host':
+                argv[i + 1] = self.ip
+        return COMMANDS.get(argv[0], [argv[0]]) + argv[1:]
+
+    def env(self, container: Obj) -> dict[str, str]:
+        mapping, env = self.path_map(container), dict(os.environ)
+        for var in container.get('env') or ():
+            if 'value' in var:
+                env[var['name']] = self.rewrite(str(var['value']), mapping)
+            elif path := ((var.get('valueFrom') or {}).get('fieldRef') or {}).get('fieldPath'):
+                env[var['name']] = self._field(path)
+            else:
+                raise PodSpecError(f'{container["name"]}: env {var["name"]!r}: only value and fieldRef run locally')
+        return env
+
+    def _field(self, path: str) -> str:
+        meta = self.pod['metadata']
+        if match := _LABEL_REF.fullmatch(path):
+            return (meta.get('labels') or {}).get(match[1], '')
+        fields = {'metadata.name': self.name, 'metadata.namespace': self.namespace, 'status.podIP': self.ip,
+                  'metadata.uid': meta.get('uid', '')}
+        if path not in fields:
+            raise PodSpecError(f'fieldRef {path!r} is not emulated')
+        return fields[path]
+
+    # -- processes -----------------------------------------------------------------------------------
+    def start(self, container: Obj) -> subprocess.Popen:
+        log = open(self.sandbox / f'{container["name"]}.log', 'ab')
+        try:
+            process = subprocess.Popen(self.argv(container), env=self.env(container), cwd=self.sandbox,
+                                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        finally:
+            log.close()
+        self.groups.append(process.pid)
+        return process
+
+    def log(self, container: Obj, tail: int = 3000) -> str:
+        path = self.sandbox / f'{container["name"]}.log'
+        return path.read_text(errors='replace')[-tail:] if path.exists() else ''
+
+    def termination_message(self, container: Obj) -> str:
+        path = self.termination_path(container)
+        return path.read_text(errors='replace').strip()[:4096] if path.exists() else ''
+
+    def stop(self, grace: float) -> list[int]:
+        """SIGTERM the running container, SIGKILL it after `grace`; then end whatever is left of its process
+        groups and return those pids (a clean stage leaves none: its workers go with it)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return end_groups(self.groups)
+
+
+def group_members(groups: list[int]) -> list[int]:
+    """Live (non-zombie) processes in these process groups."""
+    members = []
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f'/proc/{entry}/stat').read_text()
+        except OSError:
+            continue  # it exited while we looked
+        fields = text[text.rindex(')') + 2:].split()
+        if int(fields[2]) in groups and fields[0] != 'Z':
+            members.append(int(entry))
+    return members
+
+
+def end_groups(groups: list[int], settle: float = 5.0) -> list[int]:
+    """Wait up to `settle` s for the groups to empty by themselves; SIGKILL and return what was left."""
+    deadline = time.monotonic() + settle
+    while (left := group_members(groups)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue  # gone between the scan and the kill
+    return left

@@ -1,0 +1,215 @@
+"""Tier 4: the whole system on the embedded local cluster (DESIGN.md §5). The emulated API, the operator as a
+real process, every pod as real local processes (`stage-runtime make-tiny-model`, then `stage-runtime
+serve` with two CPU ranks), images over real HTTP through the Service.
+
+One cluster and one `tiny` stage (manifests/samples/tiny-cpu.yaml, as shipped) serve the whole module, so
+the tests run in file order as one scenario: Ready → images → a failing pod → a stage too big for any
+node → scale 2→3→1 → (issue 7:
+no request lost to the scale-down, kill a worker, abort) → delete → nothing left.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from e2e import scenario
+from e2e.local.cluster import FAKE_GPUS, LocalCluster
+from e2e.local.pod_process import group_members
+
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith('linux'),
+                       reason='the local pod runner gives each pod a 127.x.y.z address and reads /proc: Linux only'),
+    pytest.mark.timeout(240),
+]
+TINY = 'tiny'
+LONG_REQUEST = {'prompt': 'long', 'size': '64x64', 'num_inference_steps': 500, 'request_id': 'e2e-long'}  # ~10 s+
+NEEDS_ISSUE_7 = 'needs issue 7 (operator restarts and abort): the operator does not act on it yet'
+
+
+@pytest.fixture(scope='module')
+def cluster(tmp_path_factory):
+    with LocalCluster(tmp_path_factory.mktemp('local-cluster')) as local:
+        yield local
+    log = local.operator_log
+    assert local.operator.returncode == 0, log[-3000:]
+    assert 'Traceback' not in log, log[-5000:]
+    assert not local.runner.errors, local.runner.errors
+
+
+@pytest.fixture(scope='module')
+def tiny(cluster):
+    cluster.apply(scenario.sample())
+    scenario.wait_ready(cluster, TINY, 2, timeout=150)
+    return TINY
+
+
+def test_the_sample_becomes_ready_and_serves_images_through_its_service(cluster, tiny):
+    status = scenario.status(cluster, tiny)
+    assert status['topology']['worldSize'] == 2 and status['selector'] == 'diffstage.io/stage=tiny'
+    assert scenario.condition(cluster, tiny, 'Ready')['status'] == 'True'
+    pods = {p['metadata']['name']: p['status'] for p in cluster.pods(tiny)}
+    assert sorted(pods) == ['tiny-0', 'tiny-1']
+    for pod in pods.values():  # what the pod runner reported: the init container built the model, then serve
+        assert pod['phase'] == 'Running' and pod['podIP'].startswith('127.')
+        assert pod['initContainerStatuses'][0]['state']['terminated']['exitCode'] == 0
+    assert len(cluster.services.endpoints('default', tiny)) == 2
+    first, second = (scenario.generate(cluster, tiny, seed=3) for _ in range(2))  # round robin: both replicas
+    assert first == second, 'the same seed gives the same image on every replica'
+
+
+def test_a_failing_pod_reports_exit_code_and_termination_message(cluster, tiny):
+    broken = scenario.with_spec(scenario.sample(), replicas=1, model={'path': '/models/missing'},
+                                parallel={}, resources={'gpusPerPod': 1, 'gpuResourceName': ''})
+    broken['metadata']['name'] = 'broken'
+    cluster.apply(broken)
+    failure = scenario.wait_for(
+        lambda: next((r.get('lastFailure') for r in scenario.status(cluster, 'broken').get('replicaStatuses') or ()
+                      if r.get('lastFailure')), None), 90, 'the failure in status',
+        lambda: scenario.status(cluster, 'broken'))
+    assert failure['exitCode'] == 2, failure  # a configuration error: permanent
+    assert '/models/missing' in failure['message'], failure  # the stage's own termination message
+    assert scenario.condition(cluster, 'broken', 'Degraded')['status'] == 'True'
+    scenario.delete(cluster, 'broken', 30)
+    assert scenario.is_ready(cluster, tiny, 2), 'the other stage is untouched'
+
+
+def test_a_stage_bigger_than_any_node_is_refused(cluster, tiny):
+    scenario.refused_for_gpu_capacity(cluster, FAKE_GPUS, timeout=30)
+
+
+class Load:
+    """Requests through the Service, one after another, from a thread: what clients see during a change."""
+
+    def __init__(self, cluster, service: str):
+        self.cluster, self.service, self.answers, self.failures = cluster, service, 0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name='load', daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            url = self.cluster.service_url(self.service)
+            if url is None:
+                self.failures.append('no ready endpoint behind the Service')
+                time.sleep(0.1)
+                continue
+            try:
+                response = httpx.post(f'{url}/v1/images/generations', timeout=60,
+                                      json={'prompt': 'load', 'size': '64x64', 'num_inference_steps': 2})
+            except httpx.HTTPError as exc:
+                self.failures.append(f'{url}: {exc!r}')
+                continue
+            self.answers += 1
+            if response.status_code != 200:
+                self.failures.append(f'{url}: {response.status_code} {response.text[:200]}')
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(90)
+
+
+@pytest.fixture(scope='module')
+def scale_down_load() -> dict:
+    return {}
+
+
+def test_scale_2_to_3_to_1(cluster, tiny, scale_down_load):
+    scenario.scale(cluster, tiny, 3, timeout=150)
+    assert len(cluster.services.endpoints('default', tiny)) == 3
+    scenario.generate(cluster, tiny)
+    with Load(cluster, tiny) as load:  # what the clients saw is judged below (issue 7); here: the scale happens
+        scenario.scale(cluster, tiny, 1, timeout=60)
+        scenario.wait_for(lambda: len(cluster.runner.running()) == 1, 60, 'the removed pods to stop',
+                          cluster.runner.running)
+        time.sleep(1)
+    scale_down_load.update(answers=load.answers, failures=load.failures)
+    assert len(cluster.services.endpoints('default', tiny)) == 1
+    scenario.generate(cluster, tiny)
+
+
+@pytest.mark.xfail(strict=False, reason='needs issue 7 (fence, drain, then delete on scale-down). Racy today: the '
+                                        'pod is deleted at once and a request resolved just before meets it draining '
+                                        '(503); it often passes here only because the local Service has no '
+                                        'propagation delay')
+def test_scale_down_lost_no_request(scale_down_load):
+    assert scale_down_load, 'test_scale_2_to_3_to_1 ran first and put load on the scale-down'
+    assert scale_down_load['answers'] >= 3, scale_down_load
+    assert not scale_down_load['failures'], scale_down_load['failures'][:5]
+
+
+def test_the_long_request_of_the_abort_test_is_valid():
+    from stage_runtime.serve.schemas import ImageGenerationRequest
+
+    ImageGenerationRequest.model_validate(LONG_REQUEST)
+
+
+def _stage_worker(cluster, pod_name: str) -> int:
+    """A rank process of the pod's stage (a child of its `stage-runtime serve` process)."""
+    thread = next(t for t in cluster.runner._every if t.pod['metadata']['name'] == pod_name and t.is_alive())
+    serve = thread.local.process.pid
+    members = group_members([serve])
+    children = [pid for pid in members if pid != serve and _ppid(pid) == serve]
+    assert children, f'no worker processes under {serve}: {members}'
+    return children[-1]
+
+
+def _ppid(pid: int) -> int:
+    with open(f'/proc/{pid}/stat') as f:
+        text = f.read()
+    return int(text[text.rindex(')') + 2:].split()[1])
+
+
+@pytest.mark.xfail(strict=False, reason=NEEDS_ISSUE_7)
+def test_a_killed_worker_restarts_the_replica_and_status_records_it(cluster, tiny):
+    cluster.patch_spec(tiny, {'restartPolicy': {'backoffInitialSeconds': 1, 'backoffMaxSeconds': 2}})
+    worker = _stage_worker(cluster, 'tiny-0')
+    os.kill(worker, signal.SIGKILL)
+    failure = scenario.wait_for(
+        lambda: next((r.get('lastFailure') for r in scenario.status(cluster, tiny).get('replicaStatuses') or ()
+                      if r.get('lastFailure')), None), 30, 'the failure in status')
+    assert failure['exitCode'] == 3 and failure['reason'] == 'WorkerDied', failure
+    scenario.wait_for(lambda: (scenario.status(cluster, tiny).get('restarts') or {}).get('total') == 1, 15,
+                      'the restart in status.restarts', lambda: scenario.status(cluster, tiny))
+    scenario.wait_ready(cluster, tiny, 1, timeout=120)
+    scenario.generate(cluster, tiny)
+
+
+@pytest.mark.xfail(strict=False, reason=NEEDS_ISSUE_7)
+def test_abort_through_spec_abort_ends_the_running_request(cluster, tiny):
+    url = scenario.wait_for(lambda: cluster.service_url(tiny), 10, 'a ready replica')
+    answers: list[httpx.Response] = []
+    request = threading.Thread(target=lambda: answers.append(httpx.post(
+        f'{url}/v1/images/generations', timeout=120, json=LONG_REQUEST)))
+    request.start()
+    try:
+        scenario.wait_for(lambda: httpx.get(f'{url}/v1/requests', timeout=5).json().get('requests'), 20,
+                          'the request to run')
+        assert not answers, answers[0].text
+        cluster.patch_spec(tiny, {'abort': {'id': 'e2e-1', 'all': True}})
+        abort = scenario.wait_for(lambda: (scenario.status(cluster, tiny).get('abort') or {}).get('observedId'),
+                                  15, 'status.abort', lambda: scenario.status(cluster, tiny))
+        assert abort == 'e2e-1'
+        request.join(15)
+        assert answers and answers[0].status_code == 409, answers and answers[0].text
+    finally:  # without an operator that aborts, end the request here so the stage can be deleted quickly
+        httpx.post(f'{url}/v1/abort', json={'all': True}, timeout=10)
+        request.join(30)
+
+
+def test_delete_leaves_no_process_and_no_shm(cluster, tiny):
+    started = time.monotonic()
+    scenario.delete(cluster, tiny, 30)
+    scenario.wait_for(lambda: not cluster.runner.running(), 60, 'every pod process to stop', cluster.runner.running)
+    assert time.monotonic() - started < 60
+    assert not cluster.runner.leftovers, cluster.runner.leftovers
+    assert not group_members(cluster.runner.all_groups), 'no process of any pod is left'
+    assert not {k: v for k, v in cluster.leftovers().items() if k != 'operator'}, cluster.leftovers()

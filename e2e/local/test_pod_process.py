@@ -1,0 +1,83 @@
+"""How the local cluster maps a pod onto this machine: the operator's own pod for the tiny sample, rewritten."""
+from __future__ import annotations
+
+import copy
+import sys
+
+import pytest
+
+from e2e import scenario
+from e2e.local.pod_process import LocalPod, PodSpecError
+from stage_operator.builders.children import build_configmap
+from stage_operator.builders.pod import build_pod
+from stage_operator.stage import parse_stage
+
+
+@pytest.fixture
+def stage():
+    manifest = scenario.sample()
+    manifest['metadata'].update(namespace='default', uid='uid-1', generation=1)
+    return parse_stage(manifest)
+
+
+def local(pod, tmp_path, configmaps):
+    pod['metadata']['uid'] = 'pod-uid'
+    return LocalPod(pod, '127.9.0.2', lambda ns, name: configmaps.get(name), tmp_path)
+
+
+def test_the_tiny_pod_runs_as_local_processes(stage, tmp_path):
+    pod = build_pod(stage, 1)
+    configmap = build_configmap(stage)
+    lp = local(pod, tmp_path, {configmap['metadata']['name']: configmap})
+    init, main = pod['spec']['initContainers'][0], pod['spec']['containers'][0]
+    make, serve = lp.argv(init), lp.argv(main)
+    assert make[:3] == serve[:3] == [sys.executable, '-m', 'stage_runtime']
+    model = serve[serve.index('--model') + 1]
+    assert make[4] == model and model.startswith(str(lp.sandbox)), 'the init container writes where serve reads'
+    assert serve[serve.index('--host') + 1] == '127.9.0.2'
+    assert serve[serve.index('--http-port') + 1] == '8000', 'container ports are kept: the pod has its own address'
+    config = serve[serve.index('--config') + 1]
+    assert open(config).read() == next(iter(configmap['data'].values())), 'the ConfigMap volume holds its keys'
+    assert serve[serve.index('--termination-log') + 1] == str(lp.termination_path(main))
+    env = lp.env(main)
+    assert env['DIFFSTAGE_REPLICA'] == '1' and env['DIFFSTAGE_STAGE'] == 'tiny' and env['HF_HUB_OFFLINE'] == '1'
+
+
+def test_shm_is_the_hosts(stage, tmp_path):
+    pod = build_pod(stage, 0)
+    configmap = build_configmap(stage)
+    lp = local(pod, tmp_path, {configmap['metadata']['name']: configmap})
+    assert lp.volumes['dshm'] is None and '/dev/shm' not in lp.path_map(pod['spec']['containers'][0])
+
+
+def test_what_cannot_run_locally_is_refused_by_name(stage, tmp_path):
+    configmap = build_configmap(stage)
+    configmaps = {configmap['metadata']['name']: configmap}
+    pod = build_pod(stage, 0)
+    pod['spec']['volumes'].append({'name': 'models', 'persistentVolumeClaim': {'claimName': 'm'}})
+    with pytest.raises(PodSpecError, match="volume 'models'"):
+        local(copy.deepcopy(pod), tmp_path, configmaps)
+    pod = build_pod(stage, 0)
+    with pytest.raises(PodSpecError, match='configmap "tiny-config" not found'):
+        local(pod, tmp_path, {})
+    pod = build_pod(stage, 0)
+    node = {'name': 'NODE', 'valueFrom': {'fieldRef': {'fieldPath': 'spec.nodeName'}}}
+    pod['spec']['containers'][0]['env'].append(node)
+    lp = local(pod, tmp_path, configmaps)
+    with pytest.raises(PodSpecError, match="fieldRef 'spec.nodeName'"):
+        lp.env(pod['spec']['containers'][0])
+
+
+def test_each_pod_gets_a_loopback_address_whose_ports_are_free():
+    import socket
+
+    from e2e.local.pod_runner import loopback_addresses
+
+    addresses = loopback_addresses()
+    first = next(addresses)
+    taken = first.rsplit('.', 1)[0] + '.' + str(int(first.rsplit('.', 1)[1]) + 1)
+    with socket.socket() as server:
+        server.bind((taken, 5570))  # someone else holds the next address's ZMQ port
+        server.listen()
+        following = next(addresses)
+    assert first.startswith('127.') and following not in (first, taken)
