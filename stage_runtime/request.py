@@ -128,10 +128,14 @@ class DiffusionRequest:
                     name, value, f"{info.pipeline_class} only serves {info.default_width}x{info.default_height}")
             if value % info.size_multiple:
                 raise InvalidRequestError(name, value, f"must be a multiple of {info.size_multiple}")
+        steps = s.num_inference_steps or info.default_steps
+        if info.max_steps is not None and steps > info.max_steps:
+            raise InvalidRequestError("num_inference_steps", steps,
+                                      f"{info.pipeline_class}'s noise scheduler places at most {info.max_steps} steps")
         resolved = s.model_copy(update={
             "height": height,
             "width": width,
-            "num_inference_steps": s.num_inference_steps or info.default_steps,
+            "num_inference_steps": steps,
             "guidance_scale": info.default_guidance if s.guidance_scale is None else s.guidance_scale,
         })
         return replace(self, sampling=resolved)

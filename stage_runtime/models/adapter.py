@@ -70,7 +70,14 @@ class PipelineAdapter(ABC):
             default_guidance=self.default_guidance, size_multiple=self.size_multiple(), fixed_size=self.fixed_size,
             supports_request_batch=self.supports_request_batch,
             supports_step_execution=self.supports_step_execution,
-            num_attention_heads=self.num_attention_heads())
+            num_attention_heads=self.num_attention_heads(), max_steps=self.max_steps())
+
+    def max_steps(self) -> int | None:
+        """Most denoising steps the noise scheduler can place: its training timesteps less the offset its
+        timesteps are shifted by (DDIM with ``steps_offset=1`` and 1000 steps would index timestep 1000)."""
+        config = self.pipe.scheduler.config
+        train = config.get("num_train_timesteps")
+        return None if train is None else int(train) - int(config.get("steps_offset", 0) or 0)
 
     def num_attention_heads(self) -> int:
         """The head count every attention layer of the denoiser is divisible by (gcd over layers)."""

@@ -18,3 +18,4 @@ class ModelInfo:
     supports_request_batch: bool     # several requests fused into one pipeline call
     supports_step_execution: bool    # the four-method step contract (step mode)
     num_attention_heads: int         # of the denoiser; topology checks (Ulysses degree must divide it)
+    max_steps: int | None = None     # the noise scheduler's limit on num_inference_steps (None: unknown)

@@ -59,3 +59,11 @@ def test_prompt_length_bounded():
 
 def test_terminal_states():
     assert [s.finished for s in RequestStatus] == [False, False, True, True, True]
+
+
+def test_steps_beyond_the_noise_schedulers_limit_are_refused_at_admission():
+    limited = ModelInfo("StableDiffusionPipeline", "x:Y", 64, 64, 20, 7.5, 8, False, True, False, 4, max_steps=999)
+    assert DiffusionRequest("a", "p", SamplingParams(num_inference_steps=999)).resolve(limited)
+    with pytest.raises(InvalidRequestError, match=r"num_inference_steps=1000: .*at most 999 steps") as exc:
+        DiffusionRequest("a", "p", SamplingParams(num_inference_steps=1000)).resolve(limited)
+    assert exc.value.field == "num_inference_steps"

@@ -104,6 +104,9 @@ def test_duplicate_request_id_rejected(engine):
 def test_invalid_request_rejected_at_admission(engine):
     with pytest.raises(InvalidRequestError, match="width=60"):
         engine.add_request(req("a", width=60))
+    # regression: 1000 steps passed the edge and failed inside DDIM (steps_offset=1) with an IndexError
+    with pytest.raises(InvalidRequestError, match=r"num_inference_steps=1000: .*at most 999"):
+        engine.add_request(DiffusionRequest("b", "x", SamplingParams(num_inference_steps=1000)))
     assert_no_state(engine)
 
 
