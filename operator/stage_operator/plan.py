@@ -67,5 +67,5 @@ def contains(observed: Any, desired: Any) -> bool:
         return isinstance(observed, Mapping) and all(contains(observed.get(k), v) for k, v in desired.items())
     if isinstance(desired, list):
         return isinstance(observed, list) and len(observed) == len(desired) and all(
-            contains(o, d) for o, d in zip(observed, desired))
+            contains(o, d) for o, d in zip(observed, desired, strict=True))
     return observed == desired
