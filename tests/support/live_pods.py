@@ -66,8 +66,12 @@ def in_flight(url: str) -> int:
     return stats['waiting'] + stats['running']
 
 
-def wait_in_flight(url: str, count: int, timeout: float = 30) -> None:
-    wait_for(lambda: in_flight(url) >= count, timeout, what=f'{count} requests in flight at {url}')
+def wait_in_flight(url: str, count: int, calls: list[Generation], timeout: float = 30) -> None:
+    def check() -> bool:
+        ended = [(c.request_id, c.status, c.body) for c in calls if c.status is not None]
+        assert not ended, f'requests ended before the test could use them: {ended}'
+        return in_flight(url) >= count
+    wait_for(check, timeout, what=f'{count} requests in flight at {url}')
 
 
 class StandIn:
