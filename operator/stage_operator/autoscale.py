@@ -77,7 +77,8 @@ def decide(spec: StageSpec, previous: Mapping[str, Any] | None, samples: Sequenc
     desired, why = stabilized(current, samples, now, policy)
     metric = float(samples[-1][1]) if samples else None
     if start is None or desired != start:
-        reason = why or f"start at {desired} (spec.replicas {spec.replicas} within [{policy.low}, {policy.high}])"
+        reason = why if start is not None else (f"start at {desired} (spec.replicas {spec.replicas} within "
+                                                f"[{policy.low}, {policy.high}])")
         status = {"desiredReplicas": desired, "reason": reason, "lastScaleTime": format_time(now)}
         if metric is not None:
             status["metricValue"] = metric

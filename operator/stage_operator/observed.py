@@ -55,7 +55,10 @@ class PodView:
         """Base URL of the stage's HTTP port: the annotation when the operator allows it, else the pod IP."""
         if allow_override and self.endpoint_override:
             return self.endpoint_override.rstrip("/")
-        return f"http://{self.pod_ip}:{HTTP_PORT}" if self.pod_ip else None
+        if not self.pod_ip:
+            return None
+        host = f"[{self.pod_ip}]" if ":" in self.pod_ip else self.pod_ip  # IPv6
+        return f"http://{host}:{HTTP_PORT}"
 
 
 def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:

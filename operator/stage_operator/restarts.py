@@ -85,6 +85,10 @@ def failure_of(pod: PodView, health: PodHealth | None, threshold: int) -> Failur
     return Failure(reason, why, None, format_time(health.checked_at))
 
 
+def _recorded(wire: Mapping[str, Any]) -> Failure:
+    return Failure(wire.get("reason", "Failed"), wire.get("message", ""), wire.get("exitCode"), wire.get("time"))
+
+
 def failure_wire(f: Failure) -> dict[str, Any]:
     return {k: v for k, v in (("reason", f.reason), ("message", f.message), ("exitCode", f.exit_code),
                               ("time", f.time)) if v is not None}
@@ -107,6 +111,8 @@ def decide(policy: RestartPolicy, status: Mapping[str, Any], generation: int, po
         failure = None
         if not pod.terminating and pod.draining_since is None and pod.template_hash == desired_hash:
             failure = failure_of(pod, health.get(pod.uid), threshold)
+            if failure is None and prev.backoff_until is not None and not pod.serving and prev.last_failure:
+                failure = _recorded(prev.last_failure)  # fail-closed: a fenced pod that answers again still goes
         if failure is None:
             out.records[index] = record
             continue

@@ -71,7 +71,7 @@ def plan(desired: int, pods: Mapping[int, PodView], health: Mapping[str, PodHeal
         h = health.get(pod.uid)
         idle = h is not None and h.checked_at > pod.draining_since and h.in_flight == 0
         deadline = pod.draining_since + drain_timeout
-        if not pod.running or idle:
+        if not pod.running or idle or (h is not None and h.health == "Unhealthy"):  # a dead engine serves nobody
             out.delete.append((pod.name, "ScaleDown"))
         elif now >= deadline:
             out.delete.append((pod.name, "DrainTimeout"))

@@ -84,6 +84,12 @@ CASES = [
     ('exit-2-stalls-at-once', 'invalid', None, {}, False, (True, False, 'InvalidConfiguration', None, 'ConfigError')),
     ('health-503', 'ready', 'dead', {}, False, (True, False, None, 10, 'Unhealthy')),
     ('probe-failures', 'ready', 'silent', {}, False, (True, False, None, 10, 'ProbeFailed')),
+    ('fenced-pod-answering-again-still-restarts', 'fenced', 'fine',
+     {'backoffUntil': at(0.1), 'lastFailure': {'reason': 'ProbeFailed', 'message': 'no answer'}}, False,
+     (False, True, None, None, 'ProbeFailed')),
+    ('unfenced-new-pod-is-not-blamed', 'ready', 'fine',
+     {'backoffUntil': at(0.1), 'lastFailure': {'reason': 'ProbeFailed', 'message': 'no answer'}}, False,
+     (False, False, None, None, 'ProbeFailed')),
 ]
 
 
@@ -92,7 +98,9 @@ CASES = [
 def test_restart_policy_table(state, probe, previous, new_generation, expected):
     st = stage(CPU)
     obj = pod(st, 0)
-    obj['status'] = STATES[state]
+    obj['status'] = STATES['ready' if state == 'fenced' else state]
+    if state == 'fenced':
+        obj['metadata']['labels']['diffstage.io/serving'] = 'false'
     view = pod_view(obj)
     status = {'observedGeneration': 1, 'replicaStatuses': [{'index': 0, 'pod': 's-0', 'phase': 'Running', **previous}]}
     health = {view.uid: HEALTH[probe]} if probe else {}
