@@ -28,7 +28,10 @@ def needs_nodes(stage: Stage, observed: Observed) -> bool:
     if stage.spec is None or stage.deleting or not stage.spec.resources.gpu_resource_name:
         return False
     pods = observed.pod_views()
-    missing = any(i not in pods for i in range(stage.spec.replicas))
+    replicas = stage.spec.replicas
+    if stage.spec.autoscaling.mode == "Operator":  # the operator's own decision, not spec.replicas
+        replicas = int((stage.status.get("autoscaling") or {}).get("desiredReplicas", replicas))
+    missing = len([p for p in pods.values() if not p.terminating]) < replicas
     accepted = next((c for c in stage.status.get("conditions") or () if c.get("type") == "Accepted"), None)
     return missing or bool(accepted and accepted.get("status") == "False")
 

@@ -81,6 +81,9 @@ def test_operator_autoscaling_scales_up_then_drains_before_removing(cluster, kub
     a, b = live
     policy = {'mode': 'Operator', 'minReplicas': 1, 'maxReplicas': 2, 'targetInFlightPerReplica': 3,
               'scaleUpStabilizationSeconds': 1, 'scaleDownStabilizationSeconds': 2, 'drainTimeoutSeconds': 120}
+    from prometheus_client import REGISTRY
+    decisions = {d: REGISTRY.get_sample_value('diffstage_operator_autoscaling_decisions_total', {'direction': d}) or 0
+                 for d in ('ScaledUp', 'ScaledDown')}
     with operator(kube_emulator):
         cluster.apply(manifest('as', replicas=1, autoscaling=policy, **ONE_RANK))
         wait_for(lambda: 'as-0' in cluster.pods('as'), what='the first pod')
@@ -122,6 +125,9 @@ def test_operator_autoscaling_scales_up_then_drains_before_removing(cluster, kub
         assert [e['reason'] for e in events(kube_emulator, 'as') if e['reason'] in ('ScaledUp', 'ScaledDown')] \
             == ['ScaledUp', 'ScaledDown']
         assert events(kube_emulator, 'as', 'DrainingReplica')
+    for direction, before in decisions.items():
+        assert REGISTRY.get_sample_value('diffstage_operator_autoscaling_decisions_total',
+                                         {'direction': direction}) == before + 1
     stage_writes = [r for r in kube_emulator._requests if r.resource is not None
                     and r.resource.plural == 'diffusionstages' and r.method.value in ('PATCH', 'PUT')
                     and r.subresource != 'status' and not r.headers.get('User-Agent', '').startswith('python-httpx')]

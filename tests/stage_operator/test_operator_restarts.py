@@ -27,6 +27,11 @@ def cluster(kube_emulator, kubeconfig, monkeypatch):
     c.http.close()
 
 
+def metric(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def pod_creates(emulator) -> int:
     return sum(1 for m in emulator.mutations if m[:2] == ('create', 'pods'))
 
@@ -34,6 +39,7 @@ def pod_creates(emulator) -> int:
 def test_killed_worker_restarts_after_backoff_then_the_budget_stalls(cluster, kube_emulator, tiny_sd_path, tmp_path):
     term = tmp_path / 'termination-log'
     stage = StageProcess(['--model', tiny_sd_path, *MP_CFG2], tmp_path / 'stage.log', termination_log=term)
+    restarts_before = metric('diffstage_operator_restarts_total')
     try:
         stage.start()
         with operator(kube_emulator):
@@ -76,6 +82,7 @@ def test_killed_worker_restarts_after_backoff_then_the_budget_stalls(cluster, ku
             assert 'the failed pod is kept' in stalled['message']
             status = cluster.status('w')
             assert status['phase'] == 'Stalled' and status['restarts']['total'] == 2
+            assert metric('diffstage_operator_restarts_total') == restarts_before + 2
             kept = cluster.pods('w')['w-0']
             assert kept['status']['phase'] == 'Failed' and kept['metadata']['labels']['diffstage.io/serving'] == 'false'
             creates = pod_creates(kube_emulator)
@@ -119,6 +126,7 @@ def test_exit_code_2_stalls_at_once_with_the_stage_message(cluster, kube_emulato
 
 
 def test_a_hung_stage_answering_503_is_fenced_and_replaced(cluster, kube_emulator):
+    unhealthy_before = metric('diffstage_operator_probe_failures_total', kind='unhealthy')
     with StandIn() as hung, operator(kube_emulator):
         cluster.apply(manifest('h', replicas=1, **ONE_RANK, **FAST))
         wait_for(lambda: 'h-0' in cluster.pods('h'), what='the pod')
@@ -133,3 +141,4 @@ def test_a_hung_stage_answering_503_is_fenced_and_replaced(cluster, kube_emulato
         assert cluster.status('h')['restarts']['total'] == 1
         fenced = [m for m in kube_emulator.mutations if m[:2] == ('patch', 'pods') and m[3] == 'h-0']
         assert fenced, 'the hung pod was taken out of the Service before it was replaced'
+        assert metric('diffstage_operator_probe_failures_total', kind='unhealthy') > unhealthy_before
