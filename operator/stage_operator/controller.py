@@ -190,17 +190,17 @@ class Controller:
         items = list(targets.pods.items())
         results = await asyncio.gather(*(stage_http.probe(self.session, url, targets.timeout)
                                          for _, (_, url, _) in items))
-        changed, in_flight, at = False, 0, self.clock()
+        changed, in_flight, answered, at = False, 0, 0, self.clock()
         for (uid, (pod, _, active)), result in zip(items, results, strict=True):
             health, moved = memory.health.record(uid, result)
             changed |= moved
             if result.error is not None or result.dead is not None:
                 metrics.PROBE_FAILURES.labels(kind="unhealthy" if result.dead else "unreachable").inc()
                 log.debug("probe %s/%s: %s", namespace, pod, result.dead or result.error)
-            if active and health.in_flight is not None:
-                in_flight += health.in_flight
+            if active and result.error is None and health.in_flight is not None:
+                in_flight, answered = in_flight + health.in_flight, answered + 1
         memory.health.forget_except(set(targets.pods))
-        if targets.autoscaling:
+        if targets.autoscaling and answered:  # no answer is no measurement (never a reason to scale down)
             memory.record_load(at, in_flight, targets.window)
             changed = True  # the stabilization windows move with time: let the reconcile look
         return changed, targets.period

@@ -97,7 +97,8 @@ def test_operator_autoscaling_scales_up_then_drains_before_removing(cluster, kub
         wait_in_flight(a.http_url, 4, first)
         up_at = watch_until(lambda: 'as-1' in cluster.pods('as'), 30, 'a second replica')
         assert up_at - loaded_at >= 1.0, 'scaled up before the up window had passed'
-        scaled = cluster.status('as')['autoscaling']
+        scaled = wait_for(lambda: cluster.status('as')['autoscaling']['desiredReplicas'] == 2
+                          and cluster.status('as')['autoscaling'], what='desired 2 in status')  # pods go first
         assert scaled['desiredReplicas'] == 2 and 'scale up to 2' in scaled['reason'] and scaled['lastScaleTime']
         map_pod(cluster, 'as-1', b.http_url)
 
