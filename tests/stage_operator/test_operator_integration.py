@@ -118,7 +118,8 @@ def test_gpus_exceeding_every_node_create_nothing(cluster, kube_emulator):
         assert accepted['status'] == 'False' and accepted['reason'] == 'InsufficientGPUCapacity'
         assert 'gpusPerPod=8 of nvidia.com/gpu' in accepted['message'] and 'gpu-big with 4' in accepted['message']
         assert cluster.status('big')['phase'] == 'Pending'
-        warnings = [e for e in kube_emulator.objects('events') if e['reason'] == 'InsufficientGPUCapacity']
+        warnings = wait_for(lambda: [e for e in kube_emulator.objects('events')  # posted after the status write
+                                     if e['reason'] == 'InsufficientGPUCapacity'], what='the Warning event')
         assert len(warnings) == 1 and warnings[0]['involvedObject']['name'] == 'big'
         resyncs(2)
         assert cluster.pods('big') == {} and kube_emulator.get('services', 'big') is None
