@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) bench/step_mode.py
 	$(PY) bench/executor_overhead.py
 	$(PY) bench/operator_reconcile.py
+	$(PY) bench/operator_restart.py
 	$(PY) bench/http_overhead.py
 	$(PY) bench/offload.py
 

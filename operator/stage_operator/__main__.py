@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import random
 import sys
 
 import kopf
@@ -26,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--liveness", metavar="URL", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (/metrics)")
     p.add_argument("--resync-seconds", type=float, help="re-reconcile every stage this often (default 30)")
+    p.add_argument("--endpoint-annotation", action="store_true",
+                   help="reach a pod at its annotation diffstage.io/endpoint (a URL) instead of its pod IP: for "
+                        "local runs and tests where pods are stood in for by local processes; off in clusters")
     p.add_argument("--verbose", action="store_true")
     return p
 
@@ -36,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.all_namespaces and not namespaces:
         print("give --namespace NS (or $WATCH_NAMESPACE) or --all-namespaces", file=sys.stderr)
         return 2
+    if args.endpoint_annotation:
+        os.environ["DIFFSTAGE_ENDPOINT_ANNOTATION"] = "1"
     if args.resync_seconds is not None:
         os.environ["DIFFSTAGE_RESYNC_SECONDS"] = str(args.resync_seconds)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,

@@ -1,42 +1,206 @@
-"""One reconcile of one stage: read (kube) → reconcile (pure) → apply (kube), one status write at most."""
+"""One reconcile of one stage: read (kube) → act on the stage contract where the spec asks (abort) → reconcile
+(pure) → apply (kube), one status write at most. Also the operator's memory of each stage: what its probes
+saw (`HealthBook`), the in-flight load over time (autoscaling), the pods to probe, aborts already sent."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import dataclasses
-import datetime
 import logging
+import os
+import time
 from collections.abc import Callable
+from typing import Any
 
-from stage_operator import metrics
+import aiohttp
+
+from stage_operator import metrics, stage_http
+from stage_operator.clock import format_time
+from stage_operator.health import HealthBook
 from stage_operator.kube import Kube
+from stage_operator.observed import Observed
 from stage_operator.plan import Plan
 from stage_operator.reconcile import needs_nodes, reconcile
-from stage_operator.stage import parse_stage
+from stage_operator.stage import Stage, parse_stage
 
 log = logging.getLogger(__name__)
+ENDPOINT_ANNOTATION_ENV = "DIFFSTAGE_ENDPOINT_ANNOTATION"  # "1": honour the pod annotation diffstage.io/endpoint
+MAX_SAMPLES = 100_000
 
 
 def utc_now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(time.time())
+
+
+@dataclasses.dataclass
+class Targets:
+    """What the prober of one stage polls: set by each reconcile."""
+
+    period: float
+    timeout: float
+    autoscaling: bool  # record the in-flight load (operator autoscaling)
+    window: float  # how much load history autoscaling needs
+    pods: dict[str, tuple[str, str, bool]]  # uid -> (pod, base url, active: serving and not draining)
+
+
+@dataclasses.dataclass
+class StageMemory:
+    health: HealthBook = dataclasses.field(default_factory=HealthBook)
+    samples: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=MAX_SAMPLES))
+    targets: Targets | None = None
+    aborts: dict[tuple[str, str], dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def record_load(self, at: float, in_flight: int, window: float) -> None:
+        self.samples.append((at, in_flight))
+        while len(self.samples) > 1 and self.samples[1][0] <= at - window:  # keep one sample from before
+            self.samples.popleft()
 
 
 class Controller:
-    def __init__(self, kube: Kube, clock: Callable[[], str] = utc_now):
+    def __init__(self, kube: Kube, clock: Callable[[], float] = time.time, endpoint_annotation: bool | None = None):
         self.kube, self.clock = kube, clock
+        if endpoint_annotation is None:
+            endpoint_annotation = os.environ.get(ENDPOINT_ANNOTATION_ENV, "") == "1"
+        self.endpoint_annotation = endpoint_annotation
+        self.memory: dict[tuple[str, str], StageMemory] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    def remember(self, namespace: str, name: str) -> StageMemory:
+        return self.memory.setdefault((namespace, name), StageMemory())
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.memory.pop((namespace, name), None)
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    # -- the synchronous path (benchmarks, no pods to talk to) ---------------------------------------------
+    def read(self, namespace: str, name: str, at: float) -> tuple[Stage, Observed] | None:
+        body = self.kube.read_stage(namespace, name)
+        if body is None:
+            return None
+        stage = parse_stage(body)
+        observed = self.kube.observe(stage, nodes=None, now=format_time(at))
+        if needs_nodes(stage, observed):
+            observed = dataclasses.replace(observed, nodes=self.kube.list_nodes())
+        return stage, dataclasses.replace(observed, at=at)
+
+    def apply(self, stage: Stage, plan: Plan) -> None:
+        self.kube.apply(stage, plan)
+        for event in plan.events:
+            if event["reason"] == "RestartingReplica":
+                metrics.RESTARTS.inc()
+            elif event["reason"] in ("ScaledUp", "ScaledDown"):
+                metrics.AUTOSCALING_DECISIONS.labels(direction=event["reason"]).inc()
+            elif event["reason"] == "Aborted":
+                metrics.ABORTS.inc()
 
     def reconcile_once(self, namespace: str, name: str) -> Plan | None:
         """The applied plan; None when the stage no longer exists."""
         with metrics.RECONCILE_SECONDS.time():
-            body = self.kube.read_stage(namespace, name)
-            if body is None:
+            read = self.read(namespace, name, self.clock())
+            if read is None:
                 return None
-            stage = parse_stage(body)
-            observed = self.kube.observe(stage, nodes=None, now=self.clock())
-            if needs_nodes(stage, observed):
-                observed = dataclasses.replace(observed, nodes=self.kube.list_nodes())
-            plan = reconcile(stage, observed)
-            self.kube.apply(stage, plan)
+            stage, observed = read
+            plan = reconcile(stage, self._with_memory(stage, observed))
+            self.apply(stage, plan)
+        self._done(stage, observed, plan)
+        return plan
+
+    # -- the operator's path: the same, plus what needs the pods' HTTP ---------------------------------------
+    async def run(self, namespace: str, name: str) -> Plan | None:
+        started = time.perf_counter()
+        read = await asyncio.to_thread(self.read, namespace, name, self.clock())
+        if read is None:
+            self.forget(namespace, name)
+            return None
+        stage, observed = read
+        observed = self._with_memory(stage, observed)
+        if (spec_abort := self._pending_abort(stage)) is not None:
+            observed = dataclasses.replace(observed, abort=await self._abort(stage, observed, spec_abort))
+        plan = reconcile(stage, observed)
+        await asyncio.to_thread(self.apply, stage, plan)
+        metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+        self._done(stage, observed, plan)
+        return plan
+
+    def _with_memory(self, stage: Stage, observed: Observed) -> Observed:
+        memory = self.remember(stage.namespace, stage.name)
+        return dataclasses.replace(observed, health=memory.health.snapshot(), load_samples=tuple(memory.samples))
+
+    def _done(self, stage: Stage, observed: Observed, plan: Plan) -> None:
         metrics.RECONCILES.labels(result="changed" if plan.writes else "unchanged").inc()
         if plan.writes:
-            log.info("stage %s/%s: %s", namespace, name, plan.summary())
-        return plan
+            log.info("stage %s/%s: %s", stage.namespace, stage.name, plan.summary())
+        self._publish_targets(stage, observed)
+
+    def _publish_targets(self, stage: Stage, observed: Observed) -> None:
+        memory = self.remember(stage.namespace, stage.name)
+        if stage.spec is None or stage.deleting:
+            memory.targets = None
+            return
+        pods = {}
+        for pod in observed.pod_views().values():
+            url = pod.endpoint(self.endpoint_annotation)
+            if pod.running and url and pod.uid:
+                pods[pod.uid] = (pod.name, url, pod.serving and pod.draining_since is None)
+        spec = stage.spec
+        a = spec.autoscaling
+        window = max(a.scale_up_stabilization_seconds or 0, a.scale_down_stabilization_seconds or 300)
+        memory.targets = Targets(spec.health_check.period_seconds, spec.health_check.timeout_seconds,
+                                 a.mode == "Operator", window + 2 * spec.health_check.period_seconds, pods)
+
+    # -- abort: a new spec.abort.id, sent once ----------------------------------------------------------------
+    @staticmethod
+    def _pending_abort(stage: Stage) -> Any:
+        spec_abort = stage.spec.abort if stage.spec is not None and not stage.deleting else None
+        if spec_abort is None or (stage.status.get("abort") or {}).get("observedId") == spec_abort.id:
+            return None
+        return spec_abort
+
+    async def _abort(self, stage: Stage, observed: Observed, spec_abort: Any) -> dict[str, Any]:
+        memory = self.remember(stage.namespace, stage.name)
+        key = (stage.uid, spec_abort.id)
+        if key not in memory.aborts:  # sent once even when the status write that records it fails
+            targets = [(p.name, p.endpoint(self.endpoint_annotation)) for p in observed.pod_views().values()
+                       if p.running]
+            ids = None if spec_abort.all else list(spec_abort.request_ids or ())
+            result = await stage_http.abort(self.session, targets, ids, stage.spec.health_check.timeout_seconds)
+            memory.aborts[key] = {"observedId": spec_abort.id, **result,
+                                  "completedTime": format_time(self.clock())}
+            log.info("stage %s/%s: abort %s: %s", stage.namespace, stage.name, spec_abort.id, result)
+        return memory.aborts[key]
+
+    # -- the prober: one round over a stage's pods -------------------------------------------------------------
+    async def probe_round(self, namespace: str, name: str) -> tuple[bool, float]:
+        """Probe every published pod once; (whether anything the status or autoscaling uses changed, the
+        seconds until the next round)."""
+        memory = self.remember(namespace, name)
+        targets = memory.targets
+        if targets is None:
+            return False, 0.5
+        items = list(targets.pods.items())
+        results = await asyncio.gather(*(stage_http.probe(self.session, url, targets.timeout)
+                                         for _, (_, url, _) in items))
+        changed, in_flight, answered, at = False, 0, 0, self.clock()
+        for (uid, (pod, _, active)), result in zip(items, results, strict=True):
+            health, moved = memory.health.record(uid, result)
+            changed |= moved
+            if result.error is not None or result.dead is not None:
+                metrics.PROBE_FAILURES.labels(kind="unhealthy" if result.dead else "unreachable").inc()
+                log.debug("probe %s/%s: %s", namespace, pod, result.dead or result.error)
+            if active and result.error is None and health.in_flight is not None:
+                in_flight, answered = in_flight + health.in_flight, answered + 1
+        memory.health.forget_except(set(targets.pods))
+        if targets.autoscaling and answered:  # no answer is no measurement (never a reason to scale down)
+            memory.record_load(at, in_flight, targets.window)
+            changed = True  # the stabilization windows move with time: let the reconcile look
+        return changed, targets.period

@@ -1,13 +1,14 @@
 """kopf wiring, kept thin: one worker (daemon) per stage runs read → reconcile → apply → status whenever a
-watch event concerns the stage (its spec, its pods, node capacity) and on every resync. The event handlers
-are async on purpose: they set asyncio Events, which is only safe from the operator's own loop.
+watch event concerns the stage (its spec, its pods, node capacity), when the last plan's deadline (a restart
+backoff, a drain timeout) comes, and on every resync. A second daemon per stage probes its pods
+(`healthCheck.periodSeconds`) and wakes the worker when what it saw changed. The event handlers are async on
+purpose: they set asyncio Events, which is only safe from the operator's own loop.
 
 Run with `python -m stage_operator` or `kopf run -m stage_operator.handlers`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from typing import Any
@@ -46,8 +47,10 @@ async def stage_worker(name: str, namespace: str, memo: kopf.Memo, stopped: kopf
         while not stopped:
             trigger.clear()
             try:
-                await asyncio.to_thread(memo.controller.reconcile_once, namespace, name)
+                plan = await memo.controller.run(namespace, name)
                 failures, delay = 0, memo.resync_seconds
+                if plan is not None and plan.requeue_after is not None:
+                    delay = min(delay, plan.requeue_after)
             except ApiError as exc:  # a conflict, a 5xx, a webhook: log it, back off, read everything again
                 failures += 1
                 delay = min(MAX_ERROR_BACKOFF, 0.5 * 2 ** failures)
@@ -56,6 +59,23 @@ async def stage_worker(name: str, namespace: str, memo: kopf.Memo, stopped: kopf
             await Triggers.wait(trigger, delay, stopped)
     finally:
         memo.triggers.unregister(namespace, name)
+        memo.controller.forget(namespace, name)
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
+async def stage_prober(name: str, namespace: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """Polls the stage's running pods (`/health`, `/v1/stats`); the worker turns what it saw into status,
+    restarts and autoscaling decisions."""
+    while not stopped:
+        changed, delay = await memo.controller.probe_round(namespace, name)
+        if changed:
+            memo.triggers.fire(namespace, name)
+        await stopped.wait(delay)
+
+
+@kopf.on.cleanup()
+async def close_sessions(memo: kopf.Memo, **_: Any) -> None:
+    await memo.controller.close()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

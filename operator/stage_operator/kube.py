@@ -1,7 +1,8 @@
 """The one module that talks to the Kubernetes API (the official client's transport and auth, plain JSON).
 
 Reads: the stage, its pods (by label), its Service and ConfigMap, the nodes. Writes: `apply(stage, plan)`
-in the plan's order, and nothing else. Every write is a JSON merge patch or a create/delete by name.
+in the plan's order (deletes, creates, patches, status, events), and nothing else. Every write is a JSON
+merge patch or a create/delete by name.
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ class Kube:
     # -- writes ------------------------------------------------------------------------------------------
     def apply(self, stage: Stage, plan: Plan) -> None:
         ns = stage.namespace
+        for delete in plan.delete:  # first: a restarted replica's failed pod frees its name for the replacement
+            self.request("DELETE", self.core_path(delete.kind, ns, delete.name))
         for obj in plan.create:
             try:
                 self.request("POST", self.core_path(obj["kind"], ns), body=obj)
@@ -105,8 +108,6 @@ class Kube:
                          obj["kind"], obj["metadata"]["name"])
         for patch in plan.patch:
             self.request("PATCH", self.core_path(patch.kind, ns, patch.name), body=patch.body, content_type=MERGE)
-        for delete in plan.delete:
-            self.request("DELETE", self.core_path(delete.kind, ns, delete.name))
         if plan.status is not None:
             self.request("PATCH", self.stage_path(ns, stage.name) + "/status", body={"status": plan.status},
                          content_type=MERGE)

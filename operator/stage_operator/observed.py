@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 import re
 
-from stage_operator.api.meta import LABEL_REPLICA, LABEL_TEMPLATE_HASH
+from stage_operator.api.meta import (ANNOTATION_DRAINING, ANNOTATION_ENDPOINT, HTTP_PORT, LABEL_REPLICA,
+                                     LABEL_SERVING, LABEL_TEMPLATE_HASH)
+from stage_operator.clock import parse_time
+
+if TYPE_CHECKING:
+    from stage_operator.health import PodHealth
 
 _REASON_LINE = re.compile(r"^(?P<reason>[A-Z][A-Za-z0-9]+): (?P<message>.+)$", re.MULTILINE)
 
@@ -31,10 +36,29 @@ class PodView:
     unschedulable: str | None  # the scheduler's message while Pending/Unschedulable
     failure: Failure | None  # set once the pod is Failed
     restarts: int
+    uid: str = ""
+    serving: bool = True  # the Service selects it (label diffstage.io/serving=true)
+    draining_since: float | None = None  # fenced for a scale-down at this time (annotation)
+    pod_ip: str | None = None
+    endpoint_override: str | None = None  # annotation diffstage.io/endpoint (honoured only when enabled)
 
     @property
     def available(self) -> bool:
         return self.ready and not self.terminating
+
+    @property
+    def running(self) -> bool:
+        """A live container the operator can talk to (not Pending, not Failed or Succeeded, not going)."""
+        return self.phase == "Running" and not self.terminating
+
+    def endpoint(self, allow_override: bool) -> str | None:
+        """Base URL of the stage's HTTP port: the annotation when the operator allows it, else the pod IP."""
+        if allow_override and self.endpoint_override:
+            return self.endpoint_override.rstrip("/")
+        if not self.pod_ip:
+            return None
+        host = f"[{self.pod_ip}]" if ":" in self.pod_ip else self.pod_ip  # IPv6
+        return f"http://{host}:{HTTP_PORT}"
 
 
 def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -58,7 +82,7 @@ def _failure(status: Mapping[str, Any]) -> Failure | None:
 def pod_view(pod: Mapping[str, Any]) -> PodView | None:
     """None for a pod that is not one of our replicas (no replica label)."""
     meta, status = pod["metadata"], pod.get("status") or {}
-    labels = meta.get("labels") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     if not str(labels.get(LABEL_REPLICA, "")).isdigit():
         return None
     ready = _condition(status, "Ready")
@@ -71,18 +95,39 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         name=meta["name"], index=int(labels[LABEL_REPLICA]), phase=status.get("phase", "Pending"),
         ready=bool(ready and ready.get("status") == "True"), template_hash=labels.get(LABEL_TEMPLATE_HASH),
         terminating=bool(meta.get("deletionTimestamp")), unschedulable=unschedulable, failure=_failure(status),
-        restarts=sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or ()))
+        restarts=sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or ()),
+        uid=meta.get("uid") or "", serving=labels.get(LABEL_SERVING) == "true",
+        draining_since=_time(annotations.get(ANNOTATION_DRAINING)), pod_ip=status.get("podIP"),
+        endpoint_override=annotations.get(ANNOTATION_ENDPOINT))
+
+
+def _time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return parse_time(text)
+    except ValueError:
+        return None  # not ours to trust: a hand-edited annotation counts as absent
 
 
 @dataclass(frozen=True)
 class Observed:
-    """The stage's children and, when the spec asks for GPUs, the nodes (None: not looked at)."""
+    """The stage's children and, when the spec asks for GPUs, the nodes (None: not looked at); what the
+    operator's probes saw (by pod uid), the in-flight load over time, and the outcome of an abort it sent."""
 
     pods: Sequence[Mapping[str, Any]] = ()
     service: Mapping[str, Any] | None = None
     configmap: Mapping[str, Any] | None = None
     nodes: Sequence[Mapping[str, Any]] | None = None
-    now: str = "1970-01-01T00:00:00Z"  # for lastTransitionTime only
+    now: str = "1970-01-01T00:00:00Z"  # for lastTransitionTime
+    at: float | None = None  # the same moment in epoch seconds (sub-second), for deadlines; default: `now`
+    health: Mapping[str, PodHealth] = field(default_factory=dict)
+    load_samples: Sequence[tuple[float, int]] = ()  # (time, total in flight), oldest first
+    abort: dict[str, Any] | None = None  # the new status.abort when an abort was just sent
+
+    @property
+    def epoch(self) -> float:
+        return self.at if self.at is not None else parse_time(self.now)
 
     def pod_views(self) -> dict[int, PodView]:
         views = (pod_view(p) for p in self.pods)

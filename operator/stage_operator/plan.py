@@ -9,7 +9,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Patch:
-    kind: str  # "ConfigMap" | "Service"
+    kind: str  # "ConfigMap" | "Service" | "Pod" (fence: the serving label, the draining annotation)
     name: str
     body: dict[str, Any]  # a JSON merge patch
 
@@ -23,14 +23,16 @@ class Delete:
 
 @dataclass(frozen=True)
 class Plan:
-    """Creates go first (ConfigMap before the pods that mount it), then patches, deletes, one status patch, and
-    the Events that explain them."""
+    """Deletes go first (a restarted replica's failed pod before its replacement of the same name), then
+    creates (ConfigMap before the pods that mount it), patches, one status patch, and the Events that
+    explain them."""
 
     create: list[dict[str, Any]] = field(default_factory=list)
     patch: list[Patch] = field(default_factory=list)
     delete: list[Delete] = field(default_factory=list)
     status: dict[str, Any] | None = None  # merge patch of .status; None: nothing changed
     events: list[dict[str, Any]] = field(default_factory=list)  # posted last, only when something happened
+    requeue_after: float | None = None  # seconds until a deadline (backoff, drain) needs another look; no write
 
     @property
     def writes(self) -> int:
@@ -65,5 +67,5 @@ def contains(observed: Any, desired: Any) -> bool:
         return isinstance(observed, Mapping) and all(contains(observed.get(k), v) for k, v in desired.items())
     if isinstance(desired, list):
         return isinstance(observed, list) and len(observed) == len(desired) and all(
-            contains(o, d) for o, d in zip(observed, desired))
+            contains(o, d) for o, d in zip(observed, desired, strict=True))
     return observed == desired

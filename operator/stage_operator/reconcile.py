@@ -1,17 +1,18 @@
 """`reconcile(stage, observed) -> Plan`: level-based and pure. Nothing changed → an empty plan (zero writes).
 
-Steps: parse (done: `Stage`) → capacity (`capacity.check`) → pod decisions (`rollout.decide`) → children
-(ConfigMap, Service) → status (`report.build_status`) → Events for what changed. Later behaviours plug in as
-more pure steps between these, never as a second writer: the restart policy decides on Failed pods beside
-`rollout.decide` (recreate after backoff, or Stalled) and counts `status.restarts`; abort and autoscaling
-compute their own status fields, which `report` carries over until then.
+Steps: parse (done: `Stage`) → capacity (`capacity.check`) → which replicas exist (`spec.replicas`, or under
+operator autoscaling `autoscale.decide` + `scaledown.plan`, which fences and drains removed replicas) → pod
+decisions (`rollout.decide`) → the restart policy on failed pods (`restarts.decide`: fence, backoff,
+recreate or Stalled) → children (ConfigMap, Service) → status (`report.build_status`, with the probe
+results and the abort outcome the controller observed) → Events for what changed. One writer: the plan.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from stage_operator import capacity, report, rollout
+from stage_operator import autoscale, capacity, report, restarts, rollout, scaledown
+from stage_operator.api.meta import LABEL_SERVING
 from stage_operator.builders.children import build_configmap, build_service
 from stage_operator.builders.event import build_event
 from stage_operator.builders.pod import build_pod, template_hash
@@ -19,13 +20,18 @@ from stage_operator.observed import Observed
 from stage_operator.plan import Delete, Patch, Plan, contains, merge_patch
 from stage_operator.stage import Stage
 
+FENCE = {"metadata": {"labels": {LABEL_SERVING: "false"}}}
+
 
 def needs_nodes(stage: Stage, observed: Observed) -> bool:
     """Whether the capacity check needs the node list: GPUs requested and replicas to create or a failed check."""
     if stage.spec is None or stage.deleting or not stage.spec.resources.gpu_resource_name:
         return False
     pods = observed.pod_views()
-    missing = any(i not in pods for i in range(stage.spec.replicas))
+    replicas = stage.spec.replicas
+    if stage.spec.autoscaling.mode == "Operator":  # the operator's own decision, not spec.replicas
+        replicas = int((stage.status.get("autoscaling") or {}).get("desiredReplicas", replicas))
+    missing = len([p for p in pods.values() if not p.terminating]) < replicas
     accepted = next((c for c in stage.status.get("conditions") or () if c.get("type") == "Accepted"), None)
     return missing or bool(accepted and accepted.get("status") == "False")
 
@@ -39,28 +45,66 @@ def _child(kind: str, desired: dict[str, Any], observed: Any, owned: tuple[str, 
         plan.patch.append(Patch(kind, desired["metadata"]["name"], wanted))
 
 
+def _soonest(*delays: float | None) -> float | None:
+    known = [d for d in delays if d is not None]
+    return min(known) if known else None
+
+
 def reconcile(stage: Stage, observed: Observed) -> Plan:
     plan = Plan()
     if stage.deleting:  # the children carry ownerReferences: garbage collection removes them
         return plan
-    pods = observed.pod_views()
+    pods, now = observed.pod_views(), observed.epoch
     spec, desired_hash = stage.spec, None
     fit = capacity.Fit(True)
     decisions = rollout.Decisions()
+    extras = report.Extras(abort=observed.abort)
+    events: list[tuple[str, str, str]] = []
+    requeue = None
     if spec is not None:
         desired_hash = template_hash(stage)
         fit = capacity.check(spec.resources, observed.nodes)
-        decisions = rollout.decide(spec.replicas, pods, desired_hash, allow_create=fit.ok)
+        members, kept, autoscaling = list(range(spec.replicas)), pods, None
+        if spec.autoscaling.mode == "Operator":
+            desired, autoscaling, event = autoscale.decide(spec, stage.status.get("autoscaling"),
+                                                           observed.load_samples, now)
+            events += [event] if event else []
+            scaled = scaledown.plan(desired, pods, observed.health, spec.autoscaling.drain_timeout_seconds, now)
+            members, kept, requeue = scaled.members, scaled.kept, scaled.requeue_after
+            plan.patch.extend(Patch("Pod", name, body) for name, body in scaled.patch)
+            plan.delete.extend(Delete("Pod", name, why) for name, why in scaled.delete)
+            events += scaled.events
+        decisions = rollout.decide(members, kept, desired_hash, allow_create=fit.ok)
+        rs = restarts.decide(spec.restart_policy, stage.status, stage.generation, kept, observed.health,
+                             spec.health_check.failure_threshold, desired_hash, now)
+        extras = report.Extras(members, rs, observed.health, observed.abort, autoscaling)
+        requeue = _soonest(requeue, rs.requeue_after)
         if fit.ok or observed.configmap is not None:
             _child("ConfigMap", build_configmap(stage), observed.configmap, ("data",), plan)
         if fit.ok or observed.service is not None:
             _child("Service", build_service(stage), observed.service, ("spec",), plan)
         plan.create.extend(build_pod(stage, i, desired_hash) for i in decisions.create)
         plan.delete.extend(Delete("Pod", name, decisions.reasons[name]) for name in decisions.delete)
-    status = report.build_status(stage, pods, fit, decisions, desired_hash, observed.now)
-    events = [build_event(stage, *e, observed.now) for e in _decisions_explained(stage, plan, status)]
+        plan.patch.extend(Patch("Pod", name, FENCE) for name in rs.fence)
+        plan.delete.extend(Delete("Pod", name, "Restart") for _, name in rs.recreate)
+        plan.create.extend(build_pod(stage, i, desired_hash) for i, _ in rs.recreate)
+        events += rs.events
+    status = report.build_status(stage, pods, fit, decisions, desired_hash, observed.now, extras)
+    events = _decisions_explained(stage, plan, status) + events
+    if observed.abort is not None:
+        events.append(_abort_event(observed.abort))
     return Plan(plan.create, plan.patch, plan.delete,
-                merge_patch(stage.status, status) if status != dict(stage.status) else None, events)
+                merge_patch(stage.status, status) if status != dict(stage.status) else None,
+                [build_event(stage, *e, observed.now) for e in events], requeue)
+
+
+def _abort_event(result: dict[str, Any]) -> tuple[str, str, str]:
+    aborted, unreachable = result.get("aborted") or [], result.get("unreachable") or []
+    message = (f"abort {result['observedId']}: aborted {len(aborted)} request(s)"
+               + (f" {', '.join(aborted)}" if aborted else "")
+               + (f"; not found {', '.join(result['notFound'])}" if result.get("notFound") else "")
+               + (f"; unreachable {'; '.join(unreachable)}" if unreachable else ""))
+    return ("Warning" if unreachable else "Normal", "Aborted", message)
 
 
 _BAD = {"Accepted": "False", "Degraded": "True", "Stalled": "True"}

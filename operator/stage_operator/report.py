@@ -2,38 +2,52 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from stage_operator import conditions
 from stage_operator.api.meta import selector_string, stage_selector
 from stage_operator.api.status import StageStatus
 from stage_operator.capacity import Fit
+from stage_operator.health import PodHealth
 from stage_operator.observed import PodView
+from stage_operator.restarts import ReplicaRecord, Restarts, failure_wire
 from stage_operator.rollout import Decisions
 from stage_operator.stage import Stage
 
-_CARRIED = ("abort", "autoscaling")  # written by the abort and autoscaling steps: kept as they are
+
+@dataclass(frozen=True)
+class Extras:
+    """What the steps beside the rollout decided: restarts, probe results, abort, autoscaling."""
+
+    members: Sequence[int] = ()  # the replica indices that should exist
+    restarts: Restarts = field(default_factory=Restarts)
+    health: Mapping[str, PodHealth] = field(default_factory=dict)  # by pod uid
+    abort: dict[str, Any] | None = None  # the new status.abort, None: keep the last
+    autoscaling: dict[str, Any] | None = None  # the new status.autoscaling, None: keep the last
 
 
-def _replica_status(pod: PodView, desired_hash: str | None, previous: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def _replica_status(pod: PodView, desired_hash: str | None, record: ReplicaRecord,
+                    health: PodHealth | None) -> dict[str, Any]:
     out: dict[str, Any] = {"index": pod.index, "pod": pod.name, "phase": pod.phase, "ready": pod.available,
-                           "updated": pod.template_hash == desired_hash,
-                           "restarts": int(previous.get(pod.index, {}).get("restarts", 0))}
+                           "updated": pod.template_hash == desired_hash, **record.wire()}
     if pod.terminating:
         out["message"] = "terminating"
     elif pod.unschedulable:
         out["message"] = f"waiting for GPUs: {pod.unschedulable}"
-    if pod.failure:
-        f = pod.failure
-        out["lastFailure"] = {k: v for k, v in (("reason", f.reason), ("message", f.message),
-                                                 ("exitCode", f.exit_code), ("time", f.time)) if v is not None}
+    if pod.draining_since is not None and not pod.terminating:
+        out["draining"] = True
+    if health is not None and pod.running:
+        out["health"] = health.health
+        if health.in_flight is not None:
+            out["waiting"], out["running"] = health.waiting, health.running
     return out
 
 
-def _failure_line(pod: PodView) -> str:
-    f = pod.failure
-    code = f" (exit code {f.exit_code})" if f.exit_code is not None else ""
-    return f"{pod.name}: {f.reason}{code}" + (f": {f.message}" if f.message else "")
+def _failure_line(name: str, f: Mapping[str, Any]) -> str:
+    code = f" (exit code {f['exitCode']})" if f.get("exitCode") is not None else ""
+    return f"{name}: {f['reason']}{code}" + (f": {f['message']}" if f.get("message") else "")
 
 
 def _topology(stage: Stage) -> dict[str, Any]:
@@ -43,12 +57,14 @@ def _topology(stage: Stage) -> dict[str, Any]:
             "rankLayout": [c._asdict() for c in parallel.rank_layout()]}
 
 
-def _progressing(replicas: int, pods: dict[int, PodView], desired_hash: str, decisions: Decisions) -> dict[str, Any]:
-    current = [p for i, p in pods.items() if i < replicas]
+def _progressing(members: Sequence[int], pods: dict[int, PodView], desired_hash: str,
+                 decisions: Decisions) -> dict[str, Any]:
+    replicas = len(members)
+    current = [p for i, p in pods.items() if i in members]
     waiting = [p.name for p in current if p.unschedulable]
     outdated = [p for p in current if p.template_hash != desired_hash]
-    extra = [p for i, p in pods.items() if i >= replicas]
-    not_ready = sum(1 for i in range(replicas) if i not in pods or not pods[i].available)
+    extra = [p for i, p in pods.items() if i not in members]
+    not_ready = sum(1 for i in members if i not in pods or not pods[i].available)
     if waiting:
         return conditions.condition("Progressing", True, "WaitingForGPUs",
                                     f"unschedulable, waiting for capacity: {', '.join(waiting)}")
@@ -64,13 +80,15 @@ def _progressing(replicas: int, pods: dict[int, PodView], desired_hash: str, dec
 
 
 def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: Decisions, desired_hash: str | None,
-                 now: str) -> dict[str, Any]:
+                 now: str, extras: Extras | None = None) -> dict[str, Any]:
     """The whole status (wire form). `desired_hash` is None when the spec is invalid."""
-    previous = dict(stage.status)
+    extras = extras or Extras(members=range(stage.spec.replicas) if stage.spec else ())
+    previous, records, stalled = dict(stage.status), extras.restarts.records, extras.restarts.stalled
     live = [p for p in pods.values() if not p.terminating]
     ready = sum(1 for p in live if p.available)
-    failed = [p for p in live if p.failure]
-    replicas = stage.spec.replicas if stage.spec else 0
+    failed = [(pods[i].name, records[i].last_failure) for i in sorted(extras.restarts.failing)]
+    failed += [(p.name, failure_wire(p.failure)) for p in live if p.failure and p.index not in extras.restarts.failing]
+    replicas = len(extras.members)
     new: list[dict[str, Any]] = []
     if stage.spec is None:
         new += [conditions.condition("Accepted", False, "InvalidSpec", stage.error or "invalid spec"),
@@ -79,8 +97,9 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
     else:
         new.append(conditions.condition("Accepted", True, "TopologyValid", stage.spec.topology().describe())
                    if fit.ok else conditions.condition("Accepted", False, "InsufficientGPUCapacity", fit.message))
-        new.append(conditions.condition("Stalled", False, "NotStalled", ""))
-        new.append(_progressing(replicas, pods, desired_hash, decisions) if fit.ok else conditions.condition(
+        new.append(conditions.condition("Stalled", True, *stalled) if stalled else
+                   conditions.condition("Stalled", False, "NotStalled", ""))
+        new.append(_progressing(extras.members, pods, desired_hash, decisions) if fit.ok else conditions.condition(
             "Progressing", False, "InsufficientGPUCapacity", "waiting for a node that fits"))
     all_ready = stage.spec is not None and ready == replicas and all(
         p.template_hash == desired_hash for p in live) and len(live) == replicas
@@ -88,23 +107,31 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
                                     "AllReplicasReady" if all_ready else "ReplicasNotReady",
                                     f"{ready}/{replicas} replicas ready"))
     new.append(conditions.condition("Degraded", bool(failed), "ReplicaFailed" if failed else "NoFailures",
-                                    "; ".join(_failure_line(p) for p in failed)))
+                                    "; ".join(_failure_line(name, f) for name, f in failed if f)))
     by_type = {c["type"]: c["status"] == "True" for c in new}
     phase = ("Stalled" if by_type["Stalled"] else "Pending" if not by_type["Accepted"] else
              "Degraded" if by_type["Degraded"] else "Ready" if by_type["Ready"] else "Progressing")
-    prev_replicas = {int(r.get("index", -1)): r for r in previous.get("replicaStatuses") or ()}
+    statuses = [_replica_status(p, desired_hash, records.get(p.index, ReplicaRecord()), extras.health.get(p.uid))
+                for p in pods.values()]
+    for r in previous.get("replicaStatuses") or ():  # a replica being recreated keeps its history
+        if int(r["index"]) in extras.members and int(r["index"]) not in pods and r.get("restarts"):
+            statuses.append({**{k: r[k] for k in ("index", "pod", "restarts", "recentRestarts", "lastFailure")
+                                if k in r}, "phase": "Recreating"})
+    total = int((previous.get("restarts") or {}).get("total", 0)) + extras.restarts.added
     status: dict[str, Any] = {
         "observedGeneration": stage.generation, "phase": phase,
         "conditions": conditions.merge(previous.get("conditions") or (), new, stage.generation, now),
         "replicas": len(live), "readyReplicas": ready,
         "updatedReplicas": sum(1 for p in live if p.template_hash == desired_hash),
         "selector": selector_string(stage_selector(stage.name)),
-        "replicaStatuses": [_replica_status(p, desired_hash, prev_replicas) for p in pods.values()],
-        "restarts": previous.get("restarts") or {"total": 0},  # counted by the restart policy
+        "replicaStatuses": sorted(statuses, key=lambda r: r["index"]),
+        "restarts": {"total": total},
     }
     if desired_hash:
         status["templateHash"] = desired_hash
     if stage.spec is not None:
         status["topology"] = _topology(stage)
-    status.update({k: previous[k] for k in _CARRIED if k in previous})
+    for key, value in (("abort", extras.abort), ("autoscaling", extras.autoscaling)):
+        if value is not None or key in previous:
+            status[key] = value if value is not None else previous[key]
     return StageStatus.model_validate(status).wire()  # the typed status is the contract: fail here, not in the API

@@ -4,6 +4,7 @@ with backoff and a budget is the restart policy's decision, a later step beside 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from stage_operator.observed import PodView
@@ -18,21 +19,24 @@ class Decisions:
     reasons: dict[str, str] = field(default_factory=dict)  # pod name -> why it goes (ScaleDown, Outdated)
 
 
-def decide(replicas: int, pods: dict[int, PodView], desired_hash: str, *, allow_create: bool) -> Decisions:
+def decide(members: int | Sequence[int], pods: dict[int, PodView], desired_hash: str, *,
+           allow_create: bool) -> Decisions:
+    """`members`: the replica indices that should exist (a count means 0..n-1)."""
+    members = range(members) if isinstance(members, int) else members
     out = Decisions()
     for index, pod in sorted(pods.items()):
-        if index >= replicas and not pod.terminating:
+        if index not in members and not pod.terminating:
             out.delete.append(pod.name)
             out.reasons[pod.name] = "ScaleDown"
     if allow_create:
-        out.create.extend(i for i in range(replicas) if i not in pods)
-    outdated = [pods[i] for i in range(replicas) if i in pods and not pods[i].terminating
+        out.create.extend(i for i in members if i not in pods)
+    outdated = [pods[i] for i in members if i in pods and not pods[i].terminating
                 and pods[i].template_hash != desired_hash]
     for pod in outdated:  # not serving anyway: replacing it costs no availability
         if not pod.available:
             out.delete.append(pod.name)
             out.reasons[pod.name] = "Outdated"
-    unavailable = sum(1 for i in range(replicas) if i not in pods or not pods[i].available)
+    unavailable = sum(1 for i in members if i not in pods or not pods[i].available)
     budget = MAX_UNAVAILABLE - unavailable
     for pod in (p for p in outdated if p.available):
         if budget <= 0:

@@ -43,7 +43,8 @@ def test_rbac_is_least_privilege():
             assert rule['resources'] == ['diffusionstages/finalizers'] and rule['verbs'] == ['update'], rule
     assert not any('secrets' in r['resources'] for r in rules)
     assert not allowed('diffstage.io', 'diffusionstages', 'create'), 'the operator never creates or deletes stages'
-    assert not allowed('', 'pods', 'patch'), 'pods are never edited in this step'
+    assert allowed('', 'pods', 'patch'), 'fencing relabels a pod out of the Service'
+    assert not allowed('', 'pods/status', 'patch') and not allowed('', 'pods/exec', 'create'), 'the kubelet\'s'
 
 
 def test_deployment_runs_the_operator_cluster_wide_with_peering():

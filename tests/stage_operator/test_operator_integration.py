@@ -118,7 +118,8 @@ def test_gpus_exceeding_every_node_create_nothing(cluster, kube_emulator):
         assert accepted['status'] == 'False' and accepted['reason'] == 'InsufficientGPUCapacity'
         assert 'gpusPerPod=8 of nvidia.com/gpu' in accepted['message'] and 'gpu-big with 4' in accepted['message']
         assert cluster.status('big')['phase'] == 'Pending'
-        warnings = [e for e in kube_emulator.objects('events') if e['reason'] == 'InsufficientGPUCapacity']
+        warnings = wait_for(lambda: [e for e in kube_emulator.objects('events')  # posted after the status write
+                                     if e['reason'] == 'InsufficientGPUCapacity'], what='the Warning event')
         assert len(warnings) == 1 and warnings[0]['involvedObject']['name'] == 'big'
         resyncs(2)
         assert cluster.pods('big') == {} and kube_emulator.get('services', 'big') is None
@@ -152,7 +153,7 @@ def test_unschedulable_pods_wait_for_gpus_and_failed_pods_degrade(cluster, kube_
         assert failure == {'reason': 'WorkerDied', 'message': 'rank 1 (pid 4242) killed by signal 9', 'exitCode': 3,
                            'time': '2026-01-01T00:01:00Z'}
         assert cluster.status('g')['phase'] == 'Degraded'
-        assert 'g-0' in cluster.pods('g'), 'recreating failed pods is the restart policy (not in this step)'
+        assert 'g-0' in cluster.pods('g'), 'recreated only after the restart backoff (10 s by default)'
 
 
 def test_delete_leaves_nothing_behind(cluster, kube_emulator):
@@ -211,6 +212,9 @@ def test_cluster_wide_with_peering_uses_only_what_rbac_grants(cluster, kube_emul
         wait_for(lambda: len(cluster.pods('g')) == 2, what='two pods')
         cluster.all_ready('g')
         wait_for(lambda: ready(cluster, 'g', 2), what='Ready')
+        cluster.kubelet_failed('g-1', 3, 'WorkerDied: worker rank 1 (pid 9) killed by signal 9')  # fenced: a patch
+        wait_for(lambda: cluster.pods('g')['g-1']['metadata']['labels']['diffstage.io/serving'] == 'false',
+                 what='the failed pod fenced')
         cluster.patch_spec('g', {'replicas': 1, 'engine': {'maxNumSeqs': 2}})
         wait_for(lambda: cluster.status('g').get('observedGeneration') == 2 and len(cluster.pods('g')) == 1
                  and cluster.pods('g')['g-0']['metadata']['labels']['diffstage.io/template-hash']
@@ -220,7 +224,8 @@ def test_cluster_wide_with_peering_uses_only_what_rbac_grants(cluster, kube_emul
     operator_calls = {(r.resource.group, r.resource.plural + (f'/{r.subresource}' if r.subresource else ''), _verb(r))
                       for r in kube_emulator._requests if r.resource is not None and r.resource.plural
                       and not r.headers.get('User-Agent', '').startswith('python-httpx')}
-    assert ('', 'pods', 'create') in operator_calls and ('diffstage.io', 'diffusionstages/status', 'patch') in operator_calls
+    assert ('', 'pods', 'create') in operator_calls and ('', 'pods', 'patch') in operator_calls
+    assert ('diffstage.io', 'diffusionstages/status', 'patch') in operator_calls
     denied = sorted(call for call in operator_calls if not allowed(*call))
     assert denied == [], f'calls the ClusterRole does not grant: {denied}'
 

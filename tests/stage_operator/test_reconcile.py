@@ -118,7 +118,8 @@ def test_reconcile_table(spec, pods, children, creates, deletes, conditions, pha
     plan = reconcile(st, observed)
     assert created(plan) == creates
     assert deleted(plan) == deletes
-    assert plan.patch == []
+    fenced = [('Pod', f's-{i}') for i, state, outdated in pods if state == 'failed' and not outdated]
+    assert [(p.kind, p.name) for p in plan.patch] == fenced  # a failed replica leaves the Service at once
     for kind, expected in conditions.items():
         c = cond(plan.status, kind)
         assert expected in (c['status'], c['reason']), (kind, c)

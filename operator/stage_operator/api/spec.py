@@ -97,6 +97,15 @@ class RestartPolicy(ApiModel):
     backoff_max_seconds: int = Field(300, ge=1)
 
 
+class HealthCheck(ApiModel):
+    """The operator's own probe of each serving pod (`/health` and `/v1/stats`): `/health` 503 fails at once;
+    `failureThreshold` consecutive probes without an answer fail too. Seconds may be fractional."""
+
+    period_seconds: float = Field(10.0, ge=0.1, le=3600)
+    timeout_seconds: float = Field(2.0, ge=0.1, le=60)
+    failure_threshold: int = Field(3, ge=1, le=100)
+
+
 class Abort(ApiModel):
     """A nonce: each new `id` aborts `requestIds` (or `all`) on every serving pod; the result is in status."""
 
@@ -176,6 +185,7 @@ class StageSpec(ApiModel):
     resources: Resources = Field(default_factory=Resources)
     engine: Engine = Field(default_factory=Engine)
     restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
+    health_check: HealthCheck = Field(default_factory=HealthCheck)
     abort: Abort | None = None
     autoscaling: Autoscaling = Field(default_factory=Autoscaling)
     pod_template: PodTemplate = Field(default_factory=PodTemplate)

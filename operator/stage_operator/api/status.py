@@ -52,12 +52,15 @@ class ReplicaStatus(ApiModel):
     phase: str
     ready: bool = False
     updated: bool = True
-    health: str | None = None  # from /health, polled by the health daemon (issue 7)
-    waiting: int | None = None  # from /v1/stats (issue 7)
+    health: Literal["Healthy", "Unhealthy", "Unreachable"] | None = None  # the operator's probe; None: not probed
+    waiting: int | None = None  # from /v1/stats
     running: int | None = None
     restarts: int = 0
+    recent_restarts: list[str] = Field(default_factory=list, description="restart times inside the budget window")
     last_failure: Failure | None = None
     backoff_until: str | None = None
+    budget_exhausted: bool | None = None  # restarts stopped (Stalled) until the spec changes
+    draining: bool | None = None  # fenced for a scale-down, waiting for its in-flight requests
     message: str | None = None
 
 
@@ -69,12 +72,13 @@ class AbortStatus(ApiModel):
     observed_id: str
     aborted: list[str] = Field(default_factory=list)
     not_found: list[str] = Field(default_factory=list)
+    unreachable: list[str] = Field(default_factory=list, description="pods the abort could not reach, with why")
     completed_time: str | None = None
 
 
 class AutoscalingStatus(ApiModel):
     desired_replicas: int | None = None
-    metric_value: float | None = None
+    metric_value: float | None = Field(None, description="total in-flight requests (waiting + running)")
     reason: str | None = None
     last_scale_time: str | None = None
 

@@ -1,0 +1,73 @@
+"""What the operator's probes saw of each pod, kept per pod uid (a recreated pod starts afresh).
+
+`PodHealth` is plain data the pure reconcile reads; `HealthBook` folds one probe result after another into
+it (consecutive failures) and is owned by the operator process (memory: an operator restart starts over,
+which only delays a verdict by a few probe periods)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One probe of one pod: `/health` and `/v1/stats`. `dead` is the 503 reason; `error` a failure to answer."""
+
+    at: float
+    dead: str | None = None
+    error: str | None = None
+    state: str | None = None
+    waiting: int | None = None
+    running: int | None = None
+
+
+@dataclass(frozen=True)
+class PodHealth:
+    health: str  # Healthy | Unhealthy (/health 503) | Unreachable (no answer)
+    checked_at: float
+    failures: int = 0  # consecutive probes without an answer
+    answered: bool = False  # the pod answered at least once (so a stage still starting is never failed)
+    reason: str = ""
+    state: str | None = None
+    waiting: int | None = None
+    running: int | None = None
+
+    @property
+    def in_flight(self) -> int | None:
+        return None if self.waiting is None or self.running is None else self.waiting + self.running
+
+    def failed(self, threshold: int, ready: bool) -> str | None:
+        """Why this pod counts as failed, or None: /health 503 at once; `threshold` probes in a row without
+        an answer once it has answered (or the kubelet called it ready) before."""
+        if self.health == "Unhealthy":
+            return self.reason
+        if self.failures >= threshold and (self.answered or ready):
+            return f"no answer to {self.failures} consecutive probes: {self.reason}"
+        return None
+
+
+class HealthBook:
+    def __init__(self) -> None:
+        self._pods: dict[str, PodHealth] = {}
+
+    def record(self, uid: str, result: ProbeResult) -> tuple[PodHealth, bool]:
+        """The pod's new health and whether anything the status shows changed."""
+        old = self._pods.get(uid)
+        if result.error is not None:
+            failures = (old.failures if old else 0) + 1
+            new = PodHealth("Unreachable", result.at, failures, bool(old and old.answered), result.error)
+        else:
+            new = PodHealth("Unhealthy" if result.dead else "Healthy", result.at, 0, True, result.dead or "",
+                            result.state, result.waiting, result.running)
+        self._pods[uid] = new
+        shown = ("health", "failures", "waiting", "running", "state")
+        changed = old is None or any(getattr(old, k) != getattr(new, k) for k in shown)
+        return new, changed
+
+    def snapshot(self, uids: set[str] | None = None) -> dict[str, PodHealth]:
+        return {u: h for u, h in self._pods.items() if uids is None or u in uids}
+
+    def forget_except(self, uids: set[str]) -> None:
+        """Drop pods that are gone (bounded memory)."""
+        for uid in set(self._pods) - uids:
+            del self._pods[uid]

@@ -1,0 +1,128 @@
+"""Pods of the emulated cluster played by local processes: a real `stage-runtime serve` per pod, or a small
+stand-in HTTP server where a stage must misbehave in a way a real one does not (hang with /health 503).
+
+The operator reaches a pod through the annotation `diffstage.io/endpoint` (honoured because the tests run it
+with DIFFSTAGE_ENDPOINT_ANNOTATION=1); the test plays kubelet: it marks a pod Running/Ready once mapped, and
+Failed with the process's exit code and termination-log contents once the process exits."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from aiohttp import web
+
+from support.operator_harness import MERGE, Cluster, wait_for
+
+ENDPOINT = 'diffstage.io/endpoint'
+
+
+def map_pod(cluster: Cluster, pod: str, url: str, ready: bool = True) -> None:
+    """Point the operator at `url` for this pod, then report it Running (and Ready)."""
+    response = cluster.http.patch(f'/api/v1/namespaces/default/pods/{pod}', headers=MERGE,
+                                  json={'metadata': {'annotations': {ENDPOINT: url}}})
+    assert response.status_code == 200, response.text
+    cluster.kubelet_ready(pod, ready)
+
+
+def pod_uid(cluster: Cluster, stage: str, pod: str) -> str | None:
+    obj = cluster.pods(stage).get(pod)
+    return obj['metadata']['uid'] if obj else None
+
+
+def replica(cluster: Cluster, stage: str, index: int = 0) -> dict[str, Any]:
+    return next((r for r in cluster.status(stage).get('replicaStatuses', ()) if r['index'] == index), {})
+
+
+def events(emulator, stage: str, reason: str | None = None) -> list[dict[str, Any]]:
+    return [e for e in emulator.objects('events') if e['involvedObject']['name'] == stage
+            and (reason is None or e['reason'] == reason)]
+
+
+class Generation(threading.Thread):
+    """One image request in a thread: `.status` and `.body` once it answered; `.done_at` (monotonic)."""
+
+    def __init__(self, url: str, request_id: str, steps: int):
+        super().__init__(daemon=True)
+        self.url, self.request_id, self.steps = url, request_id, steps
+        self.status: int | None = None
+        self.body: dict[str, Any] = {}
+        self.done_at = 0.0
+        self.start()
+
+    def run(self) -> None:
+        body = {'prompt': 'a cat', 'size': '64x64', 'num_inference_steps': self.steps, 'seed': 1,
+                'request_id': self.request_id, 'response_format': 'b64_json'}
+        response = httpx.post(f'{self.url}/v1/images/generations', json=body, timeout=300)
+        self.status, self.body, self.done_at = response.status_code, response.json(), time.monotonic()
+
+
+def in_flight(url: str) -> int:
+    stats = httpx.get(f'{url}/v1/stats', timeout=5).json()
+    return stats['waiting'] + stats['running']
+
+
+def wait_in_flight(url: str, count: int, calls: list[Generation], timeout: float = 30) -> None:
+    def check() -> bool:
+        ended = [(c.request_id, c.status, c.body) for c in calls if c.status is not None]
+        assert not ended, f'requests ended before the test could use them: {ended}'
+        return in_flight(url) >= count
+    wait_for(check, timeout, what=f'{count} requests in flight at {url}')
+
+
+class StandIn:
+    """A stage that answers like a hung one: /health 503 with a reason (or 200 until told otherwise)."""
+
+    def __init__(self, dead: str | None = None):
+        self.dead = dead
+        self.url = ''
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    def _json(self, body: dict[str, Any], status: int = 200) -> web.Response:
+        return web.Response(text=json.dumps(body), status=status, content_type='application/json')
+
+    async def _health(self, _: web.Request) -> web.Response:
+        if self.dead:
+            return self._json({'error': {'type': 'engine_dead', 'message': f'Engine is dead: {self.dead}'}}, 503)
+        return self._json({'status': 'ok', 'state': 'ready'})
+
+    async def _stats(self, _: web.Request) -> web.Response:
+        return self._json({'state': 'dead' if self.dead else 'ready', 'waiting': 0, 'running': 0, 'capacity': 1,
+                           'workers': []})
+
+    async def _serve(self) -> str:
+        app = web.Application()
+        app.router.add_get('/health', self._health)
+        app.router.add_get('/v1/stats', self._stats)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, '127.0.0.1', 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        return f'http://127.0.0.1:{port}'
+
+    def __enter__(self) -> StandIn:
+        self._thread.start()
+        self.url = asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(10)
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
+def watch_until(condition: Callable[[], Any], timeout: float, what: str, poll: float = 0.02) -> float:
+    """Wait for `condition` polling finely; the monotonic time it first held."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f'timed out waiting for {what}'
+        time.sleep(poll)
+    return time.monotonic()
