@@ -4,8 +4,8 @@ serve` with two CPU ranks), images over real HTTP through the Service.
 
 One cluster and one `tiny` stage (manifests/samples/tiny-cpu.yaml, as shipped) serve the whole module, so
 the tests run in file order as one scenario: Ready → images → a failing pod → a stage too big for any
-node → scale 2→3→1 → (issue 7:
-no request lost to the scale-down, kill a worker, abort) → delete → nothing left.
+node → scale 2→3→1 with no request lost to the scale-down → kill a worker (the operator restarts the
+replica) → abort through spec.abort → delete → nothing left.
 """
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ pytestmark = [
 ]
 TINY = 'tiny'
 LONG_REQUEST = {'prompt': 'long', 'size': '64x64', 'num_inference_steps': 500, 'request_id': 'e2e-long'}  # ~10 s+
-NEEDS_ISSUE_7 = 'needs issue 7 (operator restarts and abort): the operator does not act on it yet'
 
 
 @pytest.fixture(scope='module')
@@ -126,7 +125,7 @@ def test_scale_2_to_3_to_1(cluster, tiny, scale_down_load):
     scenario.scale(cluster, tiny, 3, timeout=150)
     assert len(cluster.services.endpoints('default', tiny)) == 3
     scenario.generate(cluster, tiny)
-    with Load(cluster, tiny) as load:  # what the clients saw is judged below (issue 7); here: the scale happens
+    with Load(cluster, tiny) as load:  # what the clients saw is judged by test_scale_down_lost_no_request
         scenario.scale(cluster, tiny, 1, timeout=60)
         scenario.wait_for(lambda: len(cluster.runner.running()) == 1, 60, 'the removed pods to stop',
                           cluster.runner.running)
@@ -136,10 +135,6 @@ def test_scale_2_to_3_to_1(cluster, tiny, scale_down_load):
     scenario.generate(cluster, tiny)
 
 
-@pytest.mark.xfail(strict=False, reason='needs issue 7 (fence, drain, then delete on scale-down). Racy today: the '
-                                        'pod is deleted at once and a request resolved just before meets it draining '
-                                        '(503); it often passes here only because the local Service has no '
-                                        'propagation delay')
 def test_scale_down_lost_no_request(scale_down_load):
     assert scale_down_load, 'test_scale_2_to_3_to_1 ran first and put load on the scale-down'
     assert scale_down_load['answers'] >= 3, scale_down_load
@@ -168,7 +163,6 @@ def _ppid(pid: int) -> int:
     return int(text[text.rindex(')') + 2:].split()[1])
 
 
-@pytest.mark.xfail(strict=False, reason=NEEDS_ISSUE_7)
 def test_a_killed_worker_restarts_the_replica_and_status_records_it(cluster, tiny):
     cluster.patch_spec(tiny, {'restartPolicy': {'backoffInitialSeconds': 1, 'backoffMaxSeconds': 2}})
     worker = _stage_worker(cluster, 'tiny-0')
@@ -183,7 +177,6 @@ def test_a_killed_worker_restarts_the_replica_and_status_records_it(cluster, tin
     scenario.generate(cluster, tiny)
 
 
-@pytest.mark.xfail(strict=False, reason=NEEDS_ISSUE_7)
 def test_abort_through_spec_abort_ends_the_running_request(cluster, tiny):
     url = scenario.wait_for(lambda: cluster.service_url(tiny), 10, 'a ready replica')
     answers: list[httpx.Response] = []
@@ -200,7 +193,7 @@ def test_abort_through_spec_abort_ends_the_running_request(cluster, tiny):
         assert abort == 'e2e-1'
         request.join(15)
         assert answers and answers[0].status_code == 409, answers and answers[0].text
-    finally:  # without an operator that aborts, end the request here so the stage can be deleted quickly
+    finally:  # if the abort did not land, end the request here so the stage can be deleted quickly
         httpx.post(f'{url}/v1/abort', json={'all': True}, timeout=10)
         request.join(30)
 
