@@ -71,7 +71,8 @@ def test_killed_worker_restarts_after_backoff_then_the_budget_stalls(cluster, ku
             failure = replica(cluster, 'w')['lastFailure']
             assert failure['reason'] == 'WorkerDied' and failure['exitCode'] == 3
             assert f"pid {worker['pid']}" in failure['message'] and 'SIGKILL' in failure['message']
-            assert events(kube_emulator, 'w', 'RestartBackoff') and events(kube_emulator, 'w', 'RestartingReplica')
+            wait_for(lambda: events(kube_emulator, 'w', 'RestartBackoff')  # posted after the status write
+                     and events(kube_emulator, 'w', 'RestartingReplica'), what='the restart Events')
             new = cluster.pods('w')['w-0']['metadata']['labels']
             assert new['diffstage.io/serving'] == 'true', 'the replacement serves again'
 
@@ -144,7 +145,7 @@ def test_a_hung_stage_answering_503_is_fenced_and_replaced(cluster, kube_emulato
         failure = replica(cluster, 'h')['lastFailure']
         assert failure['reason'] == 'Unhealthy' and 'collective timed out' in failure['message']
         wait_for(lambda: pod_uid(cluster, 'h', 'h-0') not in (None, uid), 10, what='the replacement')
-        assert cluster.status('h')['restarts']['total'] == 1
+        wait_for(lambda: cluster.status('h')['restarts']['total'] == 1, what='the restart counted')  # pods first
         fenced = [m for m in kube_emulator.mutations if m[:2] == ('patch', 'pods') and m[3] == 'h-0']
         assert fenced, 'the hung pod was taken out of the Service before it was replaced'
         assert metric('diffstage_operator_probe_failures_total', kind='unhealthy') > unhealthy_before
