@@ -149,9 +149,9 @@ class MultiprocExecutor(DiffusionExecutor):
 
     def _wait_subscribed(self) -> None:
         """XPUB sees one subscription per SUB: after this, no broadcast can be lost to a slow joiner."""
-        seen = 0
+        seen, deadline = 0, time.monotonic() + self.config.worker_startup_timeout_s
         while seen < self.world_size:
-            if not self._bcast.poll(int(self.config.worker_startup_timeout_s * 1000)):
+            if not self._bcast.poll(max(0, int((deadline - time.monotonic()) * 1000))):
                 raise EngineStartupError(f"only {seen} of {self.world_size} worker ranks subscribed to the broadcast")
             if self._bcast.recv()[:1] == b"\x01":
                 seen += 1

@@ -82,8 +82,8 @@ class DiTAdapter(StepContract, PipelineAdapter):
         for st, pred in zip(states, self.split_rows(noise, rows), strict=True):
             eps = pred[:, :channels] if learned_sigma else pred
             if st.do_cfg:
-                cond_eps, uncond_eps = eps.chunk(2)
-                eps = uncond_eps + st.request.sampling.guidance_scale * (cond_eps - uncond_eps)
+                cond_eps, uncond_eps = eps.chunk(2)          # DiT's row order: conditional first
+                eps = self.guided(uncond_eps, cond_eps, st.request.sampling.guidance_scale)
             preds.append(eps)
         return preds
 

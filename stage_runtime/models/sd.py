@@ -57,7 +57,7 @@ class StableDiffusionAdapter(StepContract, PipelineAdapter):
         for st, pred in zip(states, self.split_rows(noise, rows), strict=True):
             if st.do_cfg:
                 uncond, text = pred.chunk(2)
-                pred = uncond + st.request.sampling.guidance_scale * (text - uncond)
+                pred = self.guided(uncond, text, st.request.sampling.guidance_scale)
             preds.append(pred)
         return preds
 

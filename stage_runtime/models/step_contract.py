@@ -62,5 +62,10 @@ class StepContract:
         return rows, torch.cat(timesteps)
 
     @staticmethod
+    def guided(uncond: torch.Tensor, cond: torch.Tensor, scale: float) -> torch.Tensor:
+        """Classifier-free guidance: the unconditional prediction moved ``scale`` times towards the conditional."""
+        return uncond + scale * (cond - uncond)
+
+    @staticmethod
     def split_rows(output: torch.Tensor, rows: list[torch.Tensor]) -> list[torch.Tensor]:
         return list(torch.split(output, [len(r) for r in rows]))
