@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from stage_runtime.config import load_config  # noqa: E402
 from stage_runtime.request import DiffusionRequest, SamplingParams  # noqa: E402
-from stage_runtime.sched import NewRequestData, SchedulerOutput  # noqa: E402
+from stage_runtime.scheduler_output import NewRequestData, SchedulerOutput  # noqa: E402
 from stage_runtime.worker.model_runner import DiffusionModelRunner  # noqa: E402
 
 MODES = {

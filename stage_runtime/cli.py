@@ -15,6 +15,7 @@ from pathlib import Path
 
 from stage_runtime.config import StageConfig, load_config, load_config_file, merge_overrides
 from stage_runtime.errors import ConfigError, InvalidRequestError, ModelLoadError
+from stage_runtime.models.tiny import KINDS as TINY_KINDS
 
 # CLI flag → (section, field) of StageConfig.
 ENGINE_FLAGS = {
@@ -176,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     val.set_defaults(func=cmd_validate)
     tiny = sub.add_parser("make-tiny-model", help="write a tiny random-weight diffusers pipeline")
     tiny.add_argument("out_dir")
-    tiny.add_argument("--kind", choices=["sd", "dit"], default="sd")
+    tiny.add_argument("--kind", choices=TINY_KINDS, default="sd")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=cmd_make_tiny_model)
     return parser

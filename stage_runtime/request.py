@@ -19,7 +19,7 @@ from typing import NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stage_runtime.errors import InvalidRequestError
-from stage_runtime.models.info import ModelInfo
+from stage_runtime.model_info import ModelInfo
 
 MAX_PROMPT_CHARS = 2000
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stage_runtime.config import StageConfig
 from stage_runtime.errors import ConfigError
-from stage_runtime.models.info import ModelInfo
+from stage_runtime.model_info import ModelInfo
 
 
 def check_execution_mode(config: StageConfig, info: ModelInfo) -> None:

@@ -19,7 +19,8 @@ from typing import Any
 from stage_runtime.config import StageConfig
 from stage_runtime.errors import ConfigError, EngineDeadError, ModelLoadError
 from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, ProgressHook
-from stage_runtime.sched.output import SchedulerOutput
+from stage_runtime.plugins import import_object
+from stage_runtime.scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,6 @@ class DiffusionExecutor(ABC):
     @staticmethod
     def get_class(config: StageConfig) -> type["DiffusionExecutor"]:
         """``uni`` / ``mp`` or a ``package.module:Class`` subclass of DiffusionExecutor."""
-        from stage_runtime.models.registry import import_object
-
         name = config.resolved_executor
         try:
             cls = import_object(BUILTIN_EXECUTORS.get(name, name))

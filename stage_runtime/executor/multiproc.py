@@ -52,7 +52,7 @@ from stage_runtime.executor.procs import (
 from stage_runtime.executor.result_pump import ResultPump
 from stage_runtime.executor.worker_proc import EXIT_FATAL, WorkerSpec, worker_main
 from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, RunnerOutput
-from stage_runtime.sched.output import SchedulerOutput
+from stage_runtime.scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 STARTUP_ERRORS = {"ConfigError": ConfigError, "ModelLoadError": ModelLoadError}

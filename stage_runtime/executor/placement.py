@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 from stage_runtime.outputs import BatchRunnerOutput
-from stage_runtime.sched.output import SchedulerOutput
+from stage_runtime.scheduler_output import SchedulerOutput
 
 
 class DataParallelPlacement:

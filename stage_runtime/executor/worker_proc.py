@@ -46,7 +46,7 @@ from stage_runtime.executor.messages import (
     RpcReply,
 )
 from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent
-from stage_runtime.sched.output import SchedulerOutput
+from stage_runtime.scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 EXIT_FATAL = 3

@@ -18,7 +18,7 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import logging as diffusers_logging
 from diffusers.models.attention_processor import Attention
 
-from stage_runtime.models.info import ModelInfo
+from stage_runtime.model_info import ModelInfo
 from stage_runtime.request import DiffusionRequest
 
 diffusers_logging.disable_progress_bar()

@@ -17,7 +17,7 @@ from stage_runtime.errors import InvalidRequestError
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.request import DiffusionRequest
-from stage_runtime.worker.step_state import StepRequestState
+from stage_runtime.models.step_state import StepRequestState
 
 NULL_CLASS = 1000         # DiTPipeline's unconditional class id for guidance
 

@@ -6,12 +6,12 @@ Entries are import paths, imported only when a model is loaded (the registry its
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
 from stage_runtime.config import ModelConfig
 from stage_runtime.errors import ModelLoadError
+from stage_runtime.plugins import import_object
 
 ADAPTERS: dict[str, str] = {
     "StableDiffusionPipeline": "stage_runtime.models.sd:StableDiffusionAdapter",
@@ -32,14 +32,6 @@ def read_pipeline_class(model_path: str | Path) -> str:
         raise ModelLoadError(f"model.path={str(model_path)!r}: model_index.json _class_name={name!r} is not a string")
     return name
 
-
-def import_object(path: str) -> type:
-    """Import ``package.module:Name``."""
-    module_name, _, attr = path.partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ModelLoadError(f"cannot import {path!r}: {exc}") from None
 
 
 def resolve_adapter_path(model: ModelConfig) -> str:

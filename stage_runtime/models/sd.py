@@ -9,7 +9,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.request import DiffusionRequest
-from stage_runtime.worker.step_state import StepRequestState
+from stage_runtime.models.step_state import StepRequestState
 
 
 class StableDiffusionAdapter(StepContract, PipelineAdapter):

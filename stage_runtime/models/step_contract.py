@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from stage_runtime.request import DiffusionRequest
-from stage_runtime.worker.step_state import StepRequestState
+from stage_runtime.models.step_state import StepRequestState
 
 
 class StepContract:

@@ -16,7 +16,7 @@ from stage_runtime.config import SchedulerConfig
 from stage_runtime.errors import DuplicateRequestError, QueueFullError
 from stage_runtime.outputs import BatchRunnerOutput, RunnerOutput
 from stage_runtime.request import DiffusionRequest, RequestStatus
-from stage_runtime.sched.output import NewRequestData, SchedulerOutput
+from stage_runtime.scheduler_output import NewRequestData, SchedulerOutput
 
 
 @dataclass

@@ -8,7 +8,7 @@ from stage_runtime.config import SchedulerConfig
 from stage_runtime.outputs import BatchRunnerOutput
 from stage_runtime.request import DiffusionRequest, RequestBatchKey, RequestStatus
 from stage_runtime.sched.base_scheduler import BaseScheduler
-from stage_runtime.sched.output import SchedulerOutput
+from stage_runtime.scheduler_output import SchedulerOutput
 
 STABLE_WINDOW_MAX_S = 0.05
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from stage_runtime.outputs import BatchRunnerOutput
 from stage_runtime.request import DiffusionRequest, RequestStatus, StepBatchKey
 from stage_runtime.sched.base_scheduler import BaseScheduler
-from stage_runtime.sched.output import SchedulerOutput
+from stage_runtime.scheduler_output import SchedulerOutput
 
 
 class StepScheduler(BaseScheduler):

@@ -24,13 +24,13 @@ import torch
 from stage_runtime.config import StageConfig
 from stage_runtime.errors import ConfigError, InvalidRequestError, WorkerFatalError
 from stage_runtime.models.adapter import PipelineAdapter
-from stage_runtime.models.info import ModelInfo
+from stage_runtime.model_info import ModelInfo
 from stage_runtime.models.registry import resolve_adapter_class
 from stage_runtime.offload import build_offloader
 from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, ProgressHook, RunnerOutput
 from stage_runtime.request import DiffusionRequest
-from stage_runtime.sched.output import SchedulerOutput
-from stage_runtime.worker.step_state import StepRequestState
+from stage_runtime.scheduler_output import SchedulerOutput
+from stage_runtime.models.step_state import StepRequestState
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from stage_runtime.config import StageConfig
 from stage_runtime.distributed.apply import apply_parallelism
 from stage_runtime.distributed.groups import ParallelGroups, destroy_distributed, init_distributed, single_rank_groups
 from stage_runtime.errors import ConfigError
-from stage_runtime.models.info import ModelInfo
+from stage_runtime.model_info import ModelInfo
 from stage_runtime.outputs import BatchRunnerOutput, ProgressHook
-from stage_runtime.sched.output import SchedulerOutput
+from stage_runtime.scheduler_output import SchedulerOutput
 from stage_runtime.worker.model_runner import DiffusionModelRunner
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import torch
 
 from stage_runtime.config import load_config
 from stage_runtime.request import DiffusionRequest, SamplingParams
-from stage_runtime.sched import NewRequestData, SchedulerOutput
+from stage_runtime.scheduler_output import NewRequestData, SchedulerOutput
 from stage_runtime.worker.model_runner import DiffusionModelRunner
 
 

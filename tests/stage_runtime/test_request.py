@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stage_runtime.errors import InvalidRequestError
-from stage_runtime.models.info import ModelInfo
+from stage_runtime.model_info import ModelInfo
 from stage_runtime.request import DiffusionRequest, RequestStatus, SamplingParams
 
 INFO = ModelInfo("StableDiffusionPipeline", "x:Y", 64, 64, 20, 7.5, 8, False, True, False, 4)

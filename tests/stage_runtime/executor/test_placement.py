@@ -7,7 +7,7 @@ import pytest
 from stage_runtime.executor.placement import DataParallelPlacement
 from stage_runtime.outputs import BatchRunnerOutput, RunnerOutput
 from stage_runtime.request import DiffusionRequest, SamplingParams
-from stage_runtime.sched.output import NewRequestData, SchedulerOutput
+from stage_runtime.scheduler_output import NewRequestData, SchedulerOutput
 
 
 def out(step: int, new=(), cached=(), finished=()) -> SchedulerOutput:

@@ -8,7 +8,7 @@ from stage_runtime.config import load_config
 from stage_runtime.errors import ConfigError, EngineClosedError, EngineDeadError, ModelLoadError
 from stage_runtime.executor import DiffusionExecutor
 from stage_runtime.executor.uniproc import UniProcExecutor
-from stage_runtime.sched import SchedulerOutput
+from stage_runtime.scheduler_output import SchedulerOutput
 
 
 def cfg(path: str = "/models/unused", **extra):

@@ -10,8 +10,9 @@ import torch
 from stage_runtime.config import ModelConfig
 from stage_runtime.errors import ModelLoadError
 from stage_runtime.models.dit import DiTAdapter
-from stage_runtime.models.info import ModelInfo
-from stage_runtime.models.registry import (ADAPTERS, import_object, read_pipeline_class, resolve_adapter_class,
+from stage_runtime.model_info import ModelInfo
+from stage_runtime.plugins import import_object
+from stage_runtime.models.registry import (ADAPTERS, read_pipeline_class, resolve_adapter_class,
                                            resolve_adapter_path)
 from stage_runtime.models.sd import StableDiffusionAdapter
 

@@ -16,7 +16,7 @@ from diffusers import DiffusionPipeline
 from transformers import CLIPTokenizer
 
 from stage_runtime.models.tiny import KINDS, make_tiny_model
-from stage_runtime.models.tokenizer import build_clip_tokenizer
+from stage_runtime.models.tiny.clip_tokenizer import build_clip_tokenizer
 
 torch.set_num_threads(1)
 
