@@ -1,9 +1,13 @@
 """Apply the configured parallelism to a loaded model (called by the worker once, after loading).
 
     world 1                    nothing (no torch.distributed at all)
-    cfg_parallel_size = 2      enable_cfg_parallel(denoiser, cfg_group)
-    ulysses_degree = P > 1     enable_ulysses(denoiser, sp_group, P)   (heads checked here: exit 2)
+    cfg_parallel_size = 2      adapter.enable_cfg_parallel(cfg_group)     (the family must list "cfg")
+    ulysses_degree = P > 1     adapter.enable_ulysses(sp_group, P)        (lists "ulysses"; heads checked)
     tp / ring / pp > 1         ConfigError: not supported by this runtime yet
+
+What a family supports is its adapter's ``parallel_kinds``; how it is installed is the adapter's hook
+(the defaults wrap the denoiser with distributed.cfg_parallel / distributed.ulysses). Anything asked for
+that the family does not list is a ConfigError naming the family and the degree (the stage exits 2).
 
 Both may be combined: CFG parallel splits the rows of a denoiser call, Ulysses the tokens inside it.
 """
@@ -11,9 +15,8 @@ Both may be combined: CFG parallel splits the rows of a denoiser call, Ulysses t
 from __future__ import annotations
 
 from stage_runtime.config import ParallelConfig
-from stage_runtime.distributed.cfg_parallel import enable_cfg_parallel
 from stage_runtime.distributed.groups import ParallelGroups
-from stage_runtime.distributed.ulysses import check_ulysses_heads, enable_ulysses
+from stage_runtime.distributed.ulysses import check_ulysses_heads
 from stage_runtime.errors import ConfigError
 
 _UNSUPPORTED = ("tensor_parallel_size", "ring_degree", "pipeline_parallel_size")
@@ -31,10 +34,18 @@ def apply_parallelism(adapter, groups: ParallelGroups, parallel: ParallelConfig)
     """Install CFG-parallel and/or Ulysses on ``adapter.denoiser`` as ``parallel`` asks (world 1: no-op)."""
     if parallel.world_size == 1:
         return
-    check_supported(parallel, type(adapter.pipe).__name__)
+    family = type(adapter.pipe).__name__
+    check_supported(parallel, family)
+    for kind, name in (("cfg", "cfg_parallel_size"), ("ulysses", "ulysses_degree")):
+        degree = getattr(parallel, name)
+        if degree > 1 and kind not in adapter.parallel_kinds:
+            runs = ", ".join(sorted(adapter.parallel_kinds)) or "no in-model parallelism"
+            why = adapter.parallel_refusal(kind)
+            raise ConfigError(f"{name}={degree} is not supported by {family} (it runs: {runs})"
+                              + (f": {why}" if why else ""))
     if parallel.ulysses_degree > 1:
         check_ulysses_heads(adapter.num_attention_heads(), parallel.ulysses_degree)
     if parallel.cfg_parallel_size > 1:
-        enable_cfg_parallel(adapter.denoiser, groups.cfg_group)
+        adapter.enable_cfg_parallel(groups.cfg_group)
     if parallel.ulysses_degree > 1:
-        enable_ulysses(adapter.denoiser, groups.sp_group, parallel.ulysses_degree)
+        adapter.enable_ulysses(groups.sp_group, parallel.ulysses_degree)

@@ -30,6 +30,10 @@ class PipelineAdapter(ABC):
     supports_step_execution: ClassVar[bool] = False
     default_steps: ClassVar[int] = 20
     default_guidance: ClassVar[float] = 7.5
+    # The family's facts (served in ModelInfo). parallel_kinds: what apply_parallelism may install through the
+    # hooks below ("cfg", "ulysses"); guidance: how guidance_scale acts (see ModelInfo.guidance).
+    parallel_kinds: ClassVar[frozenset[str]] = frozenset()
+    guidance: ClassVar[str] = "cfg"
 
     def __init__(self, pipeline: DiffusionPipeline, device: torch.device):
         self.pipe = pipeline
@@ -70,7 +74,14 @@ class PipelineAdapter(ABC):
             default_guidance=self.default_guidance, size_multiple=self.size_multiple(), fixed_size=self.fixed_size,
             supports_request_batch=self.supports_request_batch,
             supports_step_execution=self.supports_step_execution,
-            num_attention_heads=self.num_attention_heads(), max_steps=self.max_steps())
+            num_attention_heads=self.num_attention_heads(), max_steps=self.max_steps(),
+            parallel_kinds=tuple(sorted(self.parallel_kinds)), guidance=self.guidance,
+            max_sequence_length=self.max_sequence_length())
+
+    def max_sequence_length(self) -> int | None:
+        """Text tokens the prompt encoder keeps (the tokenizer's limit); None without a tokenizer."""
+        tokenizer = getattr(self.pipe, "tokenizer", None)
+        return None if tokenizer is None else int(tokenizer.model_max_length)
 
     def max_steps(self) -> int | None:
         """Most denoising steps the noise scheduler can place: its training timesteps less the offset its
@@ -83,6 +94,23 @@ class PipelineAdapter(ABC):
         """The head count every attention layer of the denoiser is divisible by (gcd over layers)."""
         heads = [m.heads for m in self.denoiser.modules() if isinstance(m, Attention)]
         return math.gcd(*heads) if heads else 1
+
+    # -- parallel hooks (called once after loading, only for kinds in ``parallel_kinds``) -----------------
+    def parallel_refusal(self, kind: str) -> str | None:
+        """Why this family cannot run ``kind`` parallelism (said in the startup error), or None."""
+        return None
+
+    def enable_cfg_parallel(self, group) -> None:
+        """Split the rows of every denoiser call across ``group`` (the CFG halves, then requests)."""
+        from stage_runtime.distributed.cfg_parallel import enable_cfg_parallel
+
+        enable_cfg_parallel(self.denoiser, group)
+
+    def enable_ulysses(self, group, degree: int) -> None:
+        """Shard the denoiser's token sequence across ``group``; attention trades tokens for heads."""
+        from stage_runtime.distributed.ulysses import enable_ulysses
+
+        enable_ulysses(self.denoiser, group, degree)
 
     # -- serving ---------------------------------------------------------------------------------------
     def check_request(self, request: DiffusionRequest) -> None:

@@ -14,6 +14,7 @@ from stage_runtime.models.step_state import StepRequestState
 
 class StableDiffusionAdapter(StepContract, PipelineAdapter):
     default_guidance = 7.5
+    parallel_kinds = frozenset({"cfg", "ulysses"})
 
     @property
     def denoiser(self) -> torch.nn.Module:

@@ -64,6 +64,15 @@ def test_apply_rejects_ulysses_degree_not_dividing_heads(sd):
         apply_parallelism(sd, single_rank_groups(), ParallelConfig(ulysses_degree=8))
 
 
+@pytest.mark.parametrize(("field", "kind"), [("cfg_parallel_size", "cfg"), ("ulysses_degree", "ulysses")])
+def test_apply_refuses_parallel_kinds_the_family_does_not_list(sd, monkeypatch, field, kind):
+    monkeypatch.setattr(type(sd), "parallel_kinds", frozenset({"cfg", "ulysses"}) - {kind})
+    monkeypatch.setattr(type(sd), "parallel_refusal", lambda self, k: f"no {k} here")
+    with pytest.raises(ConfigError, match=rf"^{field}=2 is not supported by StableDiffusionPipeline "
+                                          rf"\(it runs: [a-z]+\): no {kind} here$"):
+        apply_parallelism(sd, single_rank_groups(), ParallelConfig(**{field: 2}))
+
+
 @pytest.mark.parametrize("field", ["tensor_parallel_size", "ring_degree", "pipeline_parallel_size"])
 def test_apply_rejects_unsupported_dimensions(sd, field):
     with warnings.catch_warnings():

@@ -102,7 +102,8 @@ def test_sd_model_info(sd_adapter):
         pipeline_class="StableDiffusionPipeline", adapter="stage_runtime.models.sd:StableDiffusionAdapter",
         default_height=64, default_width=64, default_steps=20, default_guidance=7.5, size_multiple=8,
         fixed_size=False, supports_request_batch=True, num_attention_heads=4, max_steps=999,
-        supports_step_execution=type(sd_adapter).supports_step_execution)
+        supports_step_execution=type(sd_adapter).supports_step_execution, parallel_kinds=("cfg", "ulysses"),
+        guidance="cfg", max_sequence_length=77)
     assert sd_adapter.denoiser is sd_adapter.pipe.unet
 
 
@@ -112,7 +113,8 @@ def test_dit_model_info(dit_adapter):
         pipeline_class="DiTPipeline", adapter="stage_runtime.models.dit:DiTAdapter",
         default_height=64, default_width=64, default_steps=20, default_guidance=4.0, size_multiple=8,
         fixed_size=True, supports_request_batch=True, num_attention_heads=4, max_steps=999,
-        supports_step_execution=type(dit_adapter).supports_step_execution)
+        supports_step_execution=type(dit_adapter).supports_step_execution, parallel_kinds=("cfg", "ulysses"),
+        guidance="cfg", max_sequence_length=None)
     assert dit_adapter.denoiser is dit_adapter.pipe.transformer
     assert dit_adapter.num_classes == 1000
 
