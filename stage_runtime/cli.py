@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from stage_runtime.config import StageConfig, load_config, load_config_file, merge_overrides
+from stage_runtime.config import StageConfig, load_config, load_config_file
 from stage_runtime.errors import ConfigError, InvalidRequestError, ModelLoadError
 from stage_runtime.models.tiny import KINDS as TINY_KINDS
 
@@ -54,8 +54,7 @@ def config_from_args(args: argparse.Namespace) -> StageConfig:
         if value is not None:
             (overrides.setdefault(section, {}) if section else overrides)[field] = value
     if args.config:
-        base = load_config_file(args.config).model_dump(exclude_unset=True)
-        return load_config(merge_overrides(base, overrides))
+        return load_config_file(args.config, overrides)
     if "model" not in overrides:
         raise ConfigError("model.path: give --model DIR or --config stage.yaml")
     return load_config(overrides)

@@ -21,7 +21,7 @@ from stage_runtime.errors import ConfigError
 
 __all__ = [
     "ConfigError", "ExecutionMode", "ParallelDim", "ModelConfig", "OffloadConfig", "OffloadMode", "ParallelConfig",
-    "SchedulerConfig", "ServerConfig", "StageConfig", "RankCoords", "load_config", "load_config_file",
+    "SchedulerConfig", "ServerConfig", "StageConfig", "RankCoords", "load_config", "load_config_file", "read_config_file",
     "merge_overrides",
 ]
 
@@ -313,20 +313,31 @@ def load_config(data: dict) -> StageConfig:
         raise ConfigError(f"invalid stage config: {_format_errors(exc)}") from None
 
 
-def load_config_file(path: str | Path) -> StageConfig:
-    """Load a YAML file whose top level is the StageConfig dict."""
+def read_config_file(path: str | Path) -> dict:
+    """The YAML mapping of a config file, unvalidated (it may be partial: flags complete it)."""
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {' '.join(str(exc).split())}") from None
+    if data is None:
+        return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def load_config_file(path: str | Path, overrides: dict | None = None) -> StageConfig:
+    """Load a YAML file whose top level is (part of) the StageConfig dict, with ``overrides`` (the CLI's
+    flags) merged on top, validated once after merging: a file may hold only ``offload:`` if the flags
+    give the model."""
+    data = merge_overrides(read_config_file(path), overrides or {})
     try:
         return load_config(data)
     except ConfigError as exc:
-        raise ConfigError(f"config file {str(path)!r}: {exc}") from None
+        source = f"config file {str(path)!r}" + (" with the command-line flags" if overrides else "")
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def merge_overrides(base: dict, overrides: dict) -> dict:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -131,6 +132,31 @@ def test_generate_writes_png_and_prints_timing(tiny_sd_path, tmp_path, capsys):
     timing = json.loads(lines[-1])
     assert set(timing) == {"engine_start_s", "generate_s", "queue_ms", "exec_ms", "save_s"}
     assert all(isinstance(v, (int, float)) and v >= 0 for v in timing.values())
+
+
+def test_generate_partial_config_file_merges_with_flags(tiny_sd_path, tmp_path, capsys):
+    """Regression: a file holding only ``offload:`` failed with ``model: Field required`` (validated before
+    the flags were merged). Validated once after merging, it serves and gives the image of no offload."""
+    config = tmp_path / "off.yaml"
+    config.write_text("offload: {mode: layerwise}\n")
+    images = {}
+    for name, extra in (("plain", ()), ("offload", ("--config", str(config)))):
+        png = tmp_path / f"{name}.png"
+        rc, _, err = run_cli(capsys, "generate", "--model", tiny_sd_path, "--prompt", "a cat", "--steps", "3",
+                             "--seed", "5", "--device", "cpu", "--out", str(png), *extra)
+        assert rc == 0, err
+        with Image.open(png) as img:
+            images[name] = np.asarray(img.convert("RGB"), dtype=np.int16)
+    assert np.abs(images["plain"] - images["offload"]).max() <= 1
+
+
+def test_generate_config_file_error_names_the_file_and_the_field(tiny_sd_path, tmp_path, capsys):
+    config = tmp_path / "bad.yaml"
+    config.write_text("offload: {mode: sideways}\n")
+    rc, out, err = run_cli(capsys, "generate", "--model", tiny_sd_path, "--prompt", "x", "--config", str(config),
+                           "--out", str(tmp_path / "F.png"))
+    assert rc == 2 and out == ""
+    assert str(config) in err and "offload.mode" in err and "sideways" in err
 
 
 def test_generate_bad_size_format_exits_2(tiny_sd_path, tmp_path, capsys):

@@ -284,7 +284,7 @@ def test_load_config_file_missing(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "text, part", [("model: [unclosed\n", "not valid YAML"), ("", "mapping"), ("- a\n", "mapping")]
+    "text, part", [("model: [unclosed\n", "not valid YAML"), ("", "model"), ("- a\n", "mapping")]
 )
 def test_load_config_file_bad_yaml(tmp_path, text, part):
     path = tmp_path / "bad.yaml"
