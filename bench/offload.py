@@ -48,28 +48,29 @@ def make_runner(path: str, offload: dict) -> DiffusionModelRunner:
     return runner
 
 
-def new_wave(runner, rid: str, prompt: str, steps: int, seed: int) -> SchedulerOutput:
+def new_wave(runner, rid: str, prompt: str, steps: int, seed: int, mode: str = "request") -> SchedulerOutput:
     request = DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed))
-    return SchedulerOutput(step_id=1, scheduled_new_reqs=[NewRequestData(rid, request.resolve(runner.model_info))])
+    return SchedulerOutput(step_id=1, scheduled_new_reqs=[NewRequestData(rid, request.resolve(runner.model_info))],
+                           mode=mode)
 
 
 def step_ticks(runner, rid: str, prompt: str, steps: int, seed: int) -> list[float]:
     """Seconds per tick of one step-mode request."""
-    tick, times = new_wave(runner, rid, prompt, steps, seed), []
+    tick, times = new_wave(runner, rid, prompt, steps, seed, mode="step"), []
     for k in range(2, steps + 3):
         t0 = time.perf_counter()
-        out = runner.execute_step(tick).get(rid)
+        out = runner.execute_model(tick).get(rid)
         times.append(time.perf_counter() - t0)
         if out.error or out.finished:
             assert out.error is None, out.error
             return times
-        tick = SchedulerOutput(step_id=k, scheduled_cached_req_ids=[rid])
+        tick = SchedulerOutput(step_id=k, scheduled_cached_req_ids=[rid], mode="step")
     raise RuntimeError(f"{rid} did not finish")
 
 
 def one_request(runner, rid: str, prompt: str, steps: int, seed: int) -> float:
     t0 = time.perf_counter()
-    out = runner.execute_model_batch(new_wave(runner, rid, prompt, steps, seed)).get(rid)
+    out = runner.execute_model(new_wave(runner, rid, prompt, steps, seed)).get(rid)
     assert out.error is None, out.error
     return time.perf_counter() - t0
 

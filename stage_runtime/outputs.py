@@ -52,6 +52,10 @@ class ProgressEvent:
 # Runner → engine once per denoising step; returns the ids the engine wants stopped.
 ProgressHook = Callable[[ProgressEvent], Iterable[str]]
 
+# Executor → engine when request-mode images arrive after their COMPUTE_DONE:
+# (async output id, uint8 images (n, H, W, 3) or None, error or None — why they are lost).
+OutputHook = Callable[[str, Any, "str | None"], None]
+
 
 @dataclass
 class DiffusionOutput:

@@ -2,12 +2,16 @@
 
 A request's full payload crosses once (``scheduled_new_reqs``); afterwards only its id does
 (``scheduled_cached_req_ids``). ``finished_req_ids`` tells workers which per-request state to drop.
-No tensors, no callables.
+``mode`` says how the runner executes it: ``request`` (whole requests, one pipeline call per wave) or
+``step`` (one denoising step of every scheduled request). No tensors, no callables.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+ExecutionMode = Literal["request", "step"]
 
 from stage_runtime.request import DiffusionRequest
 
@@ -25,6 +29,7 @@ class SchedulerOutput:
     scheduled_cached_req_ids: list[str] = field(default_factory=list)  # already sent, still running
     finished_req_ids: set[str] = field(default_factory=set)            # terminal since the last schedule()
     num_waiting_reqs: int = 0
+    mode: ExecutionMode = "request"
 
     @property
     def scheduled_request_ids(self) -> list[str]:

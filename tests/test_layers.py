@@ -9,7 +9,7 @@
     offload   weight residency                       core
     sched     scheduling policy                      core                 (never torch / diffusers)
     distributed  groups, collectives, CFG/Ulysses    core
-    core      config, errors, request, outputs, scheduler_output, model_info, plugins, imageio
+    core      config, errors, request, outputs, scheduler_output, model_info, plugins, imageio, control
                                                      core only            (never torch / diffusers)
 
 The operator imports nothing of the runtime but ``stage_runtime.config`` (one source of truth for the
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE = {"config", "errors", "request", "outputs", "scheduler_output", "model_info", "plugins", "imageio"}
+CORE = {"config", "errors", "request", "outputs", "scheduler_output", "model_info", "plugins", "imageio", "control"}
 EDGE = {"cli", "client", "demo", "__main__", "__init__"}
 
 # package → the packages it may import (its own package is always allowed)

@@ -1,14 +1,19 @@
 """DiffusionExecutor: the engine's only way to its workers.
 
 It sends what the scheduler chose and returns what the workers produced; it never admits, reorders
-or forwards requests. It owns worker RPC, health, the failure latch and shutdown. During an execute
-call it forwards the runner's per-step progress to the engine's progress hook and returns the ids the
-engine wants cancelled (aborts reach a running pipeline call at the next denoising step).
+or forwards requests. It owns worker RPC, health, the failure latch and shutdown. Two ways in:
+
+    execute_model(sched_out)     one wave or tick (``sched_out.mode``) → BatchRunnerOutput by request id
+    collective_rpc(method, ...)  a declared control RPC (``stage_runtime.control``); others: RpcError
+
+and two hooks out, both called on executor threads: the progress hook (once per denoising step during
+a request-mode call; returns the ids the engine wants cancelled, so an abort lands at the next step)
+and the output hook (images that arrive after their COMPUTE_DONE, by async output id, once the engine
+has claimed them).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
 import threading
@@ -17,8 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 from stage_runtime.config import StageConfig
+from stage_runtime.control import check_control_rpc
 from stage_runtime.errors import ConfigError, EngineDeadError, ModelLoadError
-from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, ProgressHook
+from stage_runtime.outputs import BatchRunnerOutput, OutputHook, ProgressEvent, ProgressHook
 from stage_runtime.plugins import import_object
 from stage_runtime.scheduler_output import SchedulerOutput
 
@@ -37,6 +43,7 @@ class DiffusionExecutor(ABC):
         self.config = config
         self._failure_callbacks: list[FailureCallback] = []
         self._progress_hook: ProgressHook | None = None
+        self._output_hook: OutputHook | None = None
         self._dead_reason: str | None = None
         self._latch = threading.Lock()
         self._closed = False
@@ -59,23 +66,27 @@ class DiffusionExecutor(ABC):
     def _init_executor(self) -> None:
         """Start the workers and load the model on every rank."""
 
-    @abstractmethod
     def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
                        timeout: float | None = None, unique_reply_rank: int | None = None) -> Any:
-        """Call ``method`` on every rank's worker: a list of replies, or one reply when a rank is named."""
+        """Call a declared control RPC on every rank's worker: a list of replies (rank order), or rank
+        ``unique_reply_rank``'s reply alone. An undeclared name or a failed rank raises RpcError."""
+        return self._collective_rpc(check_control_rpc(method), tuple(args), kwargs or {}, timeout,
+                                    unique_reply_rank)
+
+    @abstractmethod
+    def _collective_rpc(self, method: str, args: tuple, kwargs: dict, timeout: float | None,
+                        unique_reply_rank: int | None) -> Any:
+        """The backend's transport for a (checked) control RPC."""
 
     @abstractmethod
     def _shutdown_workers(self) -> None:
         """Stop every worker and release what they hold."""
 
     # -- execution -------------------------------------------------------------------------------------
-    def execute_batch(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
-        """Request mode: one wave of whole requests (fused into one pipeline call when compatible)."""
-        return self.collective_rpc("execute_model_batch", args=(sched_out,), unique_reply_rank=0)
-
-    def execute_step(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
-        """Step mode: advance every scheduled request one denoising step."""
-        return self.collective_rpc("execute_step", args=(sched_out,), unique_reply_rank=0)
+    @abstractmethod
+    def execute_model(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
+        """One scheduler output on the workers: a request-mode wave (compatible requests fused into one
+        pipeline call) or a step-mode tick (every scheduled request advances one denoising step)."""
 
     def set_progress_hook(self, hook: ProgressHook | None) -> None:
         self._progress_hook = hook
@@ -86,7 +97,11 @@ class DiffusionExecutor(ABC):
         return set(hook(event)) if hook is not None else set()
 
     # -- async output (executors whose COMPUTE_DONE comes before the images) ----------------------------
-    def wait_output_ready(self, async_output_id: str) -> concurrent.futures.Future:
+    def set_output_hook(self, hook: OutputHook | None) -> None:
+        self._output_hook = hook
+
+    def claim_output(self, async_output_id: str) -> None:
+        """The engine wants these images: the output hook gets them (now, if they are already here)."""
         raise NotImplementedError(f"{type(self).__name__} returns no async outputs")
 
     def drop_output(self, async_output_id: str) -> None:  # noqa: B027 - optional hook, a no-op by default

@@ -1,12 +1,13 @@
 """What crosses between the engine process and its worker ranks (pickled over ZMQ, plain data only).
 
-    engine ──broadcast (XPUB → every rank's SUB)──▶ RpcMessage | CancelMessage | SHUTDOWN
+    engine ──broadcast (XPUB → every rank's SUB)──▶ ExecuteModel | RpcMessage | CancelMessage | SHUTDOWN
     rank r ──its own result channel (PUSH → PULL)──▶ RpcReply | ComputeDone | OutputReady | Progress | Fatal
 
-Reply rules (``WorkerProc``): a model call (``execute_model_batch`` / ``execute_step``) runs on every
-rank and is answered by each DP replica's leader; a control RPC with ``reply_rank=None`` runs on every
-rank and every rank answers with its own status; a control RPC with ``reply_rank=r`` runs and answers
-on rank r only. Arrays over ~1 MB inside a message are ``shm.ShmArray`` handles.
+Reply rules (``WorkerProc``): a model call (``ExecuteModel``) runs on every rank and is answered by each
+DP replica's leader (request mode: ComputeDone, then OutputReady for large images; step mode: RpcReply);
+a control RPC (``RpcMessage``, a name from ``stage_runtime.control.CONTROL_RPCS``) with
+``reply_rank=None`` runs on every rank and every rank answers with its own status; with ``reply_rank=r``
+it runs and answers on rank r only. Arrays over ~1 MB inside a message are ``shm.ShmArray`` handles.
 """
 
 from __future__ import annotations
@@ -14,18 +15,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-MODEL_METHODS = frozenset({"execute_model_batch", "execute_step"})
 SHUTDOWN = "shutdown"
 
 
 @dataclass(frozen=True)
+class ExecuteModel:
+    """Run one scheduler output (a request-mode wave or a step-mode tick; ``sched_out.mode`` says which)."""
+
+    rpc_id: int
+    sched_out: Any                             # SchedulerOutput (plain data: requests once, then ids)
+    dp_assign: dict[str, int] | None = None    # request id → DP replica that runs it (None: one replica)
+
+
+@dataclass(frozen=True)
 class RpcMessage:
+    """A control RPC: ``method`` is one of ``CONTROL_RPCS``."""
+
     rpc_id: int
     method: str
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
     reply_rank: int | None = None
-    dp_assign: dict[str, int] | None = None    # model calls: request id → DP replica that runs it
 
 
 @dataclass(frozen=True)

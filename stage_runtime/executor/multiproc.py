@@ -34,11 +34,13 @@ from typing import Any
 
 import zmq
 
-from stage_runtime.errors import ConfigError, EngineClosedError, EngineDeadError, EngineStartupError, ModelLoadError
+from stage_runtime.errors import (ConfigError, EngineClosedError, EngineDeadError, EngineStartupError, ModelLoadError,
+                                  RpcError)
 from stage_runtime.executor import shm
 from stage_runtime.executor.abstract import DiffusionExecutor
 from stage_runtime.executor.async_output import AsyncOutputTable
-from stage_runtime.executor.messages import SHUTDOWN, CancelMessage, Fatal, Progress, RpcMessage, RpcReply
+from stage_runtime.executor.messages import (SHUTDOWN, CancelMessage, ExecuteModel, Fatal, Progress, RpcMessage,
+                                             RpcReply)
 from stage_runtime.executor.placement import DataParallelPlacement
 from stage_runtime.executor.procs import (
     KILL_GRACE_S,
@@ -77,7 +79,7 @@ class MultiprocExecutor(DiffusionExecutor):
         self._fatal: dict[int, str] = {}
         self._stopping = threading.Event()
         self._stop_r, self._stop_w = multiprocessing.Pipe(duplex=False)
-        self.outputs = AsyncOutputTable()
+        self.outputs = AsyncOutputTable(self._on_output)
         self._ipc_dir = tempfile.mkdtemp(prefix="ds-ipc-")
         self._ctx = zmq.Context()
         self._bcast = self._ctx.socket(zmq.XPUB)
@@ -157,44 +159,38 @@ class MultiprocExecutor(DiffusionExecutor):
                 seen += 1
 
     # -- RPC -------------------------------------------------------------------------------------------
-    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
-                       timeout: float | None = None, unique_reply_rank: int | None = None) -> Any:
-        """Control RPC: every rank runs it and answers with its status (``unique_reply_rank`` None),
-        or rank ``unique_reply_rank`` alone runs and answers. Any failed rank raises RuntimeError."""
+    def _collective_rpc(self, method: str, args: tuple, kwargs: dict, timeout: float | None,
+                        unique_reply_rank: int | None) -> Any:
+        """Every rank runs it and answers with its status (``unique_reply_rank`` None), or rank
+        ``unique_reply_rank`` alone runs and answers. Any failed rank raises RpcError."""
         ranks = list(range(self.world_size)) if unique_reply_rank is None else [unique_reply_rank]
-        replies = self._call(RpcMessage(0, method, tuple(args), kwargs or {}, unique_reply_rank), ranks, timeout)
+        replies = self._call(RpcMessage(0, method, args, kwargs, unique_reply_rank), ranks, timeout)
         failed = [r for r in replies.values() if not r.ok]
         if failed:
             detail = "; ".join(f"rank {r.rank}: {r.error}" for r in failed)
             for r in failed:
                 log.error("RPC %r failed on rank %d:\n%s", method, r.rank, r.traceback)
-            raise RuntimeError(f"RPC {method!r} failed on worker rank(s) {[r.rank for r in failed]}: {detail}")
+            raise RpcError(f"RPC {method!r} failed on worker rank(s) {[r.rank for r in failed]}: {detail}")
         if unique_reply_rank is not None:
             return replies[unique_reply_rank].result
         return [replies[rank].result for rank in ranks]
 
-    def execute_batch(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
-        return self._execute_model("execute_model_batch", sched_out)
-
-    def execute_step(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
-        return self._execute_model("execute_step", sched_out)
-
-    def _execute_model(self, method: str, sched_out: SchedulerOutput) -> BatchRunnerOutput:
+    def execute_model(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
         assign = self.placement.place(sched_out)
-        replies = self._call(RpcMessage(0, method, (sched_out,), {}, None, assign), self.leader_ranks, None)
+        replies = self._call(ExecuteModel(0, sched_out, assign), self.leader_ranks, None)
         out = BatchRunnerOutput()
         for reply in replies.values():
             if reply.ok:
                 out.outputs.update(reply.result.outputs)
             else:                      # that replica's requests fail; the other replicas' results stand
-                log.error("%s failed on rank %d:\n%s", method, reply.rank, reply.traceback)
+                log.error("%s-mode execution failed on rank %d:\n%s", sched_out.mode, reply.rank, reply.traceback)
                 mine = [rid for rid in sched_out.scheduled_request_ids
                         if assign is None or assign[rid] == self._dp_index(reply.rank)]
                 out.outputs.update({rid: RunnerOutput(rid, error=reply.error) for rid in mine})
-        self.placement.release(sched_out, out, step_mode=method == "execute_step")
+        self.placement.release(sched_out, out)
         return out
 
-    def _call(self, msg: RpcMessage, ranks: list[int], timeout: float | None) -> dict[int, RpcReply]:
+    def _call(self, msg: RpcMessage | ExecuteModel, ranks: list[int], timeout: float | None) -> dict[int, RpcReply]:
         self.check_health()
         msg = replace(msg, rpc_id=next(self._rpc_ids))
         future = self.pump.expect(msg.rpc_id, ranks)
@@ -203,7 +199,8 @@ class MultiprocExecutor(DiffusionExecutor):
             return future.result(timeout)
         except TimeoutError:
             self.pump.forget(msg.rpc_id)
-            reason = f"RPC {msg.method!r} got no answer from rank(s) {ranks} within {timeout} s"
+            what = f"RPC {msg.method!r}" if isinstance(msg, RpcMessage) else "model execution"
+            reason = f"{what} got no answer from rank(s) {ranks} within {timeout} s"
             self.mark_dead(reason)    # the ranks are out of step with the broadcast: never reuse them
             raise EngineDeadError(reason) from None
 
@@ -216,11 +213,16 @@ class MultiprocExecutor(DiffusionExecutor):
         return self.leader_ranks.index(leader_rank)
 
     # -- async output ----------------------------------------------------------------------------------
-    def wait_output_ready(self, async_output_id: str):
-        return self.outputs.wait(async_output_id)
+    def claim_output(self, async_output_id: str) -> None:
+        self.outputs.claim(async_output_id)
 
     def drop_output(self, async_output_id: str) -> None:
         self.outputs.drop(async_output_id)
+
+    def _on_output(self, async_output_id: str, images: Any, error: str | None) -> None:
+        hook = self._output_hook
+        if hook is not None:
+            hook(async_output_id, images, error)
 
     def num_pending(self) -> int:
         """Bookkeeping held for calls and outputs in flight (0 when idle)."""

@@ -32,10 +32,10 @@ class DataParallelPlacement:
             load[replica] += 1
         return {rid: self.replica_of[rid] for rid in sched_out.scheduled_request_ids}
 
-    def release(self, sched_out: SchedulerOutput, out: BatchRunnerOutput, step_mode: bool) -> None:
+    def release(self, sched_out: SchedulerOutput, out: BatchRunnerOutput) -> None:
         for rid in sched_out.scheduled_request_ids:
             result = out.get(rid)
-            if not step_mode or result is None or result.finished or result.error or result.aborted:
+            if sched_out.mode != "step" or result is None or result.finished or result.error or result.aborted:
                 self.replica_of.pop(rid, None)
 
     def __len__(self) -> int:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from stage_runtime.errors import ConfigError, EngineClosedError
+from stage_runtime.errors import ConfigError, DiffStageError, EngineClosedError, RpcError
 from stage_runtime.executor.abstract import DiffusionExecutor
+from stage_runtime.outputs import BatchRunnerOutput
+from stage_runtime.scheduler_output import SchedulerOutput
 from stage_runtime.worker.worker import DiffusionWorker
 
 
@@ -25,14 +27,26 @@ class UniProcExecutor(DiffusionExecutor):
             self.worker = None
             raise
 
-    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
-                       timeout: float | None = None, unique_reply_rank: int | None = None) -> Any:
+    def _collective_rpc(self, method: str, args: tuple, kwargs: dict, timeout: float | None,
+                        unique_reply_rank: int | None) -> Any:
         # The timeout is accepted for interface parity; an in-process call cannot be abandoned safely.
+        worker = self._live_worker()
+        try:
+            reply = worker.control_rpc(method, args, kwargs)
+        except DiffStageError:
+            raise
+        except Exception as exc:
+            raise RpcError(f"RPC {method!r} failed on worker rank 0: {type(exc).__name__}: {exc}") from exc
+        return reply if unique_reply_rank is not None else [reply]
+
+    def execute_model(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
+        return self._live_worker().execute_model(sched_out)
+
+    def _live_worker(self) -> DiffusionWorker:
         if self._closed or self.worker is None:
             raise EngineClosedError("DiffusionExecutor is closed.")
         self.check_health()
-        reply = getattr(self.worker, method)(*args, **(kwargs or {}))
-        return reply if unique_reply_rank is not None else [reply]
+        return self.worker
 
     def _shutdown_workers(self) -> None:
         if self.worker is not None:

@@ -35,10 +35,10 @@ from stage_runtime.config import StageConfig
 from stage_runtime.errors import WorkerFatalError
 from stage_runtime.executor import shm
 from stage_runtime.executor.messages import (
-    MODEL_METHODS,
     SHUTDOWN,
     CancelMessage,
     ComputeDone,
+    ExecuteModel,
     Fatal,
     OutputReady,
     Progress,
@@ -130,14 +130,14 @@ class WorkerProc:
             msg = self.inbox.popleft() if self.inbox else pickle.loads(self.sub.recv())
             if msg == SHUTDOWN:
                 return
-            if isinstance(msg, RpcMessage):
+            if isinstance(msg, (ExecuteModel, RpcMessage)):
                 self.handle(msg)
             # a CancelMessage seen here is stale: its model call already finished
 
-    def handle(self, msg: RpcMessage) -> None:
-        groups = self.worker.groups
-        if msg.method in MODEL_METHODS:
-            replying = groups.is_replica_leader
+    def handle(self, msg: ExecuteModel | RpcMessage) -> None:
+        """Run one message; answer as the reply rules say (messages.py)."""
+        if isinstance(msg, ExecuteModel):
+            replying = self.worker.groups.is_replica_leader
         else:
             replying = msg.reply_rank is None or msg.reply_rank == self.rank
             if not replying:
@@ -153,18 +153,18 @@ class WorkerProc:
             return
         if not replying:
             return
-        if msg.method == "execute_model_batch":
+        if isinstance(msg, ExecuteModel) and msg.sched_out.mode == "request":
             self._send_compute_done(msg.rpc_id, result)
         else:
             self._send(RpcReply(msg.rpc_id, self.rank, result=self.shm.pack(result)))
 
-    def _execute(self, msg: RpcMessage) -> Any:
-        if msg.method not in MODEL_METHODS:
-            return getattr(self.worker, msg.method)(*msg.args, **msg.kwargs)
-        sched_out = self._my_share(msg.args[0], msg.dp_assign)
+    def _execute(self, msg: ExecuteModel | RpcMessage) -> Any:
+        if isinstance(msg, RpcMessage):
+            return self.worker.control_rpc(msg.method, msg.args, msg.kwargs)
+        sched_out = self._my_share(msg.sched_out, msg.dp_assign)
         self.current_rpc, self.cancelled = msg.rpc_id, set()
         try:
-            return getattr(self.worker, msg.method)(sched_out)
+            return self.worker.execute_model(sched_out)
         finally:
             self.current_rpc = None
 

@@ -11,12 +11,13 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from stage_runtime.config import SchedulerConfig
 from stage_runtime.errors import DuplicateRequestError, QueueFullError
 from stage_runtime.outputs import BatchRunnerOutput, RunnerOutput
 from stage_runtime.request import DiffusionRequest, RequestStatus
-from stage_runtime.scheduler_output import NewRequestData, SchedulerOutput
+from stage_runtime.scheduler_output import ExecutionMode, NewRequestData, SchedulerOutput
 
 
 @dataclass
@@ -37,6 +38,10 @@ class RequestState:
 
 
 class BaseScheduler(ABC):
+    mode: ClassVar[ExecutionMode]
+    # Step mode keeps per-request state on the workers: an empty tick must still tell them what finished.
+    retires_worker_state: ClassVar[bool] = False
+
     def __init__(self, config: SchedulerConfig):
         self.max_num_running_reqs = max(1, config.max_num_seqs)
         self.max_waiting = config.max_waiting
@@ -73,7 +78,7 @@ class BaseScheduler(ABC):
         # incompatible head stops admission: head-of-line blocking is deliberate (no reordering, so no
         # request can starve behind later compatible ones).
         self._step_id += 1
-        out = SchedulerOutput(step_id=self._step_id, scheduled_cached_req_ids=list(self._running))
+        out = SchedulerOutput(step_id=self._step_id, scheduled_cached_req_ids=list(self._running), mode=self.mode)
         now = time.monotonic()
         while self._waiting and len(self._running) < self.max_num_running_reqs:
             state = self._states[self._waiting[0]]
@@ -133,8 +138,12 @@ class BaseScheduler(ABC):
         return bool(self._waiting or self._running)
 
     def has_unreported_finished(self) -> bool:
-        """Terminal requests the workers have not been told about yet (their state must be retired)."""
-        return bool(self._finished_since_schedule)
+        """Terminal requests whose worker state must still be retired (a reason to run an empty tick)."""
+        return self.retires_worker_state and bool(self._finished_since_schedule)
+
+    def should_execute(self, out: SchedulerOutput) -> bool:
+        """Whether ``out`` goes to the workers: something is scheduled, or worker state must be retired."""
+        return not out.is_empty or (self.retires_worker_state and bool(out.finished_req_ids))
 
     @property
     def num_waiting_reqs(self) -> int:

@@ -14,6 +14,8 @@ STABLE_WINDOW_MAX_S = 0.05
 
 
 class RequestScheduler(BaseScheduler):
+    mode = "request"
+
     def __init__(self, config: SchedulerConfig):
         super().__init__(config)
         self.batch_wait_s = config.request_batch_max_wait_ms / 1000.0

@@ -14,6 +14,9 @@ from stage_runtime.scheduler_output import SchedulerOutput
 
 
 class StepScheduler(BaseScheduler):
+    mode = "step"
+    retires_worker_state = True
+
     def compatibility_key(self, request: DiffusionRequest) -> StepBatchKey:
         return request.step_key
 

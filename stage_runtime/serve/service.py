@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from stage_runtime.config import StageConfig
+from stage_runtime.control import check_control_rpc
 from stage_runtime.errors import (DuplicateRequestError, EngineClosedError, EngineDeadError, InvalidRequestError,
-                                  QueueFullError, RequestAbortedError, StageUnavailableError)
+                                  QueueFullError, RequestAbortedError, RpcError, StageUnavailableError)
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.serve.metrics import StageMetrics
 
@@ -52,7 +53,7 @@ class StageService:
 
     def attach(self, engine: DiffusionEngine) -> None:
         """The engine is started and warmed up: the stage becomes ready."""
-        engine.add_execute_observer(self.metrics.observe_execute)
+        engine.observers.add(self.metrics.observe_execute)
         self.engine = engine
         if self.config.offload.mode != "none":
             self._offload_task = asyncio.get_running_loop().create_task(self._poll_offload_stats())
@@ -69,7 +70,7 @@ class StageService:
                                                        OFFLOAD_STATS_TIMEOUT_S, None)
             except (EngineDeadError, EngineClosedError):
                 return
-            except (RuntimeError, TimeoutError) as exc:
+            except RpcError as exc:
                 log.warning("offload_stats failed: %s", exc)
             await asyncio.sleep(OFFLOAD_STATS_PERIOD_S)
 
@@ -162,7 +163,9 @@ class StageService:
 
     def collective_rpc(self, method: str, args: tuple, kwargs: dict, timeout: float | None,
                        unique_reply_rank: int | None) -> Any:
-        """Blocking (run it in a thread): ordered with the engine's waves on the busy-loop thread."""
+        """Blocking (run it in a thread): ordered with the engine's waves on the busy-loop thread. Only the
+        declared control RPCs (``stage_runtime.control``); any other name is an RpcError."""
+        check_control_rpc(method)
         if self.engine is None:
             raise StageUnavailableError("the stage is starting; no engine yet")
         return self.engine.collective_rpc(method, args, kwargs, timeout, unique_reply_rank)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import re
 from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any
@@ -18,13 +17,13 @@ import zmq
 import zmq.asyncio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from stage_runtime.control import check_control_rpc
 from stage_runtime.errors import DiffStageError, InvalidRequestError, RpcError
 from stage_runtime.request import DiffusionRequest, SamplingParams
 from stage_runtime.serve.service import StageService
 from stage_runtime.serve.wire import error_message, output_message, pack, unpack
 
 log = logging.getLogger(__name__)
-_METHOD = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")      # no dunder / private worker attributes over the wire
 
 
 class _AddRequest(BaseModel):
@@ -121,9 +120,7 @@ class ZmqServer:
     async def _run_rpc(self, identity: bytes, msg: dict[str, Any]) -> None:
         rpc_id = msg.get("rpc_id")
         try:
-            method = msg.get("method")
-            if not isinstance(method, str) or not _METHOD.match(method):
-                raise InvalidRequestError("method", method, "must be a public worker method name")
+            method = check_control_rpc(msg.get("method"))     # a closed set, checked before any thread hop
             result = await asyncio.to_thread(
                 self.service.collective_rpc, method, tuple(msg.get("args") or ()), dict(msg.get("kwargs") or {}),
                 msg.get("timeout"), msg.get("unique_reply_rank"))

@@ -76,8 +76,14 @@ class DiffusionModelRunner:
         self.offloader = build_offloader(self.config.offload, self.adapter, self.device)
         return self.model_info
 
+    def execute_model(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
+        """Run one scheduler output as its ``mode`` says: a request-mode wave or a step-mode tick."""
+        if sched_out.mode == "step":
+            return self._execute_step(sched_out)
+        return self._execute_wave(sched_out)
+
     # -- request mode ----------------------------------------------------------------------------------
-    def execute_model_batch(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
+    def _execute_wave(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
         out = BatchRunnerOutput()
         runnable: list[DiffusionRequest] = []
         for new in sched_out.scheduled_new_reqs:
@@ -137,18 +143,18 @@ class DiffusionModelRunner:
         return outputs
 
     # -- step mode -------------------------------------------------------------------------------------
-    def execute_step(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
+    def _execute_step(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
         """One tick: drop finished states, prepare new requests, ONE denoiser forward for all, step each."""
         if not self.model_info.supports_step_execution:
             raise ConfigError(f"{self.model_info.pipeline_class} does not support step execution "
                               f"(adapter {self.model_info.adapter}); use execution_mode=request")
         try:
-            return self._execute_step(sched_out)
+            return self._tick_all(sched_out)
         finally:
             if self.offloader is not None and not self.step_states:
                 self.offloader.release_all()
 
-    def _execute_step(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
+    def _tick_all(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
         for rid in sched_out.finished_req_ids:
             self.step_states.pop(rid, None)
         out = BatchRunnerOutput()

@@ -5,10 +5,12 @@ from __future__ import annotations
 import gc
 import logging
 import os
+from typing import Any
 
 import torch
 
 from stage_runtime.config import StageConfig
+from stage_runtime.control import check_control_rpc
 from stage_runtime.distributed.apply import apply_parallelism
 from stage_runtime.distributed.groups import ParallelGroups, destroy_distributed, init_distributed, single_rank_groups
 from stage_runtime.errors import ConfigError
@@ -61,14 +63,16 @@ class DiffusionWorker:
         apply_parallelism(self.model_runner.adapter, self.groups, self.config.parallel)
         return info
 
+    def execute_model(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
+        return self.model_runner.execute_model(sched_out)
+
+    def control_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """Dispatch a declared control RPC (``stage_runtime.control``); any other name is an RpcError."""
+        return getattr(self, check_control_rpc(method))(*args, **(kwargs or {}))
+
+    # -- the control RPCs (stage_runtime.control.CONTROL_RPCS) -------------------------------------------
     def model_info(self) -> ModelInfo:
         return self.model_runner.model_info
-
-    def execute_model_batch(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
-        return self.model_runner.execute_model_batch(sched_out)
-
-    def execute_step(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
-        return self.model_runner.execute_step(sched_out)
 
     def ping(self) -> int:
         return self.rank

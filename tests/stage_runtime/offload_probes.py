@@ -28,7 +28,7 @@ def run_request(runner: DiffusionModelRunner, request: DiffusionRequest) -> np.n
     """Request mode: one pipeline call; returns the request's images."""
     wave = SchedulerOutput(step_id=1, scheduled_new_reqs=[NewRequestData(request.request_id,
                                                                         request.resolve(runner.model_info))])
-    out = runner.execute_model_batch(wave).get(request.request_id)
+    out = runner.execute_model(wave).get(request.request_id)
     assert out.error is None, out.error
     return out.images
 
@@ -76,13 +76,14 @@ def max_diff(a: np.ndarray, b: np.ndarray) -> int:
 def run_steps(runner: DiffusionModelRunner, request: DiffusionRequest) -> np.ndarray:
     """Step mode driven as the step scheduler does: the payload once, then the id, tick by tick."""
     rid = request.request_id
-    tick = SchedulerOutput(step_id=1, scheduled_new_reqs=[NewRequestData(rid, request.resolve(runner.model_info))])
+    tick = SchedulerOutput(step_id=1, scheduled_new_reqs=[NewRequestData(rid, request.resolve(runner.model_info))],
+                           mode="step")
     for step in range(2, 1000):
-        out = runner.execute_step(tick).get(rid)
+        out = runner.execute_model(tick).get(rid)
         assert out.error is None, out.error
         if out.finished:
             return out.images
-        tick = SchedulerOutput(step_id=step, scheduled_cached_req_ids=[rid])
+        tick = SchedulerOutput(step_id=step, scheduled_cached_req_ids=[rid], mode="step")
     raise AssertionError("request never finished")
 
 

@@ -14,8 +14,8 @@ def test_stats_and_execute_observer(tiny_sd_path, mode):
                           "scheduler": {"execution_mode": mode, "max_num_seqs": 3, "max_waiting": 5}})
     engine = DiffusionEngine.make_engine(config)
     seen: list[tuple[int, float, int]] = []
-    engine.add_execute_observer(lambda batch, seconds, steps: seen.append((batch, seconds, steps)))
-    engine.add_execute_observer(lambda *_: 1 / 0)                  # a broken observer is logged, not fatal
+    engine.observers.add(lambda batch, seconds, steps: seen.append((batch, seconds, steps)))
+    engine.observers.add(lambda *_: 1 / 0)                  # a broken observer is logged, not fatal
     try:
         assert engine.stats() == {"waiting": 0, "running": 0, "capacity": 3, "finished_total": 0,
                                   "aborted_total": 0, "failed_total": 0}

@@ -12,7 +12,8 @@ from engine_probes import max_diff, wait_until
 from mp_probes import assert_released, mp_engine, req, segments
 from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
-from stage_runtime.errors import RequestAbortedError
+from stage_runtime.errors import RequestAbortedError, RpcError
+from stage_runtime.executor.messages import RpcMessage
 from stage_runtime.executor.multiproc import MultiprocExecutor
 
 
@@ -53,9 +54,11 @@ def test_control_rpc_answers_per_rank_with_status(engine):
     (info,) = engine.collective_rpc("worker_info")
     assert info["rank"] == 0 and info["pid"] == engine.executor.procs[0].pid
     assert engine.collective_rpc("ping", unique_reply_rank=0) == 0
-    with pytest.raises(RuntimeError, match=r"RPC 'no_such_method' failed on worker rank\(s\) \[0\]: rank 0: "
-                                           r"AttributeError"):
+    with pytest.raises(RpcError, match=r"^method='no_such_method' is not a control RPC"):
         engine.collective_rpc("no_such_method")
+    # The rank checks again: a control message that bypasses the executor's check is refused there too.
+    (reply,) = engine.executor._call(RpcMessage(0, "load_model"), [0], 30).values()
+    assert not reply.ok and reply.error.startswith("RpcError: method='load_model' is not a control RPC")
     assert engine.executor.workers() == [{"rank": 0, "pid": info["pid"], "alive": True}]
     assert engine.collective_rpc("ping", unique_reply_rank=0) == 0      # the rank survived the error
 
@@ -124,7 +127,7 @@ def test_async_output_in_either_order_delivers_exactly_one_result(tiny_sd_path, 
         if executor_class is ComputeDoneFirst:
             # computed, images still on their way: an abort now drops them (delivered once, as aborted)
             stream = eng.add_request(req("y", "a red cat", 2, 5))
-            wait_until(lambda: "y" in eng._awaiting_output, timeout=30)
+            wait_until(lambda: eng.outputs.awaits_images("y"), timeout=30)
             assert eng.abort("y") == ["y"]
             with pytest.raises(RequestAbortedError):
                 stream.result(5)

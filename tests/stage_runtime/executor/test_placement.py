@@ -10,9 +10,9 @@ from stage_runtime.request import DiffusionRequest, SamplingParams
 from stage_runtime.scheduler_output import NewRequestData, SchedulerOutput
 
 
-def out(step: int, new=(), cached=(), finished=()) -> SchedulerOutput:
+def out(step: int, new=(), cached=(), finished=(), mode="step") -> SchedulerOutput:
     reqs = [NewRequestData(r, DiffusionRequest(r, "x", SamplingParams())) for r in new]
-    return SchedulerOutput(step, reqs, list(cached), set(finished))
+    return SchedulerOutput(step, reqs, list(cached), set(finished), mode=mode)
 
 
 def test_single_replica_places_nothing():
@@ -31,13 +31,12 @@ def test_step_mode_requests_stay_on_their_replica_until_they_finish():
     p = DataParallelPlacement(2)
     first = out(1, new=["a", "b"])
     assert p.place(first) == {"a": 0, "b": 1}
-    p.release(first, BatchRunnerOutput.of(RunnerOutput("a", finished=False), RunnerOutput("b", finished=True)),
-              step_mode=True)
+    p.release(first, BatchRunnerOutput.of(RunnerOutput("a", finished=False), RunnerOutput("b", finished=True)))
     assert p.replica_of == {"a": 0}
     second = out(2, new=["c", "d"], cached=["a"])
     assert p.place(second) == {"c": 1, "d": 0, "a": 0}       # c fills replica 1, then ties go low
     p.release(second, BatchRunnerOutput.of(RunnerOutput("a", error="boom"), RunnerOutput("c", aborted=True),
-                                           RunnerOutput("d", finished=False)), step_mode=True)
+                                           RunnerOutput("d", finished=False)))
     assert p.replica_of == {"d": 0}
     p.place(out(3, finished=["d"]))                           # aborted between ticks
     assert len(p) == 0
@@ -45,7 +44,7 @@ def test_step_mode_requests_stay_on_their_replica_until_they_finish():
 
 def test_request_mode_releases_every_request_after_its_wave():
     p = DataParallelPlacement(2)
-    wave = out(1, new=["a", "b"])
+    wave = out(1, new=["a", "b"], mode="request")
     p.place(wave)
-    p.release(wave, BatchRunnerOutput(), step_mode=False)
+    p.release(wave, BatchRunnerOutput())
     assert len(p) == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stage_runtime.config import load_config
-from stage_runtime.errors import ConfigError, EngineClosedError, EngineDeadError, ModelLoadError
+from stage_runtime.errors import ConfigError, EngineClosedError, EngineDeadError, ModelLoadError, RpcError
 from stage_runtime.executor import DiffusionExecutor
 from stage_runtime.executor.uniproc import UniProcExecutor
 from stage_runtime.scheduler_output import SchedulerOutput
@@ -72,19 +72,24 @@ def test_collective_rpc_ping(executor):
     assert info.pipeline_class == "StableDiffusionPipeline"
 
 
-def test_worker_exceptions_propagate_with_their_type(executor):
-    with pytest.raises(AttributeError, match="no_such_method"):
-        executor.collective_rpc("no_such_method")
-    with pytest.raises(TypeError):
+@pytest.mark.parametrize("method", ["no_such_method", "execute_model", "shutdown", "load_model", "__init__"])
+def test_only_declared_control_rpcs_reach_the_worker(executor, method):
+    with pytest.raises(RpcError, match=rf"^method='{method}' is not a control RPC; the workers offer: ping, "):
+        executor.collective_rpc(method)
+    assert executor.collective_rpc("ping") == [0]          # refused before the worker: it still serves
+    executor.check_health()
+
+
+def test_a_failing_control_rpc_is_an_rpc_error_naming_the_cause(executor):
+    with pytest.raises(RpcError, match=r"^RPC 'ping' failed on worker rank 0: TypeError: "):
         executor.collective_rpc("ping", args=(1, 2, 3))
-    with pytest.raises(AttributeError, match="scheduled_new_reqs"):
-        executor.collective_rpc("execute_model_batch", args=(None,), unique_reply_rank=0)
     assert executor.collective_rpc("ping") == [0]          # a worker error does not kill the executor
     executor.check_health()
 
 
 def test_empty_batch_returns_no_outputs(executor):
-    assert executor.execute_batch(SchedulerOutput(step_id=1)).outputs == {}
+    assert executor.execute_model(SchedulerOutput(step_id=1)).outputs == {}
+    assert executor.execute_model(SchedulerOutput(step_id=2, mode="step")).outputs == {}
 
 
 def test_mark_dead_fires_each_callback_once(executor):

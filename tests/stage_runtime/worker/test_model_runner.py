@@ -67,7 +67,7 @@ class Recorder:
 
 def test_one_progress_event_per_step(runner):
     hook = runner.progress_hook = Recorder(runner)
-    out = runner.execute_model_batch(wave(runner, req("a", seed=1), req("b", "a dog", seed=2)))
+    out = runner.execute_model(wave(runner, req("a", seed=1), req("b", "a dog", seed=2)))
     assert [e.step_index for e in hook.events] == [0, 1, 2]
     assert all(e.request_ids == ("a", "b") and e.num_steps == 3 for e in hook.events)
     assert hook.states_seen == [2, 2, 2]                 # the runner holds the call's requests while running
@@ -81,14 +81,14 @@ def test_one_progress_event_per_step(runner):
 
 
 def test_outputs_are_keyed_by_request_id(runner):
-    out = runner.execute_model_batch(wave(runner, req("two", seed=5, num_outputs=2), req("one", seed=6)))
+    out = runner.execute_model(wave(runner, req("two", seed=5, num_outputs=2), req("one", seed=6)))
     assert set(out.outputs) == {"two", "one"}
     assert all(o.request_id == rid for rid, o in out.outputs.items())
     assert out.get("two").images.shape == (2, 64, 64, 3)
     assert out.get("one").images.shape == (1, 64, 64, 3)
     assert out.get("missing") is None
     # The same request in the other position of the wave gets (nearly) the same image.
-    swapped = runner.execute_model_batch(wave(runner, req("one", seed=6), req("two", seed=5, num_outputs=2)))
+    swapped = runner.execute_model(wave(runner, req("one", seed=6), req("two", seed=5, num_outputs=2)))
     for rid in ("one", "two"):
         diff = np.abs(swapped.get(rid).images.astype(int) - out.get(rid).images.astype(int)).max()
         assert diff <= 2, f"{rid} differs by {diff} when its position in the wave changes"
@@ -96,20 +96,20 @@ def test_outputs_are_keyed_by_request_id(runner):
 
 def test_cancel_one_of_two_mid_call(runner):
     hook = runner.progress_hook = Recorder(runner, cancel={"b"}, at=1)
-    out = runner.execute_model_batch(wave(runner, req("a", seed=1), req("b", "a dog", seed=2)))
+    out = runner.execute_model(wave(runner, req("a", seed=1), req("b", "a dog", seed=2)))
     assert len(hook.events) == 3                         # the mate keeps the call running to the end
     b, a = out.get("b"), out.get("a")
     assert b.aborted and b.images is None and b.error is None
     assert not a.aborted and a.error is None and a.images.shape == (1, 64, 64, 3)
     assert runner.num_request_states() == 0
     runner.progress_hook = None
-    alone = runner.execute_model_batch(wave(runner, req("a", seed=1))).get("a")
+    alone = runner.execute_model(wave(runner, req("a", seed=1))).get("a")
     assert np.abs(alone.images.astype(int) - a.images.astype(int)).max() <= 2
 
 
 def test_cancel_every_request_interrupts_the_call(runner):
     hook = runner.progress_hook = Recorder(runner, cancel={"a", "b"}, at=1)
-    out = runner.execute_model_batch(wave(runner, req("a", steps=50, seed=1), req("b", "a dog", steps=50, seed=2)))
+    out = runner.execute_model(wave(runner, req("a", steps=50, seed=1), req("b", "a dog", steps=50, seed=2)))
     assert [e.step_index for e in hook.events] == [0, 1]          # stopped at the next step, not after 50
     assert set(out.outputs) == {"a", "b"}
     for o in out.outputs.values():
@@ -117,22 +117,22 @@ def test_cancel_every_request_interrupts_the_call(runner):
         assert o.step_index == 1
     assert runner.num_request_states() == 0
     runner.progress_hook = None
-    assert runner.execute_model_batch(wave(runner, req("after", steps=2))).get("after").images is not None
+    assert runner.execute_model(wave(runner, req("after", steps=2))).get("after").images is not None
 
 
 def test_cancel_ids_outside_the_call_are_ignored(runner):
     hook = runner.progress_hook = Recorder(runner, cancel={"someone-else"}, at=0)
-    out = runner.execute_model_batch(wave(runner, req("a", steps=2)))
+    out = runner.execute_model(wave(runner, req("a", steps=2)))
     assert len(hook.events) == 2 and not out.get("a").aborted and out.get("a").images is not None
 
 
 def test_empty_wave(runner):
-    assert runner.execute_model_batch(SchedulerOutput(step_id=1)).outputs == {}
+    assert runner.execute_model(SchedulerOutput(step_id=1)).outputs == {}
     assert runner.num_request_states() == 0
 
 
 def test_dit_out_of_range_class_fails_alone(dit_runner):
-    out = dit_runner.execute_model_batch(wave(dit_runner, req("bad", "5000", steps=2), req("good", "207", steps=2)))
+    out = dit_runner.execute_model(wave(dit_runner, req("bad", "5000", steps=2), req("good", "207", steps=2)))
     assert set(out.outputs) == {"bad", "good"}
     bad, good = out.get("bad"), out.get("good")
     assert bad.error is not None and "class id must be < 1000" in bad.error and bad.images is None
@@ -144,7 +144,7 @@ def test_dit_out_of_range_class_fails_alone(dit_runner):
 def test_dit_non_ascii_digit_prompt_never_fails_its_batch_mate(dit_runner):
     # "²".isdigit() is True but int("²") raises ValueError: the prompt must either map to a class or fail
     # alone; it must never make execute_model_batch raise (which would fail the whole wave).
-    out = dit_runner.execute_model_batch(wave(dit_runner, req("odd", "²", steps=2), req("good", "207", steps=2)))
+    out = dit_runner.execute_model(wave(dit_runner, req("odd", "²", steps=2), req("good", "207", steps=2)))
     assert set(out.outputs) == {"odd", "good"}
     odd, good = out.get("odd"), out.get("good")
     assert (odd.error is None) != (odd.images is None)

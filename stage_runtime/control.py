@@ -1,0 +1,29 @@
+"""The control RPCs the workers offer: a closed, documented set.
+
+``collective_rpc(method)`` (engine, executor, ``StageService``, ZMQ ``collective_rpc``) accepts only these
+names; any other — ``shutdown``, ``load_model``, ``__init__``, a typo — is an :class:`RpcError` raised
+before anything reaches a rank, and the workers check again before they dispatch. Model execution is
+not a control RPC: it is its own message kind (``executor.messages.ExecuteModel``), which no network
+client can send. A feature that needs a new control RPC adds it here, with its reply, and implements it
+on ``DiffusionWorker`` (a test holds the two in agreement).
+"""
+
+from __future__ import annotations
+
+from stage_runtime.errors import RpcError
+
+# name → what each rank answers (one reply per rank, or rank ``unique_reply_rank``'s alone)
+CONTROL_RPCS: dict[str, str] = {
+    "ping": "the rank number",
+    "worker_info": '{"rank", "pid", "device", "dp_rank"}',
+    "model_info": "the loaded model's ModelInfo (its family's facts)",
+    "num_request_states": "per-request state the rank holds (0 when idle)",
+    "offload_stats": "the rank's weight-offload accounting",
+}
+
+
+def check_control_rpc(method: object) -> str:
+    """``method`` when it is a declared control RPC; otherwise RpcError naming it and the declared set."""
+    if not isinstance(method, str) or method not in CONTROL_RPCS:
+        raise RpcError(f"method={method!r} is not a control RPC; the workers offer: {', '.join(CONTROL_RPCS)}")
+    return method
