@@ -1,8 +1,11 @@
 """Per-request overhead of the engine against the bare diffusers pipeline, measured side by side.
 
-The same requests (prompt, seed, size, steps) run through a bare ``StableDiffusionPipeline.__call__`` and
-through ``DiffusionEngine`` (uni executor, request mode), interleaved in one process, alternating which
-goes first. Prints medians, the overhead in ms and as a ratio, and what it ran on.
+The same requests (prompt, seed, size, steps) run through a bare ``StableDiffusionPipeline.__call__``
+(plain, and under ``torch.inference_mode`` as the runner calls it) and through ``DiffusionEngine`` (uni
+executor, request mode), interleaved in one process, rotating which path goes first. For the engine the
+time is split into the pipeline call on the engine thread (``compute_ms``, measured by the runner) and
+everything else (admission, the thread hand-off, scheduling, delivery). Prints medians, min–max spreads,
+per-pair ratios and the number of runs, and what it ran on.
 
     .venv/bin/python bench/engine_overhead.py [--requests 40] [--steps 10] [--size 64] [--threads 1]
 """
@@ -11,12 +14,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from stats import machine, ratio_summary, spread  # noqa: E402
 
 
 def main() -> None:
@@ -41,6 +48,7 @@ def main() -> None:
     bare = DiffusionPipeline.from_pretrained(model, local_files_only=True, low_cpu_mem_usage=False)
     bare.set_progress_bar_config(disable=True)
     engine = DiffusionEngine.make_engine(load_config({"model": {"path": model}, "device": "cpu"}))
+    compute: list[float] = []
 
     def run_bare(prompt: str, seed: int) -> np.ndarray:
         images = bare(prompt=[prompt], negative_prompt=[""], height=args.size, width=args.size,
@@ -53,13 +61,16 @@ def main() -> None:
             return run_bare(prompt, seed)
 
     def run_engine(prompt: str, seed: int) -> np.ndarray:
-        return engine.generate(prompt, seed=seed, num_inference_steps=args.steps, height=args.size,
-                               width=args.size, guidance_scale=7.5).images
+        out = engine.generate(prompt, seed=seed, num_inference_steps=args.steps, height=args.size,
+                              width=args.size, guidance_scale=7.5)
+        compute.append(out.metrics["compute_ms"] / 1e3)
+        return out.images
 
     paths = {"bare": run_bare, "bare_inference_mode": run_bare_inference_mode, "engine": run_engine}
     for i in range(3):                                   # warm every path
         for fn in paths.values():
             fn("warm", i)
+    compute.clear()
     times: dict[str, list[float]] = {name: [] for name in paths}
     max_diff = 0
     for i in range(args.requests):
@@ -73,19 +84,21 @@ def main() -> None:
         max_diff = max(max_diff, int(np.abs(results["bare"].astype(int) - results["engine"].astype(int)).max()))
     engine.close()
 
-    med = {name: statistics.median(t) * 1e3 for name, t in times.items()}
-    mb, mi, me = med["bare"], med["bare_inference_mode"], med["engine"]
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    print(f"ran on: {cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({args.threads} thread), "
-          f"python {platform.python_version()}")
-    print(f"workload: tiny SD {args.size}x{args.size}, {args.steps} steps, guidance 7.5, "
-          f"{args.requests} requests each path, interleaved")
-    print(f"median per request: bare diffusers {mb:.2f} ms | bare under inference_mode {mi:.2f} ms | "
-          f"engine {me:.2f} ms")
-    print(f"engine vs bare:                {me - mb:+.2f} ms  ratio {me / mb:.4f} ({(me / mb - 1) * 100:+.2f} %)")
-    print(f"engine vs bare inference_mode: {me - mi:+.2f} ms  ratio {me / mi:.4f} ({(me / mi - 1) * 100:+.2f} %)"
-          "  <- engine overhead proper")
+    eng, im = times["engine"], times["bare_inference_mode"]
+    outside = [e - c for e, c in zip(eng, compute, strict=True)]
+    deltas = [e - b for e, b in zip(eng, im, strict=True)]
+    print(f"ran on: {machine()}; torch {torch.__version__} ({args.threads} thread)")
+    print(f"workload: tiny SD {args.size}x{args.size}, {args.steps} steps, guidance 7.5, {args.requests} requests "
+          f"per path, interleaved (order rotated), after 3 warm-up requests per path")
+    for name, values in times.items():
+        print(f"  {name:20s} {spread(values)}")
+    print(f"engine vs bare:                {ratio_summary(eng, times['bare'])}")
+    print(f"engine vs bare inference_mode: {ratio_summary(eng, im)}  <- engine overhead proper")
+    print(f"  per-pair difference: {spread(deltas)}  ({(statistics.median(eng) / statistics.median(im) - 1) * 100:+.2f} % "
+          f"of the medians)")
+    print(f"  split: pipeline call on the engine thread {spread(compute)}; "
+          f"outside the call (admission, hand-off, scheduling, delivery) {spread(outside)}")
+    print(f"  pipeline call on the engine thread vs bare inference_mode: {ratio_summary(compute, im)}")
     print(f"images identical to bare: max |diff| = {max_diff} (uint8)")
 
 

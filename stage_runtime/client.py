@@ -31,6 +31,7 @@ from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.serve.wire import exception_from_message, output_from_message, pack, unpack
 
 log = logging.getLogger(__name__)
+CLOSE_LINGER_MS = 500      # how long close() may wait for queued messages to reach a stage that is there
 
 
 class ClientStream:
@@ -99,7 +100,7 @@ class StageClient:
 
     def connect(self) -> None:
         sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.LINGER, CLOSE_LINGER_MS)   # close() flushes what was sent (a shutdown), briefly
         self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sock.connect(self.address)
         self._sock = sock
@@ -222,6 +223,6 @@ class StageClient:
             future.cancel()
         self._rpcs.clear()
         if self._sock is not None:
-            self._sock.close(linger=0)
+            self._sock.close()                       # with CLOSE_LINGER_MS: queued messages still leave
             self._sock = None
         self._ctx.term()

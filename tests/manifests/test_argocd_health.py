@@ -2,14 +2,11 @@
 DiffusionStage objects recorded from the operator's reconcile (health_cases.py), one per outcome."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from health_cases import ARGOCD, CASES, record  # noqa: E402
+from health_cases import ARGOCD, CASES, record
 
 SCRIPT = (ARGOCD / 'health.lua').read_text()
 TESTS = yaml.safe_load((ARGOCD / 'health_test.yaml').read_text())['tests']

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
+from support.waiting import wait_until
+
+__all__ = ["assert_no_state", "count_at_delivery", "count_denoiser_calls", "max_diff", "runner_of", "wait_until"]
 
 
 def runner_of(engine):
     return engine.executor.worker.model_runner
-
-
-def wait_until(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.002)
 
 
 def assert_no_state(engine) -> None:

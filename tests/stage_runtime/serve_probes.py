@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import json
-import time
 
 import httpx
 import numpy as np
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
+from support.waiting import async_wait_until as wait_until
 
 LONG_STEPS = 999             # a request that runs until the test aborts it (~20 ms a step at 64 px)
 
@@ -34,14 +33,6 @@ def metric_samples(text: str) -> dict[tuple[str, tuple], float]:
     """{(sample name, sorted labels): value} from a Prometheus exposition."""
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-async def wait_until(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    """Poll an async predicate."""
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        assert time.monotonic() < deadline, f"{what} not reached within {timeout} s"
-        await asyncio.sleep(0.02)
 
 
 async def request_states(client: httpx.AsyncClient) -> dict[str, dict]:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from support.factories import model_info
+
 from stage_runtime.errors import InvalidRequestError
-from stage_runtime.model_info import ModelInfo
 from stage_runtime.request import DiffusionRequest, RequestStatus, SamplingParams
 
-INFO = ModelInfo("StableDiffusionPipeline", "x:Y", 64, 64, 20, 7.5, 8, False, True, False, 4)
+INFO = model_info()
 
 
 def test_seed_assigned_at_creation_and_kept():
@@ -41,7 +42,7 @@ def test_bad_sampling_names_the_field(data, field):
 def test_size_checks_against_model():
     with pytest.raises(InvalidRequestError, match="width=60.*multiple of 8"):
         DiffusionRequest("a", "p", SamplingParams(width=60)).resolve(INFO)
-    fixed = ModelInfo("DiTPipeline", "x:Y", 64, 64, 20, 4.0, 8, True, True, False, 4)
+    fixed = model_info(pipeline_class="DiTPipeline", default_guidance=4.0, fixed_size=True)
     with pytest.raises(InvalidRequestError, match="height=96.*only serves 64x64"):
         DiffusionRequest("a", "p", SamplingParams(height=96)).resolve(fixed)
 
@@ -62,8 +63,9 @@ def test_terminal_states():
 
 
 def test_steps_beyond_the_noise_schedulers_limit_are_refused_at_admission():
-    limited = ModelInfo("StableDiffusionPipeline", "x:Y", 64, 64, 20, 7.5, 8, False, True, False, 4, max_steps=999)
-    assert DiffusionRequest("a", "p", SamplingParams(num_inference_steps=999)).resolve(limited)
+    limited = model_info(max_steps=999)
+    resolved = DiffusionRequest("a", "p", SamplingParams(num_inference_steps=999)).resolve(limited)
+    assert resolved.sampling.num_inference_steps == 999 and resolved.num_steps == 999
     with pytest.raises(InvalidRequestError, match=r"num_inference_steps=1000: .*at most 999 steps") as exc:
         DiffusionRequest("a", "p", SamplingParams(num_inference_steps=1000)).resolve(limited)
     assert exc.value.field == "num_inference_steps"

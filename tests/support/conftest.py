@@ -1,10 +1,3 @@
-"""tests/ on sys.path, so `support.kube_emulator` imports from any test directory; its fixtures for these tests."""
-
-import sys
-from pathlib import Path
-
-TESTS = str(Path(__file__).resolve().parents[1])
-if TESTS not in sys.path:
-    sys.path.insert(0, TESTS)
+"""The emulator's fixtures for these tests (tests/ is on the path: pyproject.toml's pytest pythonpath)."""
 
 from support.kube_emulator import kube_emulator, kubeconfig  # noqa: F401 (fixtures)

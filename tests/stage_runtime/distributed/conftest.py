@@ -5,12 +5,7 @@ then one where rank 1's process exits. The single-rank references are computed h
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))   # dist_rank_checks: importable here and in spawned ranks
 
 CFG2 = {"cfg_parallel_size": 2}
 

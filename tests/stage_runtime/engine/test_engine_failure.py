@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+
+from support.waiting import wait_until
 
 from stage_runtime.config import load_config
 from stage_runtime.engine import DiffusionEngine
 from stage_runtime.errors import EngineDeadError
 from stage_runtime.request import DiffusionRequest, SamplingParams
-
-
-def wait_until(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
 
 
 def req(rid: str, steps: int = 3) -> DiffusionRequest:

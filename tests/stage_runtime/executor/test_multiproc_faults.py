@@ -15,12 +15,13 @@ import time
 import pytest
 
 from mp_probes import assert_released, mp_engine, pid_alive, req, segments, wait_gone
+from support.waiting import wait_until
 from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
 from stage_runtime.errors import EngineDeadError, EngineStartupError, ModelLoadError
 
 
-def assert_dead_and_released(eng, killed_rank: int, t_kill: float) -> None:
+def assert_dead_and_released(eng, killed_rank: int) -> None:
     with pytest.raises(EngineDeadError, match=f"rank {killed_rank} .*killed by signal 9"):
         eng.executor.check_health()
     assert eng.state == "dead"
@@ -28,9 +29,7 @@ def assert_dead_and_released(eng, killed_rank: int, t_kill: float) -> None:
         eng.add_request(req("late"))
     # the remaining ranks are terminated by the executor itself, before anyone calls close()
     assert wait_gone([p.pid for p in eng.executor.procs], 10) == []
-    t0 = time.monotonic()
-    eng.close()
-    assert time.monotonic() - t0 < 2.0
+    eng.close()                        # returns (no hang: the test's timeout bounds it; bench/fail_closed.py times it)
     assert_released(eng)
 
 
@@ -41,12 +40,10 @@ def test_sigkill_a_worker_while_a_request_runs(tiny_sd_path, mode):
         stream = eng.add_request(req("victim", steps=500, stream=True))
         stream.get(timeout=60)                                 # it is running
         victim = eng.executor.procs[1]
-        t_kill = time.monotonic()
         os.kill(victim.pid, signal.SIGKILL)
         with pytest.raises(EngineDeadError, match=rf"rank 1 \(pid {victim.pid}\) killed by signal 9 \(SIGKILL\)"):
-            stream.result(timeout=5)
-        assert time.monotonic() - t_kill < 1.0
-        assert_dead_and_released(eng, 1, t_kill)
+            stream.result(timeout=30)          # an answer, not a hang (bench/fail_closed.py: how fast)
+        assert_dead_and_released(eng, 1)
     finally:
         eng.close()
 
@@ -55,13 +52,10 @@ def test_sigkill_a_worker_while_idle(tiny_sd_path):
     eng = mp_engine(tiny_sd_path, parallel={"data_parallel_size": 2})
     try:
         assert eng.add_request(req("ok")).result(60).ok
-        t_kill = time.monotonic()
         os.kill(eng.executor.procs[0].pid, signal.SIGKILL)
-        while eng.state != "dead":
-            assert time.monotonic() - t_kill < 1.0, "the death was not noticed within 1 s"
-            time.sleep(0.01)
+        wait_until(lambda: eng.state == "dead", timeout=30, what="the death noticed with no request in flight")
         assert "rank 0" in eng.dead_reason
-        assert_dead_and_released(eng, 0, t_kill)
+        assert_dead_and_released(eng, 0)
     finally:
         eng.close()
 
@@ -94,8 +88,7 @@ def test_sigkill_of_the_engine_process_takes_its_workers_down(tiny_sd_path, tmp_
         child.kill()                                           # SIGKILL: no cleanup code runs in the engine
         child.wait(10)
         assert wait_gone(pids, 5) == [], "worker ranks outlived their engine process"
-        time.sleep(0.2)
-        assert segments(prefix) == []
+        wait_until(lambda: segments(prefix) == [], timeout=5, what=f"no /dev/shm segment {prefix}*")
     finally:
         child.kill()
         child.wait(10)

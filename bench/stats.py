@@ -1,0 +1,46 @@
+"""Summaries every benchmark prints: median, min–max spread, the number of runs, and per-pair ratios.
+
+A *pair* is one workload item measured on two paths back to back (interleaved, order rotated); the ratio
+of each pair cancels slow drifts of the machine that medians of separate series do not.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+
+
+def spread(values: list[float], unit: str = "ms", scale: float = 1e3, digits: int = 2) -> str:
+    """``median 12.34 ms (min 11.90 – max 13.10, n=40)``."""
+    if not values:
+        return "no samples"
+    v = [x * scale for x in values]
+    return (f"median {statistics.median(v):.{digits}f} {unit} (min {min(v):.{digits}f} – max {max(v):.{digits}f}, "
+            f"n={len(v)})")
+
+
+def pair_ratios(numerator: list[float], denominator: list[float]) -> list[float]:
+    """numerator[i] / denominator[i] for every pair."""
+    if len(numerator) != len(denominator):
+        raise ValueError(f"{len(numerator)} vs {len(denominator)} samples: not pairs")
+    return [a / b for a, b in zip(numerator, denominator, strict=True)]
+
+
+def ratio_summary(numerator: list[float], denominator: list[float]) -> str:
+    """``per-pair ratio median 1.0123 (min 0.9811 – max 1.0670, n=40)``."""
+    ratios = pair_ratios(numerator, denominator)
+    return (f"per-pair ratio median {statistics.median(ratios):.4f} "
+            f"(min {min(ratios):.4f} – max {max(ratios):.4f}, n={len(ratios)})")
+
+
+def machine() -> str:
+    """What the benchmark ran on, and how busy the machine was (load average) when it ended."""
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                    if line.startswith("model name")), platform.processor())
+    except OSError:
+        cpu = platform.processor() or platform.machine()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"{cpu}, {os.cpu_count()} cores, python {platform.python_version()}; "
+            f"load average (1/5/15 min) {load} — other work on these cores adds noise")
