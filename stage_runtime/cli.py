@@ -1,6 +1,6 @@
 """``stage-runtime``: serve, generate, validate, make-tiny-model.
 
-Exit codes (DESIGN.md §3): 0 ok, 2 configuration / topology / input error, 1 anything unexpected;
+Exit codes (docs/stage-process.md): 0 ok, 2 configuration / topology / input error, 1 anything unexpected;
 ``serve`` also exits 3 when the engine died, and writes ``Reason: message`` to its termination log.
 """
 

@@ -1,4 +1,4 @@
-"""Tier 4: the whole system on the embedded local cluster (DESIGN.md §5). The emulated API, the operator as a
+"""Tier 4: the whole system on the embedded local cluster (docs/testing.md). The emulated API, the operator as a
 real process, every pod as real local processes (`stage-runtime make-tiny-model`, then `stage-runtime
 serve` with two CPU ranks), images over real HTTP through the Service.
 

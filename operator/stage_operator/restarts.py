@@ -1,4 +1,4 @@
-"""The fail-closed restart policy per replica (DESIGN.md §4), pure: which failed pods to fence, when to
+"""The fail-closed restart policy per replica (docs/operator.md), pure: which failed pods to fence, when to
 recreate them, and when to stop.
 
 A replica fails when its pod is Failed (the stage exited: exit code and `Reason: message` from the

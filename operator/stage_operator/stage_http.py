@@ -1,4 +1,4 @@
-"""The operator's HTTP calls to stage pods (DESIGN.md §3): probe `/health` + `/v1/stats`, POST `/v1/abort`.
+"""The operator's HTTP calls to stage pods (docs/http-api.md): probe `/health` + `/v1/stats`, POST `/v1/abort`.
 Short timeouts; a pod that does not answer is reported (never skipped silently)."""
 
 from __future__ import annotations

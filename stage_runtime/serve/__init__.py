@@ -1,5 +1,5 @@
 """The stage process (``stage-runtime serve``): one engine served over HTTP and ZMQ, with health,
-metrics, a graceful drain on SIGTERM and fail-closed exit codes (DESIGN.md §3).
+metrics, a graceful drain on SIGTERM and fail-closed exit codes (docs/stage-process.md).
 
     proc.StageDiffusionProc   lifecycle: start, signals, drain, death, exit code, termination log
     service.StageService      what both frontends share: admission, outcomes, abort, stats, drain

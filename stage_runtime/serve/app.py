@@ -1,4 +1,4 @@
-"""The stage's HTTP surface (aiohttp): routes of DESIGN.md §3 and JSON errors for every failure.
+"""The stage's HTTP surface (aiohttp): routes of docs/http-api.md and JSON errors for every failure.
 
 Errors are ``{"error": {"type", "message"}}`` (+ ``param`` on a 400), with the status of the error
 tree (:data:`stage_runtime.serve.wire.STATUS_BY_TYPE`); 429 carries Retry-After.

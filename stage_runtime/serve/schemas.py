@@ -36,7 +36,7 @@ def parse_body(model: type[BaseModel], data: Any) -> Any:
 
 
 class ImageGenerationRequest(BaseModel):
-    """``POST /v1/images/generations``: OpenAI's fields plus the diffusion knobs of DESIGN.md §3."""
+    """``POST /v1/images/generations``: OpenAI's fields plus the diffusion knobs of docs/http-api.md."""
 
     model_config = _EDGE
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)

@@ -1,4 +1,4 @@
-"""How a stage process ends: exit codes and the one-line termination message (DESIGN.md §3).
+"""How a stage process ends: exit codes and the one-line termination message (docs/stage-process.md).
 
     0  clean shutdown (SIGTERM / shutdown message, drained)
     1  anything unexpected

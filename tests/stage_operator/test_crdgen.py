@@ -1,4 +1,4 @@
-"""crds/ is generated: it must equal the generator's output, and the CRD must carry what DESIGN.md §4 fixes."""
+"""crds/ is generated: it must equal the generator's output, and the CRD must carry what docs/crd.md documents."""
 from __future__ import annotations
 
 from pathlib import Path

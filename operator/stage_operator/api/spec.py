@@ -1,4 +1,4 @@
-"""`DiffusionStage.spec` (DESIGN.md §4) as pydantic models; `crdgen` turns them into the CRD schema.
+"""`DiffusionStage.spec` (docs/crd.md) as pydantic models; `crdgen` turns them into the CRD schema.
 
 CEL rules live on the types they guard (`x-kubernetes-validations`). The parallel arithmetic in CEL is the
 same rule `stage_runtime.config.ParallelConfig` enforces (world size = product of degrees = GPUs per pod);

@@ -1,4 +1,4 @@
-"""`DiffusionStage.status` (DESIGN.md §4): fully typed, so the API server prunes nothing the operator writes."""
+"""`DiffusionStage.status` (docs/crd.md): fully typed, so the API server prunes nothing the operator writes."""
 
 from __future__ import annotations
 

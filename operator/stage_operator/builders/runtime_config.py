@@ -41,7 +41,7 @@ def stage_config(spec: StageSpec, stage_name: str) -> dict[str, Any]:
 
 
 def serve_command(spec: StageSpec, stage_name: str) -> list[str]:
-    """`stage-runtime serve ...` (DESIGN.md §3): explicit flags for what the operator enforces, the rest in
+    """`stage-runtime serve ...` (docs/stage-process.md): explicit flags for what the operator enforces, the rest in
     `--config` (same values: both are derived from the spec), then the user's extraArgs."""
     p = spec.parallel
     cmd = ["stage-runtime", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}",
