@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from stage_runtime.config import StageConfig, load_config, load_config_file
+from stage_runtime.config import StageConfig, load_config, load_config_file, merge_overrides
 from stage_runtime.errors import ConfigError, InvalidRequestError, ModelLoadError
 from stage_runtime.models.tiny import KINDS as TINY_KINDS
 
@@ -47,14 +47,16 @@ def add_engine_flags(p: argparse.ArgumentParser, model_required: bool = False) -
     p.add_argument("--request-batch-max-wait-ms", type=float)
 
 
-def config_from_args(args: argparse.Namespace) -> StageConfig:
+def config_from_args(args: argparse.Namespace, defaults: dict | None = None) -> StageConfig:
+    """The stage config from ``--config`` (if given), ``defaults`` under it and the flags over it."""
     overrides: dict = {}
     for flag, (section, field) in ENGINE_FLAGS.items():
         value = getattr(args, flag, None)
         if value is not None:
             (overrides.setdefault(section, {}) if section else overrides)[field] = value
     if args.config:
-        return load_config_file(args.config, overrides)
+        return load_config_file(args.config, overrides, defaults)
+    overrides = merge_overrides(defaults or {}, overrides)
     if "model" not in overrides:
         raise ConfigError("model.path: give --model DIR or --config stage.yaml")
     return load_config(overrides)
@@ -69,7 +71,8 @@ def parse_size(size: str) -> tuple[int, int]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
+    # validate checks the topology; the model folder is not opened, so none need be given
+    config = config_from_args(args, defaults={"model": {"path": "<unset>"}})
     p = config.parallel
     print(f"topology: {p.describe()}")
     print(f"executor: {config.resolved_executor}  execution_mode: {config.scheduler.execution_mode}  "
@@ -189,8 +192,6 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     finally:
         StageArgumentParser.serve_argv = None
-    if args.command == "validate" and not (args.model or args.config):
-        args.model = "<unset>"          # validate checks the topology; the model folder is not opened
     try:
         return args.func(args)
     except (ConfigError, ModelLoadError, InvalidRequestError) as exc:

@@ -328,11 +328,11 @@ def read_config_file(path: str | Path) -> dict:
     return data
 
 
-def load_config_file(path: str | Path, overrides: dict | None = None) -> StageConfig:
-    """Load a YAML file whose top level is (part of) the StageConfig dict, with ``overrides`` (the CLI's
-    flags) merged on top, validated once after merging: a file may hold only ``offload:`` if the flags
-    give the model."""
-    data = merge_overrides(read_config_file(path), overrides or {})
+def load_config_file(path: str | Path, overrides: dict | None = None, defaults: dict | None = None) -> StageConfig:
+    """Load a YAML file whose top level is (part of) the StageConfig dict, over ``defaults`` and under
+    ``overrides`` (the CLI's flags), validated once after merging: a file may hold only ``offload:`` if the
+    flags give the model."""
+    data = merge_overrides(merge_overrides(defaults or {}, read_config_file(path)), overrides or {})
     try:
         return load_config(data)
     except ConfigError as exc:

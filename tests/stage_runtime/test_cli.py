@@ -91,6 +91,14 @@ def test_validate_config_file_with_flag_override(tmp_path, capsys):
     assert out.count("  rank ") == 4
 
 
+def test_validate_a_partial_config_file_without_a_model(tmp_path, capsys):
+    cfg = tmp_path / "partial.yaml"
+    cfg.write_text("parallel: {cfg_parallel_size: 2}\n")
+    rc, out, err = run_cli(capsys, "validate", "--config", str(cfg))
+    assert rc == 0, err
+    assert "world_size=2" in out and "executor: mp" in out
+
+
 def test_validate_config_file_unknown_field_exits_2(tmp_path, capsys):
     cfg = tmp_path / "stage.yaml"
     cfg.write_text("model:\n  path: /models/whatever\nparallel:\n  num_gpuz: 2\n")
