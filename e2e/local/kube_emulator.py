@@ -1,22 +1,27 @@
-"""An emulated Kubernetes API (tests, the local cluster e2e, `make demo`): kmock 0.8 plus the API semantics
-an operator relies on.
+"""An emulated Kubernetes API (tests, the local cluster e2e, `make demo`, `make cluster`): kmock 0.8 plus the
+API semantics an operator and kubectl rely on.
 
-`KubeEmulator` serves a real HTTP Kubernetes API on a localhost port for kopf and the official client.
-It keeps kmock's server, discovery, Status-shaped errors and reaction DSL (inject faults with
-`emulator['post', kmock.resource('v1/pods')][:1] << 503`) and replaces its object store. Fixed in plain kmock:
+`KubeEmulator` serves a real HTTP Kubernetes API on a localhost port for kopf, the official client and the
+real `kubectl`. It keeps kmock's server, Status-shaped errors and reaction DSL (inject faults with
+`emulator['post', kmock.resource('v1/pods')][:1] << 503`); the objects live in `KubeStore`. Fixed in plain kmock:
 - no server-assigned uid, resourceVersion, creationTimestamp, generation; create answers 200, not 201;
 - labelSelector/fieldSelector ignored on list and watch; watch ignores resourceVersion;
 - PATCH .../status patches the whole object; main-resource writes change .status;
 - PUT answers 404; no 409 on a stale resourceVersion or an existing name; a failing json-patch `test`
   op answers 500 (kopf expects 422); a merge patch cannot delete a key with null;
 - GET /api/v1/namespaces answers 500 (its URL parser), no `default` namespace, generateName answers 500,
-  objects posted without metadata.namespace vanish from watches; no ownerReference garbage collection.
-Added: the scale subresource, deletecollection, open-watch counts, a mutating-call counter.
-Not emulated: kubelet, scheduler, controllers (tests play them), schema/CEL validation, admission,
-server-side apply, strategic-merge list semantics (applied as a JSON merge patch), /openapi (kubectl
-needs --validate=false), graceful pod deletion (pods go at once), dryRun, delete preconditions.
-Pinned to kmock==0.8 internals: KubernetesScaffold, RawHandler._handle/_requests/_errors/_render_error,
-rendering.Request/Response/StreamingError, parsing.ParsedPath/guess_k8s.
+  objects posted without metadata.namespace vanish from watches; no ownerReference garbage collection;
+- watches answer application/octet-stream (kubectl: "no stream serializers registered").
+Added: custom resources registered from CRD objects (`register_crd`, `register_crds(folder)`, or a CRD posted to
+the API), with admission as kube-apiserver does it (admission.py: pruning, defaults, schema, CEL rules, 422
+Invalid Status bodies, `fieldValidation`); `/openapi/v3` and `/openapi/v2` (openapi.py); server-side Tables
+(tables.py); `/version` (1.31); the scale subresource, deletecollection, open-watch counts, a mutating-call counter.
+Not emulated: kubelet, scheduler, controllers (tests and the pod runner play them), server-side apply,
+strategic-merge list semantics (applied as a JSON merge patch), graceful pod deletion (pods go at once),
+dryRun, delete preconditions, protobuf, aggregated discovery (kubectl falls back to the legacy documents),
+removing a resource when its CRD is deleted.
+Pinned to kmock==0.8 internals (this module only): KubernetesScaffold, RawHandler._handle/_requests/_errors/
+_render_error, rendering.Request/Response/StreamingError, parsing.ParsedPath/guess_k8s.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import asyncio
 import collections
 import contextlib
 import copy
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -33,11 +39,15 @@ from typing import Any
 import aiohttp.web
 import attrs
 import kmock
+import yaml
 from kmock._internal import enums, parsing, rendering
 
-from e2e.local.kube_store import KubeStore, Obj, _api_version, _error, _scale
+from e2e.local import admission, openapi, tables
+from e2e.local.kube_store import Call, KubeStore, Obj, _api_version, _error
 
 VERBS = ('create', 'delete', 'deletecollection', 'get', 'list', 'patch', 'update', 'watch')
+CRDS = kmock.resource('apiextensions.k8s.io/v1/customresourcedefinitions')
+REPO_CRDS = Path(__file__).resolve().parents[2] / 'crds'  # the product's generated CRDs
 BUILTINS = [  # resource, kind, namespaced, subresources, short names
     ('v1/namespaces', 'Namespace', False, ('status',), ('ns',)),
     ('v1/nodes', 'Node', False, ('status',), ('no',)),
@@ -50,8 +60,18 @@ BUILTINS = [  # resource, kind, namespaced, subresources, short names
     ('apiextensions.k8s.io/v1/customresourcedefinitions', 'CustomResourceDefinition', False, ('status',), ('crd',)),
     ('kopf.dev/v1/kopfpeerings', 'KopfPeering', True, (), ()),
     ('kopf.dev/v1/clusterkopfpeerings', 'ClusterKopfPeering', False, (), ()),
-    ('diffstage.io/v1alpha1/diffusionstages', 'DiffusionStage', True, ('status', 'scale'), ('dstage',)),
 ]
+SUBRESOURCE_KINDS = {'status': None, 'scale': ('autoscaling', 'v1', 'Scale')}  # None: the resource's own kind
+
+
+@dataclasses.dataclass(frozen=True)
+class CustomResource:
+    """What a served CRD version gives the API: its schema and printer columns."""
+
+    group: str
+    kind: str
+    schema: Obj | None
+    printer_columns: tuple[Obj, ...]
 
 
 def _parse_path(path: str) -> parsing.ParsedPath | None:
@@ -74,11 +94,16 @@ def _is_object_request(request: rendering.Request) -> bool:
     return request.resource is not None and request.resource.plural is not None
 
 
+def _json(payload: Any, status: int = 200) -> aiohttp.web.Response:
+    return aiohttp.web.Response(text=json.dumps(payload), status=status, content_type='application/json')
+
+
 @attrs.define(kw_only=True)
 class KubeEmulator(kmock.KubernetesScaffold, KubeStore):
     """The emulated API. Start it with `running()` (tests: the `kube_emulator` fixture)."""
 
     base_url: str = attrs.field(default='', init=False)
+    custom: dict[kmock.resource, CustomResource] = attrs.field(factory=dict, init=False)
     _objects_reaction: Any = attrs.field(default=None, init=False)
     _builtin_payloads: list[int] = attrs.field(factory=list, init=False)
     counts: collections.Counter[tuple[str, str, str | None]] = attrs.field(factory=collections.Counter, init=False)
@@ -102,10 +127,35 @@ class KubeEmulator(kmock.KubernetesScaffold, KubeStore):
 
     # -- for tests (any thread) ------------------------------------------------------------------
     def declare(self, resource: str, kind: str, *, namespaced: bool = True,
-                subresources: tuple[str, ...] = (), shortnames: tuple[str, ...] = ()) -> None:
+                subresources: tuple[str, ...] = (), shortnames: tuple[str, ...] = (),
+                categories: tuple[str, ...] = ()) -> None:
         """Serve a resource, e.g. declare('example.com/v1/widgets', 'Widget', subresources=('status',))."""
         self.resources[resource] = kmock.ResourceInfo(kind=kind, singular=kind.lower(), namespaced=namespaced,
-                                                      verbs=VERBS, subresources=subresources, shortnames=shortnames)
+                                                      verbs=VERBS, subresources=subresources, shortnames=shortnames,
+                                                      categories=categories)
+
+    def register_crd(self, crd: Obj) -> None:
+        """Serve every served version of a CustomResourceDefinition (what its create does on a real server)."""
+        spec, names = crd['spec'], crd['spec']['names']
+        for version in spec['versions']:
+            if not version.get('served', True):
+                continue
+            resource = f'{spec["group"]}/{version["name"]}/{names["plural"]}'
+            self.declare(resource, names['kind'], namespaced=spec.get('scope', 'Namespaced') == 'Namespaced',
+                         subresources=tuple(version.get('subresources') or {}),
+                         shortnames=tuple(names.get('shortNames') or ()), categories=tuple(names.get('categories') or ()))
+            schema = (version.get('schema') or {}).get('openAPIV3Schema')
+            self.custom[kmock.resource(resource)] = CustomResource(
+                spec['group'], names['kind'], schema, tuple(version.get('additionalPrinterColumns') or ()))
+
+    def register_crds(self, folder: str | Path = REPO_CRDS) -> None:
+        """Register and store every CRD in a folder's YAML files (the repository's crds/ by default)."""
+        for path in sorted(Path(folder).glob('*.yaml')):
+            for doc in yaml.safe_load_all(path.read_text()):
+                if isinstance(doc, dict) and doc.get('kind') == 'CustomResourceDefinition':
+                    self.register_crd(doc)
+                    with contextlib.suppress(ValueError):  # already stored
+                        self.seed('customresourcedefinitions', doc)
 
     def objects(self, resource: str, namespace: str | None = None) -> list[Obj]:
         """Copies of the stored objects of a resource: 'pods', 'v1/pods', 'dstage', ..."""
@@ -131,14 +181,15 @@ class KubeEmulator(kmock.KubernetesScaffold, KubeStore):
         self.counts.clear()
         self.mutations.clear()
 
-    def write_kubeconfig(self, path: str | Path) -> Path:
+    def write_kubeconfig(self, path: str | Path, namespace: str = 'default') -> Path:
         def named(key: str, value: Any) -> list[dict[str, Any]]:
-            return [{'name': 'emulator', key: value}]
+            return [{'name': 'diffstage-local', key: value}]
 
         Path(path).write_text(json.dumps({
-            'apiVersion': 'v1', 'kind': 'Config', 'current-context': 'emulator',
+            'apiVersion': 'v1', 'kind': 'Config', 'current-context': 'diffstage-local',
             'clusters': named('cluster', {'server': self.base_url}), 'users': named('user', {'token': 'emulator'}),
-            'contexts': named('context', {'cluster': 'emulator', 'user': 'emulator', 'namespace': 'default'})}))
+            'contexts': named('context', {'cluster': 'diffstage-local', 'user': 'diffstage-local',
+                                          'namespace': namespace})}))
         return Path(path)
 
     def api_client(self) -> Any:
@@ -148,9 +199,33 @@ class KubeEmulator(kmock.KubernetesScaffold, KubeStore):
         configuration.host = self.base_url
         return kubernetes.client.ApiClient(configuration)
 
+    # -- admission -----------------------------------------------------------------------------------
+    def _admit(self, request: Call, obj: Obj, old: Obj | None) -> Obj:
+        if request.resource == CRDS and request.method == 'POST':
+            self.register_crd(obj)
+        custom = self.custom.get(request.resource)
+        if custom is None or custom.schema is None:
+            return obj
+        unknown = admission.prune(custom.schema, obj)
+        directive = request.params.get('fieldValidation', 'Ignore')
+        if unknown and directive in ('Strict', 'Warn') and request.subresource != 'scale':
+            if directive == 'Warn':
+                request.warnings.extend(f'unknown field "{path}"' for path in unknown)
+            else:
+                fields = ', '.join(f'unknown field "{path}"' for path in unknown)
+                raise _error(400, 'BadRequest', f'{custom.kind} in version "{request.resource.version}" cannot be '
+                                                f'handled as a {custom.kind}: strict decoding error: {fields}')
+        admission.default(custom.schema, obj)
+        if errors := admission.validate(custom.schema, obj, old):
+            body = admission.invalid_status(custom.kind, custom.group, obj['metadata']['name'], errors)
+            raise kmock.KubernetesError(status=422, reason='Invalid', message=body['message'], details=body['details'])
+        return obj
+
     # -- HTTP ----------------------------------------------------------------------------------------
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         """RawHandler.__call__ with our own URL parsing; API errors are answers, not crashes."""
+        if (document := self._document(raw)) is not None:
+            return document
         raw_response: aiohttp.web.StreamResponse | None = None
         try:
             k8s = _parse_path(raw.path)
@@ -171,12 +246,42 @@ class KubeEmulator(kmock.KubernetesScaffold, KubeStore):
             await raw_response.write_eof()
             return raw_response
 
+    def _kinds(self) -> list[openapi.Kind]:
+        out = []
+        for res, info in list(self.resources.items()):
+            custom = self.custom.get(res)
+            out.append(openapi.Kind(res.group, res.version, info.kind, res.plural, bool(info.namespaced),
+                                    tuple(info.subresources), custom.schema if custom else None))
+        return out
+
+    def _document(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.Response | None:
+        """/version and the OpenAPI documents; None for every other URL."""
+        if raw.method != 'GET':
+            return None
+        if raw.path == '/version':
+            return _json(openapi.VERSION)
+        if raw.path == '/openapi/v3':
+            return _json(openapi.v3_index(self._kinds()))
+        if raw.path.startswith('/openapi/v3/'):
+            members = openapi.by_group_version(self._kinds()).get(raw.path[len('/openapi/v3/'):])
+            if members is None:
+                return _json(_status(404, 'NotFound', f'the server could not find the requested resource'), 404)
+            return _json(openapi.group_version_document(members))
+        if raw.path == '/openapi/v2':
+            if 'json' not in raw.headers.get('Accept', 'application/json') and '*/*' not in raw.headers.get('Accept', ''):
+                return _json(_status(406, 'NotAcceptable', 'only application/json is served (no protobuf)'), 406)
+            return _json(openapi.v2_document(self._kinds()))
+        return None
+
     async def _parse(self, raw: aiohttp.web.BaseRequest, k8s: parsing.ParsedPath) -> rendering.Request:
         body = await raw.read()
         try:
             data = json.loads(body) if body else None
         except ValueError:
-            data = None
+            try:  # kubectl may send YAML-free JSON only, but a hand-written client may send YAML
+                data = yaml.safe_load(body) if body else None
+            except yaml.YAMLError:
+                data = None
         method, query = enums.method(raw.method), dict(raw.query)
         if verb := {'POST': 'create', 'PUT': 'update', 'PATCH': 'patch', 'DELETE': 'delete'}.get(raw.method):
             verb = 'deletecollection' if verb == 'delete' and k8s.name is None else verb
@@ -192,55 +297,64 @@ class KubeEmulator(kmock.KubernetesScaffold, KubeStore):
         result = await super()._serve_version(request)  # fix kmock's "/v1" and its subresource entries:
         for entry in result['resources']:  # their short names made kubectl warn of ambiguity
             if '/' in entry['name']:
-                entry.update(shortNames=[], verbs=['get', 'patch', 'update'])
+                entry.update(shortNames=[], categories=[], verbs=['get', 'patch', 'update'])
+                if kind := SUBRESOURCE_KINDS.get(entry['name'].split('/', 1)[1]):
+                    entry.update(group=kind[0], version=kind[1], kind=kind[2])
         return {**result, 'groupVersion': _api_version(request.resource)}
 
     async def _serve(self, request: rendering.Request) -> rendering.Response:
         # The status is always explicit: kmock 0.8 copies the status of a Response returned by a callback
         # onto the reaction itself, so a single 201 would stick to every later answer.
-        status, payload = self._answer(request)
-        return rendering.Response(status=status, payload=payload)
+        call = Call(request.method.value, request.resource, request.namespace, request.name, request.subresource,
+                    request.data, request.params, request.headers.get('Content-Type', ''))
+        status, payload = self.answer(call)
+        accept = request.headers.get('Accept', '')
+        if tables.wants_table(accept) and call.method == 'GET' and call.subresource is None:
+            payload = self._table(call, payload)
+        headers = {'Content-Type': 'application/json'}
+        if call.warnings:  # RFC 7234 warn-code 299, as kube-apiserver sends them (kubectl prints "Warning: ...")
+            headers['Warning'] = ', '.join(f'299 - {json.dumps(w)}' for w in call.warnings)
+        return rendering.Response(status=status, payload=payload, headers=headers)
 
-    def _answer(self, request: rendering.Request) -> tuple[int, Any]:
-        res, method, sub = request.resource, request.method.value, request.subresource
-        if res not in self.resources:
-            raise kmock.KubernetesResourceNotFoundError()
-        info = self.resources[res]
-        if sub is not None and sub not in info.subresources:
-            raise _error(404, 'NotFound', f'the server could not find the requested resource ({sub})')
-        if method == 'GET' and request.params.get('watch') in ('true', '1'):
-            return 200, self._watch(request)
-        with self._lock:
-            if request.name is None and method in ('GET', 'DELETE'):
-                keys = [k for k, o in self._store.items() if k[0] == res and self._selected(request, o)]
-                items = [self._delete(k) if method == 'DELETE' else copy.deepcopy(self._store[k])
-                         for k in keys if k in self._store]
-                return 200, {'apiVersion': _api_version(res), 'kind': f'{info.kind}List',
-                             'metadata': {'resourceVersion': str(self._rv)}, 'items': items}
-            if request.name is None and method == 'POST':
-                return 201, self._create(request)
-            key = (res, request.namespace if info.namespaced else None, request.name)
-            if key not in self._store:
-                raise _error(404, 'NotFound', f'{res.plural} "{request.name}" not found', name=request.name)
-            if method in ('PUT', 'PATCH'):
-                obj = self._write(key, request)
-            elif method == 'DELETE':
-                options = request.data if isinstance(request.data, dict) else {}
-                policy = options.get('propagationPolicy') or request.params.get('propagationPolicy')
-                obj = self._delete(key, orphan=policy == 'Orphan')
-            else:
-                obj = copy.deepcopy(self._store[key])
-            return 200, _scale(obj) if sub == 'scale' else obj
+    def _table(self, call: Call, payload: Any) -> Any:
+        custom = self.custom.get(call.resource)
+        columns = tables.crd_columns(custom.printer_columns) if custom is not None else             tables.BUILTIN_COLUMNS.get(call.resource.plural, tables.DEFAULT_COLUMNS)
+        include = call.params.get('includeObject', 'Metadata')
+        if call.watch:
+            return self._table_watch(payload, columns, include)
+        if isinstance(payload, dict) and payload.get('kind', '').endswith('List') and 'items' in payload:
+            return tables.table(columns, payload['items'], include, payload['metadata'].get('resourceVersion', ''))
+        return tables.table(columns, [payload], include, payload['metadata'].get('resourceVersion', ''))
+
+    @staticmethod
+    async def _table_watch(events: Any, columns: list[tables.Column], include: str) -> Any:
+        first = True
+        async for event in events:
+            if isinstance(event, dict) and isinstance(event.get('object'), dict):
+                obj = event['object']
+                event = {**event, 'object': tables.table(columns, [obj], include,
+                                                         obj['metadata'].get('resourceVersion', ''), headers=first)}
+                first = False
+            yield event
+
+
+def _status(code: int, reason: str, message: str) -> Obj:
+    return {'kind': 'Status', 'apiVersion': 'v1', 'metadata': {}, 'status': 'Failure', 'message': message,
+            'reason': reason, 'code': code}
 
 
 @contextlib.contextmanager
-def running(emulator: KubeEmulator | None = None, *, timeout: float = 10) -> Iterator[KubeEmulator]:
-    """Serve the emulator on a free localhost port from a thread with its own event loop."""
+def running(emulator: KubeEmulator | None = None, *, crds: str | Path | None = REPO_CRDS, port: int | None = None,
+            timeout: float = 10) -> Iterator[KubeEmulator]:
+    """Serve the emulator on localhost (a free port unless given) from a thread with its own event loop, with
+    the CRDs of a folder registered (the repository's crds/ by default; None: none)."""
     emulator = KubeEmulator() if emulator is None else emulator
+    if crds is not None:
+        emulator.register_crds(crds)
     loop, ready, stop, failures = asyncio.new_event_loop(), threading.Event(), asyncio.Event(), []
 
     async def serve() -> None:
-        async with emulator, kmock.Server(emulator) as server:
+        async with emulator, kmock.Server(emulator, port=port) as server:
             emulator.base_url = f'http://{server.host}:{server.port}'
             ready.set()
             await stop.wait()

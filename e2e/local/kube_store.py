@@ -2,6 +2,8 @@
 
 resourceVersion/uid/generation/timestamps, label and field selectors, status isolation, 409s,
 json/merge patches, generateName, namespaces, finalizers, ownerReference GC, watch event fan-out.
+It speaks `Call` (a request as plain data) and answers `(status, payload)`; errors are `kmock.KubernetesError`
+(kmock's public API), which the emulator renders as Status bodies. Admission is a hook (`_admit`).
 """
 from __future__ import annotations
 
@@ -14,21 +16,41 @@ import datetime
 import json
 import random
 import re
+import dataclasses
 import threading
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 import jsonpatch
 import jsonpointer
 import kmock
-from kmock._internal import rendering
 
 NAMESPACES, PODS = kmock.resource('v1/namespaces'), kmock.resource('v1/pods')
 INITIAL_STATUS = {PODS: {'phase': 'Pending'}, NAMESPACES: {'phase': 'Active'}}
 SERVER_OWNED = ('name', 'namespace', 'uid', 'creationTimestamp', 'deletionTimestamp', 'generation', 'resourceVersion')
 Key = tuple[kmock.resource, str | None, str]
 Obj = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One API request as the store sees it."""
+
+    method: str  # GET, POST, PUT, PATCH, DELETE
+    resource: kmock.resource
+    namespace: str | None = None
+    name: str | None = None
+    subresource: str | None = None
+    body: Any = None  # the decoded JSON body
+    params: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    content_type: str = ''
+    warnings: list[str] = dataclasses.field(default_factory=list)  # admission's, sent as `Warning` headers
+
+    @property
+    def watch(self) -> bool:
+        return self.method == 'GET' and self.params.get('watch') in ('true', '1')
 
 
 def _error(status: int, reason: str, message: str, **details: Any) -> kmock.KubernetesError:
@@ -143,14 +165,46 @@ class KubeStore:
         self._wakeup, wakeup = asyncio.Event(), self._wakeup
         wakeup.set()
 
-    def _selected(self, request: rendering.Request, obj: Obj) -> bool:
+    def _selected(self, request: Call, obj: Obj) -> bool:
         meta, params = obj['metadata'], request.params
         return bool(request.namespace in (None, meta.get('namespace')) and request.name in (None, meta['name'])
                     and _labels_match(params.get('labelSelector', ''), meta.get('labels') or {})
                     and _fields_match(params.get('fieldSelector', ''), obj))
 
-    def _create(self, request: rendering.Request) -> Obj:
-        res, info, obj = request.resource, self.resources[request.resource], copy.deepcopy(request.data)
+    def answer(self, request: Call) -> tuple[int, Any]:
+        """(HTTP status, payload) of one call; a watch's payload is an async iterator of events."""
+        res, method, sub = request.resource, request.method, request.subresource
+        if res not in self.resources:
+            raise kmock.KubernetesResourceNotFoundError()
+        info = self.resources[res]
+        if sub is not None and sub not in info.subresources:
+            raise _error(404, 'NotFound', f'the server could not find the requested resource ({sub})')
+        if request.watch:
+            return 200, self._watch(request)
+        with self._lock:
+            if request.name is None and method in ('GET', 'DELETE'):
+                keys = [k for k, o in self._store.items() if k[0] == res and self._selected(request, o)]
+                items = [self._delete(k) if method == 'DELETE' else copy.deepcopy(self._store[k])
+                         for k in keys if k in self._store]
+                return 200, {'apiVersion': _api_version(res), 'kind': f'{info.kind}List',
+                             'metadata': {'resourceVersion': str(self._rv)}, 'items': items}
+            if request.name is None and method == 'POST':
+                return 201, self._create(request)
+            key = (res, request.namespace if info.namespaced else None, request.name)
+            if key not in self._store:
+                raise _error(404, 'NotFound', f'{res.plural} "{request.name}" not found', name=request.name)
+            if method in ('PUT', 'PATCH'):
+                obj = self._write(key, request)
+            elif method == 'DELETE':
+                options = request.body if isinstance(request.body, dict) else {}
+                policy = options.get('propagationPolicy') or request.params.get('propagationPolicy')
+                obj = self._delete(key, orphan=policy == 'Orphan')
+            else:
+                obj = copy.deepcopy(self._store[key])
+            return 200, _scale(obj) if sub == 'scale' else obj
+
+    def _create(self, request: Call) -> Obj:
+        res, info, obj = request.resource, self.resources[request.resource], copy.deepcopy(request.body)
         if not isinstance(obj, dict):
             raise _error(400, 'BadRequest', 'the body must be a JSON object')
         meta = obj['metadata'] = {k: v for k, v in (obj.get('metadata') or {}).items() if k not in SERVER_OWNED[2:]}
@@ -168,7 +222,8 @@ class KubeStore:
             meta['name'] = meta['generateName'] + ''.join(random.choices('bcdfghjklmnpqrstvwxz2456789', k=5))
         if (res, meta['namespace'], meta['name']) in self._store:
             raise _error(409, 'AlreadyExists', f'{res.plural} "{meta["name"]}" already exists', name=meta['name'])
-        return self._insert(res, _without_status(obj) if 'status' in info.subresources else obj)
+        obj = _without_status(obj) if 'status' in info.subresources else obj
+        return self._insert(res, self._admit(request, obj, None))
 
     def _insert(self, res: kmock.resource, obj: Obj) -> Obj:
         meta = obj['metadata']
@@ -184,21 +239,21 @@ class KubeStore:
         self._emit(res, None, obj)
         return copy.deepcopy(obj)
 
-    def _write(self, key: Key, request: rendering.Request) -> Obj:
+    def _write(self, key: Key, request: Call) -> Obj:
         """PUT or PATCH the object, its status, or its scale."""
-        old, sub, content_type = self._store[key], request.subresource, request.headers.get('Content-Type', '')
+        old, sub, content_type = self._store[key], request.subresource, request.content_type
         current = _scale(old) if sub == 'scale' else old
-        if request.method.value == 'PUT':
-            new = request.data
+        if request.method == 'PUT':
+            new = request.body
             if isinstance(new, dict) and (new.get('metadata') or {}).get('name', key[2]) != key[2]:
                 raise _error(400, 'BadRequest', 'the name of the object does not match the URL')
         elif 'json-patch' in content_type:
             try:
-                new = jsonpatch.apply_patch(current, request.data)
+                new = jsonpatch.apply_patch(current, request.body)
             except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, TypeError) as e:
                 raise _error(422, 'Invalid', f'json patch failed: {e}') from e  # a failed `test` op too
         elif 'merge-patch' in content_type:  # strategic merge patches included
-            new = _merge_patch(current, request.data)
+            new = _merge_patch(current, request.body)
         else:
             raise _error(415, 'UnsupportedMediaType', f'unsupported patch type: {content_type!r}')
         if not isinstance(new, dict):
@@ -212,7 +267,11 @@ class KubeStore:
             new = _without_status(old, new.get('status'))
         elif 'status' in self.resources[key[0]].subresources:
             new = _without_status(new, old.get('status'))
-        return self._update(key, new)
+        return self._update(key, self._admit(request, copy.deepcopy(new), old))
+
+    def _admit(self, request: Call, obj: Obj, old: Obj | None) -> Obj:
+        """Admission (a subclass prunes, defaults and validates): the object to store, or a KubernetesError."""
+        return obj
 
     def _update(self, key: Key, new: Obj) -> Obj:
         old, new = self._store[key], copy.deepcopy(new)
@@ -265,7 +324,7 @@ class KubeStore:
         live = {o['metadata'].get('uid') for o in self._store.values()}
         return any(ref.get('uid') in live for ref in refs)
 
-    async def _watch(self, request: rendering.Request) -> Any:
+    async def _watch(self, request: Call) -> Any:
         yield b''  # send the headers now: a quiet watch is still a started watch
         loop, res, params = asyncio.get_running_loop(), request.resource, request.params
         deadline = loop.time() + float(params['timeoutSeconds']) if params.get('timeoutSeconds') else None

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.operator_harness import Cluster, manifest, operator, wait_for
+from support.operator_harness import STAGES_PATH, Cluster, manifest, operator, wait_for
 from support.rbac import allowed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,10 +167,14 @@ def test_delete_leaves_nothing_behind(cluster, kube_emulator):
         assert kube_emulator.get('services', 'tiny') is None and kube_emulator.get('configmaps', 'tiny-config') is None
 
 
-def test_invalid_topology_is_not_accepted(cluster, kube_emulator):
-    """The emulator runs no CEL: the operator's own check (through stage_runtime.config) catches it too."""
+def test_invalid_topology_is_refused_by_the_api_and_not_accepted_by_the_operator(cluster, kube_emulator):
+    """The API server refuses it (the CRD's CEL rule); one that got in anyway (stored before the rule existed:
+    seeded past admission here) is caught by the operator's own check, through stage_runtime.config."""
+    bad = manifest('bad', parallel={'cfgParallelSize': 2}, resources={'gpusPerPod': 3, 'gpuResourceName': ''})
+    refused = cluster.http.post(STAGES_PATH, json=bad)
+    assert refused.status_code == 422 and 'but resources.gpusPerPod is 3' in refused.json()['message']
     with operator(kube_emulator):
-        cluster.apply(manifest('bad', parallel={'cfgParallelSize': 2}, resources={'gpusPerPod': 3, 'gpuResourceName': ''}))
+        kube_emulator.seed('dstage', bad)
         accepted = wait_for(lambda: cluster.condition('bad', 'Accepted'), what='Accepted')
         assert accepted['status'] == 'False' and accepted['reason'] == 'InvalidSpec'
         assert 'num_gpus=3 is not divisible' in accepted['message']
