@@ -231,14 +231,43 @@ def _rule_error(rule: Schema, context: dict[str, Any], field: str, value: Any) -
     return FieldError('FieldValueInvalid', field, f'Invalid value: {_quote(value)}: {message}')
 
 
-def validate(schema: Schema, obj: Any, old: Any = None) -> list[FieldError]:
-    """Every error the API server reports for a pruned and defaulted object (old: the stored one on update)."""
+def validate(schema: Schema, obj: Any, old: Any = None, subresource: str | None = None) -> list[FieldError]:
+    """Every error the API server reports for a pruned and defaulted object (old: the stored one on update).
+    A `status` write is checked against the status schema only; on an update, an error at a value the write
+    did not change is ratcheted away (CRD validation ratcheting, on by default since 1.30)."""
+    if subresource == 'status':
+        status_schema = (schema.get('properties') or {}).get('status') or {}
+        schema = {'type': 'object', 'properties': {'status': status_schema}}
+        obj = {'status': obj['status']} if isinstance(obj, dict) and 'status' in obj else {}
+        old = {'status': old['status']} if isinstance(old, dict) and 'status' in old else None
     errors = list(schema_errors(schema, obj, ''))
+    if not any(e.reason in BLOCKING for e in errors):
+        errors += cel_errors(schema, obj, _MISSING if old is None else old)
+    if old is not None:
+        errors = [e for e in errors if not _unchanged(e.field, obj, old)]
     if any(e.reason in BLOCKING for e in errors):
-        return [*errors, FieldError('FieldValueInvalid', '<nil>', 'Invalid value: "null": some validation rules '
-                                    'were not checked because the object was invalid; correct the existing errors '
-                                    'to complete validation')]
-    return errors + list(cel_errors(schema, obj, _MISSING if old is None else old))
+        errors.append(FieldError('FieldValueInvalid', '<nil>', 'Invalid value: "null": some validation rules were '
+                                 'not checked because the object was invalid; correct the existing errors to '
+                                 'complete validation'))
+    return errors
+
+
+def _at(value: Any, path: str) -> Any:
+    for key, index in re.findall(r'([^.\[\]]+)|\[(\d+)\]', path):
+        if key and isinstance(value, dict) and key in value:
+            value = value[key]
+        elif index and isinstance(value, list) and int(index) < len(value):
+            value = value[int(index)]
+        else:
+            return _MISSING
+    return value
+
+
+def _unchanged(path: str, new: Any, old: Any) -> bool:
+    if path == '<nil>':
+        return False
+    was = _at(old, path)
+    return was is not _MISSING and was == _at(new, path)
 
 
 def invalid_status(kind: str, group: str, name: str, errors: list[FieldError]) -> dict[str, Any]:

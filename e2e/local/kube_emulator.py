@@ -216,7 +216,7 @@ class KubeEmulator(kmock.KubernetesScaffold, KubeStore):
                 raise _error(400, 'BadRequest', f'{custom.kind} in version "{request.resource.version}" cannot be '
                                                 f'handled as a {custom.kind}: strict decoding error: {fields}')
         admission.default(custom.schema, obj)
-        if errors := admission.validate(custom.schema, obj, old):
+        if errors := admission.validate(custom.schema, obj, old, request.subresource):
             body = admission.invalid_status(custom.kind, custom.group, obj['metadata']['name'], errors)
             raise kmock.KubernetesError(status=422, reason='Invalid', message=body['message'], details=body['details'])
         return obj
