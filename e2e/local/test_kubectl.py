@@ -1,0 +1,190 @@
+"""The real `kubectl` (1.32) against the emulated API, validation on, as a user types it: apply of the
+sample, the CRD's printer columns from server-side Tables, `explain`, `wait` over a watch, and the refusals
+a real API server gives (CEL rule, schema maximum, unknown fields). The stage's life with the operator and
+real pods (scale, abort, describe with Events, delete) is in test_local_cluster.py, whose hands are kubectl.
+"""
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from e2e import scenario
+from e2e.local.kube_emulator import running
+from e2e.local.kubectl import KUBECTL, KUBECTL_MISSING, Kubectl
+from stage_operator.api.meta import API_VERSION, PLURAL
+
+pytestmark = pytest.mark.skipif(KUBECTL is None, reason=KUBECTL_MISSING)
+MERGE = {'Content-Type': 'application/merge-patch+json'}
+STAGES = f'/apis/{API_VERSION}/namespaces/default/{PLURAL}'
+
+
+@pytest.fixture(scope='module')
+def api(tmp_path_factory):
+    with running() as emulator:
+        yield emulator
+        crashes = list(emulator.errors)
+    assert not crashes, f'the emulator crashed on requests: {crashes!r}'
+
+
+@pytest.fixture(scope='module')
+def kubectl(api, tmp_path_factory) -> Kubectl:
+    return Kubectl(api.write_kubeconfig(tmp_path_factory.mktemp('kubectl') / 'kubeconfig'))
+
+
+@pytest.fixture
+def http(api):
+    with httpx.Client(base_url=api.base_url, timeout=10) as client:
+        yield client
+
+
+def stage_yaml(name: str, **spec) -> str:
+    manifest = scenario.with_spec(scenario.sample(), **spec)
+    manifest['metadata']['name'] = name
+    return yaml.safe_dump(manifest)
+
+
+def ready_status(http: httpx.Client, name: str) -> None:
+    status = {'phase': 'Ready', 'replicas': 2, 'readyReplicas': 2, 'restarts': {'total': 1},
+              'conditions': [{'type': 'Ready', 'status': 'True', 'reason': 'AllReplicasReady', 'message': '2/2',
+                              'lastTransitionTime': '2026-12-01T00:00:00Z'}]}
+    response = http.patch(f'{STAGES}/{name}/status', headers=MERGE, json={'status': status})
+    assert response.status_code == 200, response.text
+
+
+def test_apply_of_the_sample_validates_and_creates_it(kubectl, api):
+    out = kubectl('apply', '-f', str(scenario.SAMPLE))
+    assert out.stdout.strip() == 'diffusionstage.diffstage.io/tiny created', out
+    stored = api.get('dstage', 'tiny')
+    assert stored['spec']['engine']['maxNumSeqs'] == 4 and stored['spec']['restartPolicy']['maxRestarts'] == 5, \
+        'the schema defaults were applied'
+    again = kubectl('apply', '-f', str(scenario.SAMPLE))
+    assert again.stdout.strip() == 'diffusionstage.diffstage.io/tiny unchanged', again
+    assert 'openapi' not in again.stderr, again.stderr
+
+
+def test_get_dstage_prints_the_crd_columns(kubectl, http):
+    kubectl('apply', '-f', str(scenario.SAMPLE))
+    ready_status(http, 'tiny')
+    lines = kubectl('get', 'dstage').stdout.splitlines()
+    assert lines[0].split() == ['NAME', 'PHASE', 'READY', 'REPLICAS', 'GPUS', 'RESTARTS', 'AGE']
+    row = lines[1].split()
+    assert row[:6] == ['tiny', 'Ready', '2', '2', '2', '1'] and row[6].endswith(('s', 'm')), lines
+    wide = kubectl('get', 'dstage', 'tiny', '-o', 'wide').stdout.splitlines()
+    assert wide[0].split()[-1] == 'REASON' and wide[1].split()[-1] == 'AllReplicasReady', wide
+
+
+def test_get_pods_prints_the_builtin_columns(kubectl, api):
+    api.seed('pods', {'metadata': {'name': 'p-0'}, 'spec': {'containers': [{'name': 'stage'}], 'nodeName': 'local'},
+                      'status': {'phase': 'Running', 'podIP': '127.0.0.9', 'containerStatuses': [
+                          {'name': 'stage', 'ready': True, 'restartCount': 0, 'state': {'running': {}}}]}})
+    lines = kubectl('get', 'pods', '-o', 'wide').stdout.splitlines()
+    assert lines[0].split()[:7] == ['NAME', 'READY', 'STATUS', 'RESTARTS', 'AGE', 'IP', 'NODE'], lines
+    assert lines[1].split()[:3] == ['p-0', '1/1', 'Running'] and '127.0.0.9' in lines[1], lines
+
+
+def test_explain_reads_the_schema_from_openapi_v3(kubectl):
+    out = kubectl('explain', 'dstage.spec.parallel').stdout
+    assert 'KIND:       DiffusionStage' in out and 'FIELD: parallel <Object>' in out, out
+    assert 'their product is the world size' in out and 'cfgParallelSize\t<integer>' in out, out
+    recursive = kubectl('explain', 'dstage.spec', '--recursive').stdout
+    assert 'gpusPerPod' in recursive and 'restartPolicy' in recursive, recursive
+
+
+def test_wait_for_ready_over_a_watch_without_errors(kubectl, http):
+    kubectl('apply', '-f', '-', input=stage_yaml('waiting'))
+    waiter = subprocess.Popen([kubectl.binary, 'wait', '--for=condition=Ready', f'{PLURAL}/waiting', '--timeout=30s'],
+                              env=kubectl.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1)  # kubectl is watching by now (and would print a watch error here)
+        ready_status(http, 'waiting')
+        out, err = waiter.communicate(timeout=30)
+    finally:
+        waiter.kill()
+    assert waiter.returncode == 0, (out, err)
+    assert out.strip() == 'diffusionstage.diffstage.io/waiting condition met' and err == '', (out, err)
+
+
+def test_get_watch_streams_table_rows(kubectl, http):
+    kubectl('apply', '-f', '-', input=stage_yaml('watched'))
+    lines: list[str] = []
+    watcher = subprocess.Popen([kubectl.binary, 'get', 'dstage', 'watched', '--watch'], env=kubectl.env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reader = threading.Thread(target=lambda: lines.extend(watcher.stdout), daemon=True)
+    reader.start()
+    try:
+        scenario.wait_for(lambda: len(lines) >= 2, 15, 'the header and the first row', lambda: lines)
+        ready_status(http, 'watched')
+        scenario.wait_for(lambda: any(' Ready ' in line for line in lines), 15, 'the Ready row', lambda: lines)
+    finally:
+        watcher.kill()
+        reader.join(5)
+    assert lines[0].split()[:2] == ['NAME', 'PHASE'] and lines[1].split()[0] == 'watched', lines
+    assert watcher.stderr.read() == ''
+
+
+def test_a_wrong_parallel_product_is_refused_with_the_cel_message(kubectl, api):
+    bad = stage_yaml('bad-product', parallel={'cfgParallelSize': 2, 'ulyssesDegree': 2},
+                     resources={'gpusPerPod': 2, 'gpuResourceName': ''})
+    out = kubectl('apply', '-f', '-', input=bad, check=False)
+    assert out.returncode != 0
+    assert out.stderr.strip() == (
+        'The DiffusionStage "bad-product" is invalid: spec: Invalid value: "object": parallel degrees multiply to 4 '
+        '(tensor 1 x ulysses 2 x ring 1 x cfg 2 x data 1 x pipeline 1) but resources.gpusPerPod is 2'), out.stderr
+    assert api.get('dstage', 'bad-product') is None, 'nothing stored: the operator never sees it'
+
+
+def test_cfg_parallel_3_is_refused_by_the_schema_maximum(kubectl, api):
+    bad = stage_yaml('bad-cfg', parallel={'cfgParallelSize': 3}, resources={'gpusPerPod': 3, 'gpuResourceName': ''})
+    out = kubectl('apply', '-f', '-', input=bad, check=False)
+    assert out.returncode != 0
+    assert out.stderr.strip() == ('The DiffusionStage "bad-cfg" is invalid: spec.parallel.cfgParallelSize: Invalid '
+                                  'value: 3: spec.parallel.cfgParallelSize in body should be less than or equal to 2')
+    assert api.get('dstage', 'bad-cfg') is None
+
+
+def test_an_unknown_field_is_refused_strictly_and_pruned_without_validation(kubectl, api):
+    unknown = stage_yaml('unknown', replicas=0, bogus=1, engine={'maxNumSeqs': 2, 'nope': True})
+    strict = kubectl('apply', '-f', '-', input=unknown, check=False)
+    assert strict.returncode != 0
+    assert 'strict decoding error: unknown field "spec.bogus", unknown field "spec.engine.nope"' in strict.stderr
+    assert api.get('dstage', 'unknown') is None
+    warned = kubectl('apply', '--validate=warn', '-f', '-', input=unknown)
+    assert 'Warning: unknown field "spec.bogus"' in warned.stderr, warned.stderr
+    kubectl('apply', '--validate=false', '-f', '-', input=unknown)
+    spec = api.get('dstage', 'unknown')['spec']
+    assert 'bogus' not in spec and 'nope' not in spec['engine'] and spec['engine']['maxNumSeqs'] == 2, spec
+    kubectl('delete', PLURAL, 'unknown')
+
+
+def test_scale_patch_describe_and_delete(kubectl, api, http):
+    kubectl('apply', '-f', '-', input=stage_yaml('hands'))
+    assert kubectl('scale', PLURAL, 'hands', '--replicas=3').stdout.strip() == 'diffusionstage.diffstage.io/hands scaled'
+    assert api.get('dstage', 'hands')['spec']['replicas'] == 3
+    kubectl('patch', PLURAL, 'hands', '--type', 'merge', '-p', '{"spec":{"abort":{"id":"a-1","all":true}}}')
+    assert api.get('dstage', 'hands')['spec']['abort'] == {'id': 'a-1', 'all': True}
+    refused = kubectl('patch', PLURAL, 'hands', '--type', 'merge', '-p', '{"spec":{"replicas":-1}}', check=False)
+    assert refused.returncode != 0 and 'spec.replicas in body should be greater than or equal to 0' in refused.stderr
+    stage = api.get('dstage', 'hands')
+    api.seed('events', {'metadata': {'name': 'hands.1'}, 'type': 'Normal', 'reason': 'Aborted', 'message': 'aborted 0',
+                        'involvedObject': {'apiVersion': API_VERSION, 'kind': 'DiffusionStage', 'name': 'hands',
+                                           'namespace': 'default', 'uid': stage['metadata']['uid']},
+                        'lastTimestamp': stage['metadata']['creationTimestamp']})
+    described = kubectl('describe', PLURAL, 'hands').stdout
+    events = described[described.index('Events:'):]
+    assert 'Normal' in events and 'Aborted' in events and 'aborted 0' in events, described
+    assert kubectl('delete', PLURAL, 'hands').stdout.strip() == 'diffusionstage.diffstage.io "hands" deleted'
+    assert api.get('dstage', 'hands') is None
+
+
+def test_crds_are_listed_and_come_from_the_crds_folder(kubectl):
+    names = kubectl('get', 'crd', '-o', 'name').stdout.split()
+    assert names == ['customresourcedefinition.apiextensions.k8s.io/diffusionstages.diffstage.io']
+    crd = kubectl.json('get', 'crd', 'diffusionstages.diffstage.io')
+    shipped = yaml.safe_load((Path(scenario.ROOT) / 'crds' / 'diffusionstage.yaml').read_text())
+    assert crd['spec'] == shipped['spec']
