@@ -177,9 +177,9 @@ def schema_errors(schema: Schema, value: Any, path: str) -> Iterator[FieldError]
 _MISSING = object()
 
 
-def _rules(schema: Schema, value: Any, old: Any, path: str) -> Iterator[tuple[str, Schema, Any, Any]]:
+def _rules(schema: Schema, value: Any, old: Any, path: str) -> Iterator[tuple[str, Schema, Any, Any, str]]:
     for rule in schema.get('x-kubernetes-validations') or ():
-        yield path, rule, value, old
+        yield path, rule, value, old, schema.get('type') or _type_name(value)
     if isinstance(value, dict):
         for key, sub in (schema.get('properties') or {}).items():
             if key in value:
@@ -191,7 +191,7 @@ def _rules(schema: Schema, value: Any, old: Any, path: str) -> Iterator[tuple[st
 
 
 def cel_errors(schema: Schema, value: Any, old: Any = _MISSING) -> Iterator[FieldError]:
-    for path, rule, new, was in _rules(schema, value, old, ''):
+    for path, rule, new, was, kind in _rules(schema, value, old, ''):  # errors show the node's type, not its value
         transition = re.search(r'\boldSelf\b', rule['rule']) is not None
         if transition and was is _MISSING:
             continue  # a transition rule runs only on an update where the old value exists
@@ -200,19 +200,19 @@ def cel_errors(schema: Schema, value: Any, old: Any = _MISSING) -> Iterator[Fiel
         try:
             passed = cel.evaluate(rule['rule'], context) is True
         except Exception as exc:  # noqa: BLE001 (a rule that fails to evaluate refuses, as in the API server)
-            detail = f'Invalid value: {_quote(new)}: {_eval_error(exc)} evaluating rule: {rule["rule"]}'
+            detail = f'Invalid value: {json.dumps(kind)}: {_eval_error(exc)} evaluating rule: {rule["rule"]}'
             yield FieldError('FieldValueInvalid', field.lstrip('.'), detail)
             continue
         if passed:
             continue
-        yield _rule_error(rule, context, field.lstrip('.'), new)
+        yield _rule_error(rule, context, field.lstrip('.'), kind)
 
 
 def _eval_error(exc: Exception) -> str:
     return f'no such key: {exc.args[0]}' if isinstance(exc, KeyError) and exc.args else str(exc)
 
 
-def _rule_error(rule: Schema, context: dict[str, Any], field: str, value: Any) -> FieldError:
+def _rule_error(rule: Schema, context: dict[str, Any], field: str, kind: str) -> FieldError:
     message = None
     if 'messageExpression' in rule:
         try:
@@ -227,8 +227,8 @@ def _rule_error(rule: Schema, context: dict[str, Any], field: str, value: Any) -
     if reason == 'FieldValueRequired':
         return FieldError(reason, field, f'Required value: {message}')
     if reason == 'FieldValueDuplicate':
-        return FieldError(reason, field, f'Duplicate value: {_quote(value)}')
-    return FieldError('FieldValueInvalid', field, f'Invalid value: {_quote(value)}: {message}')
+        return FieldError(reason, field, f'Duplicate value: {json.dumps(kind)}')
+    return FieldError('FieldValueInvalid', field, f'Invalid value: {json.dumps(kind)}: {message}')
 
 
 def validate(schema: Schema, obj: Any, old: Any = None, subresource: str | None = None) -> list[FieldError]:
