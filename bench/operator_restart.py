@@ -24,16 +24,17 @@ import httpx
 import stage_operator  # noqa: F401 (the real package, before tests/stage_operator on sys.path can shadow it)
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # e2e.local (the emulated API) and tests/support
 from support.kube_emulator import KubeEmulator, running  # noqa: E402
 
-STAGES = "/apis/diffstage.io/v1alpha1/namespaces/default/diffusionstages"
-MERGE = {"Content-Type": "application/merge-patch+json"}
-FAILED = {"status": {"phase": "Failed", "conditions": [{"type": "Ready", "status": "False"}], "containerStatuses": [
-    {"name": "stage", "ready": False, "restartCount": 0, "state": {"terminated": {
-        "exitCode": 3, "reason": "Error", "message": "WorkerDied: worker rank 1 (pid 4242) killed by signal 9",
-        "finishedAt": "2026-01-01T00:00:00Z"}}}]}}
-RUNNING = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+from e2e.local import kubelet  # noqa: E402
+from e2e.local.driver import MERGE  # noqa: E402
+from stage_operator.api.meta import API_VERSION, PLURAL  # noqa: E402
+
+STAGES = f"/apis/{API_VERSION}/namespaces/default/{PLURAL}"
+FAILED = {"status": kubelet.failed("stage", 3, "WorkerDied: worker rank 1 (pid 4242) killed by signal 9",
+                                   at="2026-01-01T00:00:00Z")}
+RUNNING = {"status": kubelet.running("stage", True)}
 
 
 def spec(backoff: int, restarts: int) -> dict:

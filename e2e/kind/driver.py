@@ -12,8 +12,9 @@ from typing import Any
 
 import kubernetes
 
+from stage_operator.api.meta import GROUP, LABEL_STAGE, PLURAL, VERSION
+
 Obj = dict[str, Any]
-GROUP, VERSION, PLURAL = 'diffstage.io', 'v1alpha1', 'diffusionstages'
 _FORWARDING = re.compile(r'Forwarding from 127\.0\.0\.1:(\d+)')
 
 
@@ -56,7 +57,7 @@ class KindDriver:
         kubectl('delete', '-n', self.namespace, f'{PLURAL}.{GROUP}/{name}', '--wait=false')
 
     def pods(self, stage: str) -> list[Obj]:
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f'diffstage.io/stage={stage}')
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f'{LABEL_STAGE}={stage}')
         return self.client.sanitize_for_serialization(pods)['items']
 
     def service_url(self, service: str) -> str | None:

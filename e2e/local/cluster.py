@@ -19,14 +19,15 @@ from typing import Any
 
 import httpx
 
+from e2e.local.driver import ApiDriver
 from e2e.local.kube_emulator import KubeEmulator, running
 from e2e.local.pod_process import group_members
 from e2e.local.pod_runner import PodRunner
 from e2e.local.services import ServiceResolver
 from e2e.scenario import wait_for
+from stage_operator.api.meta import DEFAULT_GPU_RESOURCE, PLURAL
 
 ROOT = Path(__file__).resolve().parents[2]
-MERGE = {'Content-Type': 'application/merge-patch+json'}
 SHM = Path('/dev/shm')
 FAKE_GPUS = 8  # the node's nvidia.com/gpu capacity (the pods here run CPU ranks)
 Obj = dict[str, Any]
@@ -40,6 +41,7 @@ class LocalCluster:
         self.runner: PodRunner | None = None
         self.api: httpx.Client | None = None
         self.services: ServiceResolver | None = None
+        self.hands: ApiDriver | None = None
         self._stack = ExitStack()
         self._shm_before: set[str] = set()
 
@@ -56,14 +58,17 @@ class LocalCluster:
             if self.namespace != 'default':
                 self.emulator.seed('namespaces', {'metadata': {'name': self.namespace}})
             self.emulator.seed('nodes', {'metadata': {'name': 'local'}, 'status': {  # fake GPUs, as on kind
-                'capacity': {'cpu': str(os.cpu_count()), 'nvidia.com/gpu': str(FAKE_GPUS)},
-                'allocatable': {'cpu': str(os.cpu_count()), 'nvidia.com/gpu': str(FAKE_GPUS)}}})
+                'capacity': {'cpu': str(os.cpu_count()), DEFAULT_GPU_RESOURCE: str(FAKE_GPUS)},
+                'allocatable': {'cpu': str(os.cpu_count()), DEFAULT_GPU_RESOURCE: str(FAKE_GPUS)},
+                'conditions': [{'type': 'Ready', 'status': 'True', 'reason': 'KubeletReady'}]}})
             self.api = self._stack.enter_context(httpx.Client(base_url=self.emulator.base_url, timeout=10))
             self.services = ServiceResolver(self.api)
+            self.hands = ApiDriver(self.emulator.base_url, self.namespace, self.services)
+            self._stack.callback(self.hands.close)
             self._start_operator()
             self.runner = PodRunner(self.emulator.base_url, root=self.workdir).start()
             self._stack.callback(self.runner.close)
-            wait_for(lambda: self.emulator.watching('diffusionstages') and self.emulator.watching('pods') >= 2, 90,
+            wait_for(lambda: self.emulator.watching(PLURAL) and self.emulator.watching('pods') >= 2, 90,
                      'the operator and the pod runner to watch', lambda: self.operator_log[-3000:])
         except BaseException:
             self._stack.close()
@@ -111,41 +116,27 @@ class LocalCluster:
             out['operator'] = self.operator.pid
         return out
 
-    # -- scenario.Driver -----------------------------------------------------------------------------
-    def _stages(self, name: str = '') -> str:
-        return f'/apis/diffstage.io/v1alpha1/namespaces/{self.namespace}/diffusionstages' + (f'/{name}' if name else '')
-
-    def _ok(self, response: httpx.Response) -> Obj:
-        assert response.is_success, f'{response.request.method} {response.request.url}: {response.text}'
-        return response.json()
-
-    def apply(self, manifest: Obj) -> None:
-        name = manifest['metadata']['name']
-        if self.api.get(self._stages(name)).status_code == 404:
-            self._ok(self.api.post(self._stages(), json=manifest))
-        else:
-            self.patch_spec(name, manifest['spec'])
+    # -- scenario.Driver: the HTTP hands (driver.ApiDriver) ------------------------------------------
+    def apply(self, manifest: Obj) -> Obj:
+        return self.hands.apply(manifest)
 
     def stage(self, name: str) -> Obj | None:
-        response = self.api.get(self._stages(name))
-        return None if response.status_code == 404 else self._ok(response)
+        return self.hands.stage(name)
 
     def stages(self) -> list[Obj]:
-        return self._ok(self.api.get(self._stages()))['items']
+        return self.hands.stages()
 
-    def patch_spec(self, name: str, spec: Obj) -> None:
-        self._ok(self.api.patch(self._stages(name), headers=MERGE, json={'spec': spec}))
+    def patch_spec(self, name: str, spec: Obj) -> Obj:
+        return self.hands.patch_spec(name, spec)
 
-    def scale(self, name: str, replicas: int) -> None:
-        self._ok(self.api.patch(self._stages(name) + '/scale', headers=MERGE, json={'spec': {'replicas': replicas}}))
+    def scale(self, name: str, replicas: int) -> Obj:
+        return self.hands.scale(name, replicas)
 
     def delete(self, name: str) -> None:
-        self._ok(self.api.delete(self._stages(name)))
+        self.hands.delete(name)
 
     def pods(self, stage: str) -> list[Obj]:
-        response = self.api.get(f'/api/v1/namespaces/{self.namespace}/pods',
-                                params={'labelSelector': f'diffstage.io/stage={stage}'})
-        return self._ok(response)['items']
+        return self.hands.pods(stage)
 
     def service_url(self, service: str) -> str | None:
-        return self.services.url(self.namespace, service)
+        return self.hands.service_url(service)

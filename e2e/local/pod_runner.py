@@ -10,7 +10,6 @@ No scheduler: pods run where they are (`nodeName: local`).
 """
 from __future__ import annotations
 
-import datetime
 import itertools
 import json
 import logging
@@ -25,16 +24,14 @@ from typing import Any
 
 import httpx
 
+from e2e.local import kubelet
+from e2e.local.kubelet import now
 from e2e.local.pod_process import LocalPod, PodSpecError
 
 log = logging.getLogger(__name__)
 MERGE = {'Content-Type': 'application/merge-patch+json'}
 PROBE_PERIOD = 0.25  # seconds; a real kubelet's period is the probe's periodSeconds (5 s here)
 Obj = dict[str, Any]
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
 
 
 def loopback_addresses(ports: tuple[int, ...] = (8000, 5570)) -> Any:
@@ -45,6 +42,20 @@ def loopback_addresses(ports: tuple[int, ...] = (8000, 5570)) -> Any:
         address = f'127.{base}.{i // 250}.{i % 250 + 2}'
         if all(_bindable(address, port) for port in ports):
             yield address
+
+
+_SHARED: Any = None
+_SHARED_LOCK = threading.Lock()
+
+
+def next_pod_ip() -> str:
+    """The next free pod address for this process: the pod runner and tests that play the kubelet draw from
+    one sequence, so two pods never get the same podIP."""
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            _SHARED = loopback_addresses()
+        return next(_SHARED)
 
 
 def _bindable(address: str, port: int) -> bool:
@@ -65,7 +76,6 @@ class PodRunner:
         self._every: list[_PodThread] = []  # every pod ever run, also those replaced by a new pod of the same name
         self.leftovers: dict[str, list[int]] = {}  # pod → processes that outlived its container
         self.errors: list[str] = []  # the runner's own failures (a pod it could not run is reported in its status)
-        self._addresses = loopback_addresses()
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._watcher = threading.Thread(target=self._watch_forever, name='pod-runner', daemon=True)
@@ -148,7 +158,7 @@ class PodRunner:
             if self._closing.is_set() or (pod.get('status') or {}).get('phase') in ('Failed', 'Succeeded') \
                     or pod['metadata'].get('deletionTimestamp'):
                 return
-            self.pods[key] = thread = _PodThread(self, pod, next(self._addresses))
+            self.pods[key] = thread = _PodThread(self, pod, next_pod_ip())
             self._every.append(thread)
         thread.start()
 
@@ -214,7 +224,7 @@ class _PodThread(threading.Thread):
         spec = self.pod['spec']
         self.local = LocalPod(self.pod, self.ip, self.runner.read_configmap, self.runner.root)
         started = now()
-        scheduled = {'type': 'PodScheduled', 'status': 'True', 'lastTransitionTime': started}
+        scheduled = kubelet.condition('PodScheduled', True, at=started)
         if not self._report(phase='Pending', podIP=self.ip, podIPs=[{'ip': self.ip}], hostIP='127.0.0.1',
                             startTime=started, conditions=[scheduled]):
             return
@@ -223,17 +233,21 @@ class _PodThread(threading.Thread):
             code = self._run_to_end(container)
             if code is None:
                 return
-            init_statuses.append(_terminated(container, code, self.local.termination_message(container)))
+            init_statuses.append(kubelet.terminated_container(container['name'], code,
+                                                              self.local.termination_message(container),
+                                                              container.get('image', '')))
             if code != 0:
                 self._report(phase='Failed', initContainerStatuses=init_statuses, conditions=[
-                    scheduled, _condition('Initialized', False, 'InitContainersFailed')])
+                    scheduled, kubelet.condition('Initialized', False, 'InitContainersFailed')])
                 return
         container = spec['containers'][0]
         self.local.process = self.local.start(container)
         ready = False
+        image = container.get('image', '')
         if not self._report(phase='Running', initContainerStatuses=init_statuses or None,
-                            conditions=[scheduled, _condition('Initialized', True), _condition('Ready', False)],
-                            containerStatuses=[_running(container, False, now())]):
+                            conditions=[scheduled, kubelet.condition('Initialized', True),
+                                        kubelet.condition('Ready', False)],
+                            containerStatuses=[kubelet.running_container(container['name'], False, now(), image)]):
             return
         started = now()
         while not self.deleted.wait(PROBE_PERIOD):
@@ -241,13 +255,15 @@ class _PodThread(threading.Thread):
             if code is not None:
                 message = self.local.termination_message(container) or self.local.log(container, 1000)
                 self._report(phase='Succeeded' if code == 0 else 'Failed',
-                             conditions=[scheduled, _condition('Initialized', True), _condition('Ready', False)],
-                             containerStatuses=[_terminated(container, code, message)])
+                             conditions=[scheduled, kubelet.condition('Initialized', True),
+                                         kubelet.condition('Ready', False)],
+                             containerStatuses=[kubelet.terminated_container(container['name'], code, message, image)])
                 return
             if (probe := self._probe(container)) != ready:
                 ready = probe
-                self._report(conditions=[scheduled, _condition('Initialized', True), _condition('Ready', ready)],
-                             containerStatuses=[_running(container, ready, started)])
+                self._report(conditions=[scheduled, kubelet.condition('Initialized', True),
+                                         kubelet.condition('Ready', ready)],
+                             containerStatuses=[kubelet.running_container(container['name'], ready, started, image)])
 
     def _run_to_end(self, container: Obj) -> int | None:
         """Run an init container to its end; None if the pod was deleted meanwhile."""
@@ -269,20 +285,3 @@ class _PodThread(threading.Thread):
             return httpx.get(f'http://{self.ip}:{port}{probe.get("path", "/")}', timeout=2).status_code == 200
         except httpx.HTTPError:
             return False  # not listening yet: a failed probe, as a kubelet counts it
-
-
-def _condition(kind: str, status: bool, reason: str | None = None) -> Obj:
-    out = {'type': kind, 'status': 'True' if status else 'False', 'lastTransitionTime': now()}
-    return {**out, 'reason': reason} if reason else out
-
-
-def _running(container: Obj, ready: bool, started: str) -> Obj:
-    return {'name': container['name'], 'ready': ready, 'restartCount': 0, 'started': True,
-            'image': container.get('image', ''), 'state': {'running': {'startedAt': started}}}
-
-
-def _terminated(container: Obj, code: int, message: str) -> Obj:
-    exit_code = code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as a container runtime says
-    return {'name': container['name'], 'ready': False, 'restartCount': 0, 'image': container.get('image', ''),
-            'state': {'terminated': {'exitCode': exit_code, 'reason': 'Completed' if code == 0 else 'Error',
-                                     'message': message, 'finishedAt': now()}}}

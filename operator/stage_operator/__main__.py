@@ -10,6 +10,8 @@ import sys
 import kopf
 import prometheus_client
 
+from stage_operator.settings import DEFAULT_RESYNC_SECONDS, OperatorSettings
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m stage_operator", description=__doc__.splitlines()[0])
@@ -24,32 +26,43 @@ def build_parser() -> argparse.ArgumentParser:
                    help="peering priority: the highest live replica works (default: random, so replicas never tie)")
     p.add_argument("--liveness", metavar="URL", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (/metrics)")
-    p.add_argument("--resync-seconds", type=float, help="re-reconcile every stage this often (default 30)")
-    p.add_argument("--endpoint-annotation", action="store_true",
-                   help="reach a pod at its annotation diffstage.io/endpoint (a URL) instead of its pod IP: for "
-                        "local runs and tests where pods are stood in for by local processes; off in clusters")
+    p.add_argument("--resync-seconds", type=float, default=DEFAULT_RESYNC_SECONDS,
+                   help=f"re-reconcile every stage this often (default {DEFAULT_RESYNC_SECONDS:g})")
     p.add_argument("--verbose", action="store_true")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def kopf_options(args: argparse.Namespace) -> dict | str:
+    """What `kopf.run`/`kopf.operator` take from the flags (scope, peering, liveness), or the usage error."""
     namespaces = args.namespace or [n for n in os.environ.get("WATCH_NAMESPACE", "").split(",") if n]
     if not args.all_namespaces and not namespaces:
-        print("give --namespace NS (or $WATCH_NAMESPACE) or --all-namespaces", file=sys.stderr)
+        return "give --namespace NS (or $WATCH_NAMESPACE) or --all-namespaces"
+    return dict(clusterwide=args.all_namespaces, namespaces=namespaces, standalone=args.standalone,
+                peering_name=args.peering, priority=args.priority, liveness_endpoint=args.liveness)
+
+
+def settings(args: argparse.Namespace) -> OperatorSettings:
+    return OperatorSettings(resync_seconds=args.resync_seconds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    options = kopf_options(args)
+    if isinstance(options, str):
+        print(options, file=sys.stderr)
         return 2
-    if args.endpoint_annotation:
-        os.environ["DIFFSTAGE_ENDPOINT_ANNOTATION"] = "1"
-    if args.resync_seconds is not None:
-        os.environ["DIFFSTAGE_RESYNC_SECONDS"] = str(args.resync_seconds)
+    try:
+        config = settings(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.metrics_port is not None:
         prometheus_client.start_http_server(args.metrics_port)
     import stage_operator.handlers  # noqa: F401 (registers the handlers)
 
-    kopf.run(clusterwide=args.all_namespaces, namespaces=namespaces, standalone=args.standalone,
-             peering_name=args.peering, priority=args.priority, liveness_endpoint=args.liveness)
+    kopf.run(**options, memo=kopf.Memo(config=config))
     return 0
 
 

@@ -8,7 +8,6 @@ import asyncio
 import collections
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +24,6 @@ from stage_operator.reconcile import needs_nodes, reconcile
 from stage_operator.stage import Stage, parse_stage
 
 log = logging.getLogger(__name__)
-ENDPOINT_ANNOTATION_ENV = "DIFFSTAGE_ENDPOINT_ANNOTATION"  # "1": honour the pod annotation diffstage.io/endpoint
 MAX_SAMPLES = 100_000
 
 
@@ -58,11 +56,8 @@ class StageMemory:
 
 
 class Controller:
-    def __init__(self, kube: Kube, clock: Callable[[], float] = time.time, endpoint_annotation: bool | None = None):
+    def __init__(self, kube: Kube, clock: Callable[[], float] = time.time):
         self.kube, self.clock = kube, clock
-        if endpoint_annotation is None:
-            endpoint_annotation = os.environ.get(ENDPOINT_ANNOTATION_ENV, "") == "1"
-        self.endpoint_annotation = endpoint_annotation
         self.memory: dict[tuple[str, str], StageMemory] = {}
         self._session: aiohttp.ClientSession | None = None
 
@@ -149,7 +144,7 @@ class Controller:
             return
         pods = {}
         for pod in observed.pod_views().values():
-            url = pod.endpoint(self.endpoint_annotation)
+            url = pod.endpoint
             if pod.running and url and pod.uid:
                 pods[pod.uid] = (pod.name, url, pod.serving and pod.draining_since is None)
         spec = stage.spec
@@ -170,7 +165,7 @@ class Controller:
         memory = self.remember(stage.namespace, stage.name)
         key = (stage.uid, spec_abort.id)
         if key not in memory.aborts:  # sent once even when the status write that records it fails
-            targets = [(p.name, p.endpoint(self.endpoint_annotation)) for p in observed.pod_views().values()
+            targets = [(p.name, p.endpoint) for p in observed.pod_views().values()
                        if p.running]
             ids = None if spec_abort.all else list(spec_abort.request_ids or ())
             result = await stage_http.abort(self.session, targets, ids, stage.spec.health_check.timeout_seconds)

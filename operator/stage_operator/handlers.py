@@ -4,13 +4,13 @@ backoff, a drain timeout) comes, and on every resync. A second daemon per stage 
 (`healthCheck.periodSeconds`) and wakes the worker when what it saw changed. The event handlers are async on
 purpose: they set asyncio Events, which is only safe from the operator's own loop.
 
-Run with `python -m stage_operator` or `kopf run -m stage_operator.handlers`.
+Run with `python -m stage_operator` (its flags become `memo.config`, a `settings.OperatorSettings`) or
+`kopf run -m stage_operator.handlers` (the default settings).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import kopf
@@ -19,10 +19,10 @@ from stage_operator import metrics
 from stage_operator.api.meta import GROUP, LABEL_STAGE, PLURAL, VERSION
 from stage_operator.controller import Controller
 from stage_operator.kube import ApiError, Kube
+from stage_operator.settings import OperatorSettings
 from stage_operator.triggers import Triggers
 
 log = logging.getLogger(__name__)
-DEFAULT_RESYNC_SECONDS = 30.0  # $DIFFSTAGE_RESYNC_SECONDS or `--resync-seconds` override it
 MAX_ERROR_BACKOFF = 60.0
 
 
@@ -34,9 +34,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.level = logging.WARNING  # Events for warnings only, never for routine logs
     settings.watching.server_timeout = 300  # and a client timeout above it: kopf's known silent-stall trap
     settings.watching.client_timeout = 330
+    memo.config = memo.get("config") or OperatorSettings()
     memo.triggers = Triggers()
     memo.controller = Controller(Kube())
-    memo.resync_seconds = float(os.environ.get("DIFFSTAGE_RESYNC_SECONDS", DEFAULT_RESYNC_SECONDS))
     memo.nodes = {}
 
 
@@ -48,7 +48,7 @@ async def stage_worker(name: str, namespace: str, memo: kopf.Memo, stopped: kopf
             trigger.clear()
             try:
                 plan = await memo.controller.run(namespace, name)
-                failures, delay = 0, memo.resync_seconds
+                failures, delay = 0, memo.config.resync_seconds
                 if plan is not None and plan.requeue_after is not None:
                     delay = min(delay, plan.requeue_after)
             except ApiError as exc:  # a conflict, a 5xx, a webhook: log it, back off, read everything again

@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 import re
 
-from stage_operator.api.meta import (ANNOTATION_DRAINING, ANNOTATION_ENDPOINT, HTTP_PORT, LABEL_REPLICA,
-                                     LABEL_SERVING, LABEL_TEMPLATE_HASH)
+from stage_operator.api.meta import ANNOTATION_DRAINING, HTTP_PORT, LABEL_REPLICA, LABEL_SERVING, LABEL_TEMPLATE_HASH
 from stage_operator.clock import parse_time
 
 if TYPE_CHECKING:
@@ -40,7 +39,6 @@ class PodView:
     serving: bool = True  # the Service selects it (label diffstage.io/serving=true)
     draining_since: float | None = None  # fenced for a scale-down at this time (annotation)
     pod_ip: str | None = None
-    endpoint_override: str | None = None  # annotation diffstage.io/endpoint (honoured only when enabled)
 
     @property
     def available(self) -> bool:
@@ -51,10 +49,9 @@ class PodView:
         """A live container the operator can talk to (not Pending, not Failed or Succeeded, not going)."""
         return self.phase == "Running" and not self.terminating
 
-    def endpoint(self, allow_override: bool) -> str | None:
-        """Base URL of the stage's HTTP port: the annotation when the operator allows it, else the pod IP."""
-        if allow_override and self.endpoint_override:
-            return self.endpoint_override.rstrip("/")
+    @property
+    def endpoint(self) -> str | None:
+        """Base URL of the stage's HTTP port at the pod IP (None until the kubelet reports one)."""
         if not self.pod_ip:
             return None
         host = f"[{self.pod_ip}]" if ":" in self.pod_ip else self.pod_ip  # IPv6
@@ -97,8 +94,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         terminating=bool(meta.get("deletionTimestamp")), unschedulable=unschedulable, failure=_failure(status),
         restarts=sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or ()),
         uid=meta.get("uid") or "", serving=labels.get(LABEL_SERVING) == "true",
-        draining_since=_time(annotations.get(ANNOTATION_DRAINING)), pod_ip=status.get("podIP"),
-        endpoint_override=annotations.get(ANNOTATION_ENDPOINT))
+        draining_since=_time(annotations.get(ANNOTATION_DRAINING)), pod_ip=status.get("podIP"))
 
 
 def _time(text: str | None) -> float | None:

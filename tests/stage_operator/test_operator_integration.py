@@ -1,4 +1,4 @@
-"""The real operator (kopf via KopfRunner) against the emulated Kubernetes API over HTTP; the test plays kubelet."""
+"""The real operator (kopf, in a thread) against the emulated Kubernetes API over HTTP; the test plays kubelet."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,11 +12,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def cluster(kube_emulator, kubeconfig, monkeypatch):
-    monkeypatch.setenv('DIFFSTAGE_RESYNC_SECONDS', '0.5')
+def cluster(kube_emulator, kubeconfig):
     c = Cluster(kube_emulator)
     yield c
-    c.http.close()
+    c.close()
 
 
 def ready(cluster: Cluster, name: str, replicas: int, generation: int = 1) -> bool:
@@ -183,10 +182,10 @@ def test_invalid_topology_is_refused_by_the_api_and_not_accepted_by_the_operator
 
 
 @pytest.mark.parametrize('stages', [1, 50])
-def test_resync_after_ready_makes_zero_mutating_calls(cluster, kube_emulator, stages, monkeypatch):
-    monkeypatch.setenv('DIFFSTAGE_RESYNC_SECONDS', str(0.5 if stages == 1 else 1.5))  # 2 cores, shared
+def test_resync_after_ready_makes_zero_mutating_calls(cluster, kube_emulator, stages):
+    resync = 0.5 if stages == 1 else 1.5  # 2 cores, shared
     names = [f's{i}' for i in range(stages)]
-    with operator(kube_emulator):
+    with operator(kube_emulator, '--namespace=default', '--standalone', f'--resync-seconds={resync}'):
         for name in names:
             cluster.apply(manifest(name, replicas=1, parallel={}, resources={'gpusPerPod': 1, 'gpuResourceName': ''}))
         wait_for(lambda: len(kube_emulator.objects('pods')) == stages, timeout=60, what='all pods')

@@ -1,6 +1,6 @@
-"""Abort through the CR and operator autoscaling against live stages: the real operator (KopfRunner), the
-emulated API, two real `stage-runtime serve` processes standing in for pod containers (started once for
-the module), the test as kubelet."""
+"""Abort through the CR and operator autoscaling against live stages: the real operator (kopf, in a thread),
+the emulated API, two real `stage-runtime serve` processes as pod containers at their own pod IPs (started
+once for the module), the test as kubelet."""
 from __future__ import annotations
 
 import time
@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 from stage_process import StageProcess
-from support.live_pods import Generation, events, map_pod, replica, wait_in_flight, watch_until
+from support.live_pods import Generation, events, map_pod, pod_address, replica, wait_in_flight, watch_until
 from support.operator_harness import STAGES_PATH, Cluster, manifest, operator, wait_for
 
 ONE_RANK = {'parallel': {}, 'resources': {'gpusPerPod': 1, 'gpuResourceName': ''},
@@ -21,7 +21,8 @@ STAGE_ARGS = ['--device', 'cpu', '--executor', 'uni', '--execution-mode', 'step'
 def live(tiny_sd_path, tmp_path_factory):
     """Two live stages (A, B) for the module; each test leaves them idle."""
     logs = tmp_path_factory.mktemp('live-stages')
-    stages = [StageProcess(['--model', tiny_sd_path, *STAGE_ARGS], logs / f'{n}.log') for n in 'ab']
+    stages = [StageProcess(['--model', tiny_sd_path, *STAGE_ARGS, *pod_address()[1]], logs / f'{n}.log')
+              for n in 'ab']  # each at its own pod IP
     try:
         for s in stages:
             s.start(wait_ready=False)
@@ -37,12 +38,10 @@ def live(tiny_sd_path, tmp_path_factory):
 
 
 @pytest.fixture
-def cluster(kube_emulator, kubeconfig, monkeypatch, live):
-    monkeypatch.setenv('DIFFSTAGE_RESYNC_SECONDS', '0.5')
-    monkeypatch.setenv('DIFFSTAGE_ENDPOINT_ANNOTATION', '1')
+def cluster(kube_emulator, kubeconfig, live):
     c = Cluster(kube_emulator)
     yield c
-    c.http.close()
+    c.close()
     for s in live:
         with httpx.Client(base_url=s.http_url, timeout=10) as client:
             leftover = client.get('/v1/requests').json()['requests']

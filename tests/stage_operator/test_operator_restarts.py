@@ -1,5 +1,5 @@
-"""Fail-closed restarts end to end: the real operator (KopfRunner) against the emulated API, pods played by a
-real `stage-runtime serve` process (or a stand-in that hangs), the test as kubelet."""
+"""Fail-closed restarts end to end: the real operator (kopf, in a thread) against the emulated API, pods played
+by a real `stage-runtime serve` process (or a stand-in that hangs) at their own pod IPs, the test as kubelet."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 from stage_process import StageProcess
-from support.live_pods import StandIn, events, map_pod, pod_uid, replica, watch_until
+from support.live_pods import StandIn, events, map_pod, pod_address, pod_uid, replica, watch_until
 from support.operator_harness import Cluster, manifest, operator, wait_for
 
 ONE_RANK = {'parallel': {}, 'resources': {'gpusPerPod': 1, 'gpuResourceName': ''}}
@@ -19,12 +19,10 @@ MP_CFG2 = ['--device', 'cpu', '--executor', 'mp', '--cfg-parallel-size', '2']
 
 
 @pytest.fixture
-def cluster(kube_emulator, kubeconfig, monkeypatch):
-    monkeypatch.setenv('DIFFSTAGE_RESYNC_SECONDS', '0.5')
-    monkeypatch.setenv('DIFFSTAGE_ENDPOINT_ANNOTATION', '1')
+def cluster(kube_emulator, kubeconfig):
     c = Cluster(kube_emulator)
     yield c
-    c.http.close()
+    c.close()
 
 
 def metric(name: str, **labels: str) -> float:
@@ -38,7 +36,8 @@ def pod_creates(emulator) -> int:
 
 def test_killed_worker_restarts_after_backoff_then_the_budget_stalls(cluster, kube_emulator, tiny_sd_path, tmp_path):
     term = tmp_path / 'termination-log'
-    stage = StageProcess(['--model', tiny_sd_path, *MP_CFG2], tmp_path / 'stage.log', termination_log=term)
+    stage = StageProcess(['--model', tiny_sd_path, *MP_CFG2, *pod_address()[1]], tmp_path / 'stage.log',
+                         termination_log=term)
     restarts_before = metric('diffstage_operator_restarts_total')
     try:
         stage.start()

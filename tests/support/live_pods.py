@@ -1,9 +1,10 @@
 """Pods of the emulated cluster played by local processes: a real `stage-runtime serve` per pod, or a small
 stand-in HTTP server where a stage must misbehave in a way a real one does not (hang with /health 503).
 
-The operator reaches a pod through the annotation `diffstage.io/endpoint` (honoured because the tests run it
-with DIFFSTAGE_ENDPOINT_ANNOTATION=1); the test plays kubelet: it marks a pod Running/Ready once mapped, and
-Failed with the process's exit code and termination-log contents once the process exits."""
+Each listens on its own loopback pod address at the stage's port (8000), drawn from the pod runner's
+sequence (`pod_address()`), so the operator reaches it at `http://<podIP>:8000` as in a cluster. The test
+plays kubelet: it reports the pod Running/Ready at that podIP, and Failed with the process's exit code and
+termination-log contents once the process exits."""
 from __future__ import annotations
 
 import asyncio
@@ -16,17 +17,24 @@ from typing import Any
 import httpx
 from aiohttp import web
 
-from support.operator_harness import MERGE, Cluster, wait_for
+from support.operator_harness import Cluster, wait_for
 
-ENDPOINT = 'diffstage.io/endpoint'
+from e2e.local.pod_runner import next_pod_ip
+from stage_operator.api.meta import HTTP_PORT
+
+
+def pod_address() -> tuple[str, list[str]]:
+    """A free pod IP, and the `stage-runtime serve` flags that listen there as a pod would."""
+    ip = next_pod_ip()
+    return ip, ['--host', ip, '--http-port', str(HTTP_PORT)]
 
 
 def map_pod(cluster: Cluster, pod: str, url: str, ready: bool = True) -> None:
-    """Point the operator at `url` for this pod, then report it Running (and Ready)."""
-    response = cluster.http.patch(f'/api/v1/namespaces/default/pods/{pod}', headers=MERGE,
-                                  json={'metadata': {'annotations': {ENDPOINT: url}}})
-    assert response.status_code == 200, response.text
-    cluster.kubelet_ready(pod, ready)
+    """The kubelet's report for a pod whose container listens at `url` (http://<podIP>:8000): Running
+    (and Ready) at that podIP."""
+    host, port = httpx.URL(url).host, httpx.URL(url).port
+    assert port == HTTP_PORT, f'the operator reaches pods at port {HTTP_PORT}, not {url}'
+    cluster.kubelet_ready(pod, ready, ip=host)
 
 
 def pod_uid(cluster: Cluster, stage: str, pod: str) -> str | None:
@@ -102,10 +110,9 @@ class StandIn:
         app.router.add_get('/v1/stats', self._stats)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, '127.0.0.1', 0)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        return f'http://127.0.0.1:{port}'
+        ip = next_pod_ip()
+        await web.TCPSite(self._runner, ip, HTTP_PORT).start()
+        return f'http://{ip}:{HTTP_PORT}'
 
     def __enter__(self) -> StandIn:
         self._thread.start()

@@ -12,7 +12,6 @@ LABEL_STAGE = f"{GROUP}/stage"
 LABEL_REPLICA = f"{GROUP}/replica"
 LABEL_SERVING = f"{GROUP}/serving"
 LABEL_TEMPLATE_HASH = f"{GROUP}/template-hash"
-ANNOTATION_ENDPOINT = f"{GROUP}/endpoint"  # test/dev override of a pod's address (operator --endpoint-annotation)
 ANNOTATION_DRAINING = f"{GROUP}/draining-since"  # set when a scale-down fences the pod
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "diffstage-operator"

@@ -1,0 +1,63 @@
+"""What a kubelet writes into `pod.status`, as plain builders: the pod runner reports through them, and tests
+that play the kubelet (or the scheduler) write the same shapes.
+
+    running(container, ready=True, ip='127.100.0.2')   # Running, scheduled, Ready or not, with a podIP
+    failed(container, exit_code=3, message='WorkerDied: ...')
+    unschedulable('0/1 nodes are available: 1 Insufficient nvidia.com/gpu.')
+"""
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+Obj = dict[str, Any]
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
+
+
+def condition(kind: str, status: bool, reason: str | None = None, message: str | None = None,
+              at: str | None = None) -> Obj:
+    out = {'type': kind, 'status': 'True' if status else 'False', 'lastTransitionTime': at or now()}
+    return {**out, **({'reason': reason} if reason else {}), **({'message': message} if message else {})}
+
+
+def running_container(name: str, ready: bool, started: str, image: str = '') -> Obj:
+    return {'name': name, 'ready': ready, 'restartCount': 0, 'started': True, 'image': image,
+            'state': {'running': {'startedAt': started}}}
+
+
+def terminated_container(name: str, code: int, message: str, image: str = '', at: str | None = None) -> Obj:
+    exit_code = code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as a container runtime says
+    return {'name': name, 'ready': False, 'restartCount': 0, 'image': image,
+            'state': {'terminated': {'exitCode': exit_code, 'reason': 'Completed' if code == 0 else 'Error',
+                                     'message': message, 'finishedAt': at or now()}}}
+
+
+def addresses(ip: str | None) -> Obj:
+    return {'podIP': ip, 'podIPs': [{'ip': ip}], 'hostIP': '127.0.0.1'} if ip else {}
+
+
+def scheduled() -> Obj:
+    return condition('PodScheduled', True)
+
+
+def running(container: str = 'stage', ready: bool = True, ip: str | None = None, started: str | None = None) -> Obj:
+    """Scheduled, initialized, the container running, its readiness probe passing (or not)."""
+    started = started or now()
+    return {'phase': 'Running', **addresses(ip), 'startTime': started,
+            'conditions': [scheduled(), condition('Initialized', True), condition('Ready', ready)],
+            'containerStatuses': [running_container(container, ready, started)]}
+
+
+def failed(container: str = 'stage', exit_code: int = 1, message: str = '', at: str | None = None) -> Obj:
+    """The container exited non-zero: phase Failed, its exit code and termination message."""
+    return {'phase': 'Failed' if exit_code else 'Succeeded',
+            'conditions': [scheduled(), condition('Initialized', True), condition('Ready', False)],
+            'containerStatuses': [terminated_container(container, exit_code, message, at=at)]}
+
+
+def unschedulable(message: str) -> Obj:
+    """The scheduler found no node: Pending, PodScheduled=False (Unschedulable) with its message."""
+    return {'phase': 'Pending', 'conditions': [condition('PodScheduled', False, 'Unschedulable', message)]}
