@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 from support.operator_harness import Cluster, manifest, wait_for
 
 from stage_operator.__main__ import build_parser, main
@@ -53,3 +54,19 @@ def test_the_operator_process_reconciles_and_stops_cleanly(kube_emulator, tmp_pa
     assert code == 0, text
     assert 'Traceback' not in text, text
     assert 'stage default/tiny: create ConfigMap/tiny-config, Service/tiny, Pod/tiny-0, Pod/tiny-1' in text
+
+
+def test_settings_are_built_from_the_flags_and_checked():
+    from stage_operator.__main__ import settings
+    from stage_operator.settings import OperatorSettings
+
+    assert settings(build_parser().parse_args(['-n', 'a', '--resync-seconds', '2.5'])) == OperatorSettings(2.5)
+    assert settings(build_parser().parse_args(['-n', 'a'])).resync_seconds == 30
+    with pytest.raises(ValueError, match='resync_seconds must be > 0, got 0.0'):
+        OperatorSettings(0.0)
+
+
+def test_there_is_no_endpoint_override(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(['-n', 'a', '--endpoint-annotation'])
+    assert 'unrecognized arguments: --endpoint-annotation' in capsys.readouterr().err
