@@ -1,6 +1,7 @@
-# diffstage: two commands on a fresh machine.
-#   make demo   the whole system on an embedded local cluster: operator + tiny stage, one PNG through the Service
-#   make test   runs the test suite (unit, runtime integration, operator integration, local cluster e2e)
+# diffstage: on a fresh machine.
+#   make demo      the whole system on an embedded local cluster: operator + tiny stage, one PNG through the Service
+#   make cluster   the same local cluster kept running for your kubectl (prints KUBECONFIG), until Ctrl-C
+#   make test      runs the test suite (unit, runtime integration, operator integration, local cluster e2e)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -10,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: demo demo-engine test venv bench crds images e2e-kind clean
+.PHONY: demo demo-engine cluster test venv bench crds images e2e-kind clean
 
 venv: $(STAMP)
 
@@ -25,6 +26,11 @@ $(STAMP): pyproject.toml
 # The emulated Kubernetes API, the operator process and a pod runner (pods as local processes); no Docker.
 demo: $(STAMP)
 	$(PY) -m e2e.local.demo --out .demo/demo.png
+
+# The embedded local cluster for your own kubectl: writes .cluster/kubeconfig, prints what to try; Ctrl-C stops it
+# and checks that nothing is left.
+cluster: $(STAMP)
+	$(PY) -m e2e.local.dev_cluster --workdir .cluster
 
 # The engine alone, in this process: build the tiny model, generate one PNG.
 demo-engine: $(STAMP)
@@ -57,4 +63,4 @@ images:
 	bash images/build.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info .demo
+	rm -rf $(VENV) build *.egg-info .demo .cluster

@@ -34,14 +34,15 @@ Obj = dict[str, Any]
 
 
 class LocalCluster:
-    def __init__(self, workdir: Path, namespace: str = 'default', resync_seconds: float = 2.0):
-        self.workdir, self.namespace, self.resync_seconds = Path(workdir), namespace, resync_seconds
+    def __init__(self, workdir: Path, namespace: str = 'default', resync_seconds: float = 2.0, port: int | None = None):
+        self.workdir, self.namespace, self.resync_seconds, self.port = Path(workdir), namespace, resync_seconds, port
         self.emulator: KubeEmulator | None = None
         self.operator: subprocess.Popen | None = None
         self.runner: PodRunner | None = None
         self.api: httpx.Client | None = None
         self.services: ServiceResolver | None = None
         self.hands: ApiDriver | None = None
+        self.kubeconfig: Path | None = None  # for kubectl: written once the API runs
         self._stack = ExitStack()
         self._shm_before: set[str] = set()
 
@@ -54,7 +55,7 @@ class LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._shm_before = set(os.listdir(SHM)) if SHM.is_dir() else set()
         try:
-            self.emulator = self._stack.enter_context(running())
+            self.emulator = self._stack.enter_context(running(port=self.port))
             if self.namespace != 'default':
                 self.emulator.seed('namespaces', {'metadata': {'name': self.namespace}})
             self.emulator.seed('nodes', {'metadata': {'name': 'local'}, 'status': {  # fake GPUs, as on kind
@@ -76,7 +77,7 @@ class LocalCluster:
         return self
 
     def _start_operator(self) -> None:
-        kubeconfig = self.emulator.write_kubeconfig(self.workdir / 'kubeconfig')
+        kubeconfig = self.kubeconfig = self.emulator.write_kubeconfig(self.workdir / 'kubeconfig', self.namespace)
         env = {**os.environ, 'KUBECONFIG': str(kubeconfig), 'PYTHONPATH': str(ROOT)}
         with open(self.workdir / 'operator.log', 'wb') as log:
             self.operator = subprocess.Popen(

@@ -29,7 +29,6 @@ import asyncio
 import collections
 import contextlib
 import copy
-import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -42,12 +41,11 @@ import kmock
 import yaml
 from kmock._internal import enums, parsing, rendering
 
-from e2e.local import admission, openapi, tables
-from e2e.local.kube_store import Call, KubeStore, Obj, _api_version, _error
+from e2e.local import openapi, service_proxy, tables
+from e2e.local.custom_resources import REPO_CRDS, CustomResource, CustomResources
+from e2e.local.kube_store import Call, KubeStore, Obj, _api_version, _error, _labels_match
 
 VERBS = ('create', 'delete', 'deletecollection', 'get', 'list', 'patch', 'update', 'watch')
-CRDS = kmock.resource('apiextensions.k8s.io/v1/customresourcedefinitions')
-REPO_CRDS = Path(__file__).resolve().parents[2] / 'crds'  # the product's generated CRDs
 BUILTINS = [  # resource, kind, namespaced, subresources, short names
     ('v1/namespaces', 'Namespace', False, ('status',), ('ns',)),
     ('v1/nodes', 'Node', False, ('status',), ('no',)),
@@ -62,16 +60,6 @@ BUILTINS = [  # resource, kind, namespaced, subresources, short names
     ('kopf.dev/v1/clusterkopfpeerings', 'ClusterKopfPeering', False, (), ()),
 ]
 SUBRESOURCE_KINDS = {'status': None, 'scale': ('autoscaling', 'v1', 'Scale')}  # None: the resource's own kind
-
-
-@dataclasses.dataclass(frozen=True)
-class CustomResource:
-    """What a served CRD version gives the API: its schema and printer columns."""
-
-    group: str
-    kind: str
-    schema: Obj | None
-    printer_columns: tuple[Obj, ...]
 
 
 def _parse_path(path: str) -> parsing.ParsedPath | None:
@@ -99,7 +87,7 @@ def _json(payload: Any, status: int = 200) -> aiohttp.web.Response:
 
 
 @attrs.define(kw_only=True)
-class KubeEmulator(kmock.KubernetesScaffold, KubeStore):
+class KubeEmulator(kmock.KubernetesScaffold, CustomResources, KubeStore):
     """The emulated API. Start it with `running()` (tests: the `kube_emulator` fixture)."""
 
     base_url: str = attrs.field(default='', init=False)
@@ -133,29 +121,6 @@ class KubeEmulator(kmock.KubernetesScaffold, KubeStore):
         self.resources[resource] = kmock.ResourceInfo(kind=kind, singular=kind.lower(), namespaced=namespaced,
                                                       verbs=VERBS, subresources=subresources, shortnames=shortnames,
                                                       categories=categories)
-
-    def register_crd(self, crd: Obj) -> None:
-        """Serve every served version of a CustomResourceDefinition (what its create does on a real server)."""
-        spec, names = crd['spec'], crd['spec']['names']
-        for version in spec['versions']:
-            if not version.get('served', True):
-                continue
-            resource = f'{spec["group"]}/{version["name"]}/{names["plural"]}'
-            self.declare(resource, names['kind'], namespaced=spec.get('scope', 'Namespaced') == 'Namespaced',
-                         subresources=tuple(version.get('subresources') or {}),
-                         shortnames=tuple(names.get('shortNames') or ()), categories=tuple(names.get('categories') or ()))
-            schema = (version.get('schema') or {}).get('openAPIV3Schema')
-            self.custom[kmock.resource(resource)] = CustomResource(
-                spec['group'], names['kind'], schema, tuple(version.get('additionalPrinterColumns') or ()))
-
-    def register_crds(self, folder: str | Path = REPO_CRDS) -> None:
-        """Register and store every CRD in a folder's YAML files (the repository's crds/ by default)."""
-        for path in sorted(Path(folder).glob('*.yaml')):
-            for doc in yaml.safe_load_all(path.read_text()):
-                if isinstance(doc, dict) and doc.get('kind') == 'CustomResourceDefinition':
-                    self.register_crd(doc)
-                    with contextlib.suppress(ValueError):  # already stored
-                        self.seed('customresourcedefinitions', doc)
 
     def objects(self, resource: str, namespace: str | None = None) -> list[Obj]:
         """Copies of the stored objects of a resource: 'pods', 'v1/pods', 'dstage', ..."""
@@ -199,33 +164,13 @@ class KubeEmulator(kmock.KubernetesScaffold, KubeStore):
         configuration.host = self.base_url
         return kubernetes.client.ApiClient(configuration)
 
-    # -- admission -----------------------------------------------------------------------------------
-    def _admit(self, request: Call, obj: Obj, old: Obj | None) -> Obj:
-        if request.resource == CRDS and request.method == 'POST':
-            self.register_crd(obj)
-        custom = self.custom.get(request.resource)
-        if custom is None or custom.schema is None:
-            return obj
-        unknown = admission.prune(custom.schema, obj)
-        directive = request.params.get('fieldValidation', 'Ignore')
-        if unknown and directive in ('Strict', 'Warn') and request.subresource != 'scale':
-            if directive == 'Warn':
-                request.warnings.extend(f'unknown field "{path}"' for path in unknown)
-            else:
-                fields = ', '.join(f'unknown field "{path}"' for path in unknown)
-                raise _error(400, 'BadRequest', f'{custom.kind} in version "{request.resource.version}" cannot be '
-                                                f'handled as a {custom.kind}: strict decoding error: {fields}')
-        admission.default(custom.schema, obj)
-        if errors := admission.validate(custom.schema, obj, old, request.subresource):
-            body = admission.invalid_status(custom.kind, custom.group, obj['metadata']['name'], errors)
-            raise kmock.KubernetesError(status=422, reason='Invalid', message=body['message'], details=body['details'])
-        return obj
-
     # -- HTTP ----------------------------------------------------------------------------------------
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         """RawHandler.__call__ with our own URL parsing; API errors are answers, not crashes."""
         if (document := self._document(raw)) is not None:
             return document
+        if (match := service_proxy.PATH.match(raw.path)) is not None:
+            return await service_proxy.proxy(raw, match, self._service_and_pods)
         raw_response: aiohttp.web.StreamResponse | None = None
         try:
             k8s = _parse_path(raw.path)
@@ -245,6 +190,16 @@ class KubeEmulator(kmock.KubernetesScaffold, KubeStore):
             await self._stream_error(e, raw_response)
             await raw_response.write_eof()
             return raw_response
+
+    def _service_and_pods(self, namespace: str, name: str) -> tuple[Obj | None, list[Obj]]:
+        with self._lock:
+            service = copy.deepcopy(self._store.get((self._resource('services'), namespace, name)))
+            if service is None:
+                return None, []
+            selector = ','.join(f'{k}={v}' for k, v in sorted((service['spec'].get('selector') or {}).items()))
+            pods = [copy.deepcopy(o) for (r, ns, _), o in self._store.items() if r.plural == 'pods' and ns == namespace
+                    and selector and _labels_match(selector, o['metadata'].get('labels') or {})]
+        return service, pods
 
     def _kinds(self) -> list[openapi.Kind]:
         out = []

@@ -6,9 +6,13 @@ One cluster and one `tiny` stage (manifests/samples/tiny-cpu.yaml, as shipped) s
 the tests run in file order as one scenario: Ready → images → a failing pod → a stage too big for any
 node → scale 2→3→1 with no request lost to the scale-down → kill a worker (the operator restarts the
 replica) → abort through spec.abort → delete → nothing left.
+
+The hands are the real kubectl (`kubectl apply -f` of the sample, `wait`, `scale`, `patch`, `delete`; plus
+`get` and `describe` steps) where it is installed, else the same calls over HTTP (e2e/local/driver.py).
 """
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import sys
@@ -17,9 +21,11 @@ import time
 
 import httpx
 import pytest
+import yaml
 
 from e2e import scenario
 from e2e.local.cluster import FAKE_GPUS, LocalCluster
+from e2e.local.kubectl import KUBECTL, KUBECTL_MISSING, Kubectl, KubectlDriver
 from e2e.local.pod_process import group_members
 
 pytestmark = [
@@ -28,6 +34,7 @@ pytestmark = [
     pytest.mark.timeout(240),
 ]
 TINY = 'tiny'
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason=KUBECTL_MISSING)
 LONG_REQUEST = {'prompt': 'long', 'size': '64x64', 'num_inference_steps': 500, 'request_id': 'e2e-long'}  # ~10 s+
 
 
@@ -42,8 +49,26 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def tiny(cluster):
-    cluster.apply(scenario.sample())
+def kubectl(cluster) -> Kubectl | None:
+    return Kubectl(cluster.kubeconfig) if KUBECTL is not None else None
+
+
+@pytest.fixture(scope='module')
+def hands(cluster, kubectl):
+    """What a user's commands go through: kubectl where installed, else the HTTP driver."""
+    return KubectlDriver(cluster, kubectl) if kubectl is not None else cluster
+
+
+@pytest.fixture(scope='module')
+def tiny(cluster, kubectl):
+    if kubectl is None:
+        cluster.apply(scenario.sample())
+    else:
+        applied = kubectl('apply', '-f', str(scenario.SAMPLE))  # validation on: OpenAPI v3 + fieldValidation
+        assert applied.stdout.strip() == 'diffusionstage.diffstage.io/tiny created', applied
+        waited = kubectl('wait', '--for=condition=Ready', f'dstage/{TINY}', '--timeout=150s', timeout=160)
+        assert waited.stdout.strip() == 'diffusionstage.diffstage.io/tiny condition met', waited
+        assert waited.stderr == '', f'no watch error: {waited.stderr}'
     scenario.wait_ready(cluster, TINY, 2, timeout=150)
     return TINY
 
@@ -62,11 +87,41 @@ def test_the_sample_becomes_ready_and_serves_images_through_its_service(cluster,
     assert first == second, 'the same seed gives the same image on every replica'
 
 
-def test_a_failing_pod_reports_exit_code_and_termination_message(cluster, tiny):
+def test_the_api_servers_service_proxy_reaches_a_ready_pod(cluster, tiny):
+    """What `make cluster` tells a user to curl: the Service through the API's proxy subresource."""
+    url = f'{cluster.emulator.base_url}/api/v1/namespaces/default/services/{tiny}:http/proxy/v1/images/generations'
+    response = httpx.post(url, timeout=60, json={'prompt': 'a lighthouse', 'size': '64x64', 'seed': 3,
+                                                 'num_inference_steps': 4})
+    assert response.status_code == 200, response.text
+    assert response.json()['data'][0]['b64_json'] == base64.b64encode(scenario.generate(cluster, tiny, seed=3)).decode()
+    missing = httpx.get(f'{cluster.emulator.base_url}/api/v1/namespaces/default/services/nope/proxy/health')
+    assert missing.status_code == 404 and missing.json()['reason'] == 'NotFound'
+
+
+@needs_kubectl
+def test_kubectl_get_shows_the_printer_columns_of_the_ready_stage(kubectl, tiny):
+    lines = kubectl('get', 'dstage').stdout.splitlines()
+    assert lines[0].split() == ['NAME', 'PHASE', 'READY', 'REPLICAS', 'GPUS', 'RESTARTS', 'AGE'], lines
+    assert lines[1].split()[:5] == ['tiny', 'Ready', '2', '2', '2'], lines
+    pods = kubectl('get', 'pods', '-l', f'diffstage.io/stage={tiny}').stdout.splitlines()
+    assert [line.split()[:3] for line in pods[1:]] == [['tiny-0', '1/1', 'Running'], ['tiny-1', '1/1', 'Running']]
+
+
+@needs_kubectl
+def test_kubectl_refuses_a_wrong_product_before_the_operator_sees_it(cluster, kubectl, tiny):
+    bad = scenario.with_spec(scenario.sample(), parallel={'cfgParallelSize': 2, 'ulyssesDegree': 2})
+    bad['metadata']['name'] = 'wrong-product'
+    refused = kubectl('apply', '-f', '-', input=yaml.safe_dump(bad), check=False)
+    assert refused.returncode != 0
+    assert 'parallel degrees multiply to 4' in refused.stderr and 'but resources.gpusPerPod is 2' in refused.stderr
+    assert cluster.stage('wrong-product') is None and 'wrong-product' not in cluster.operator_log
+
+
+def test_a_failing_pod_reports_exit_code_and_termination_message(cluster, hands, tiny):
     broken = scenario.with_spec(scenario.sample(), replicas=1, model={'path': '/models/missing'},
                                 parallel={}, resources={'gpusPerPod': 1, 'gpuResourceName': ''})
     broken['metadata']['name'] = 'broken'
-    cluster.apply(broken)
+    hands.apply(broken)
     failure = scenario.wait_for(
         lambda: next((r.get('lastFailure') for r in scenario.status(cluster, 'broken').get('replicaStatuses') or ()
                       if r.get('lastFailure')), None), 90, 'the failure in status',
@@ -74,12 +129,12 @@ def test_a_failing_pod_reports_exit_code_and_termination_message(cluster, tiny):
     assert failure['exitCode'] == 2, failure  # a configuration error: permanent
     assert '/models/missing' in failure['message'], failure  # the stage's own termination message
     assert scenario.condition(cluster, 'broken', 'Degraded')['status'] == 'True'
-    scenario.delete(cluster, 'broken', 30)
+    scenario.delete(hands, 'broken', 30)
     assert scenario.is_ready(cluster, tiny, 2), 'the other stage is untouched'
 
 
-def test_a_stage_bigger_than_any_node_is_refused(cluster, tiny):
-    scenario.refused_for_gpu_capacity(cluster, FAKE_GPUS, timeout=30)
+def test_a_stage_bigger_than_any_node_is_refused(hands, tiny):
+    scenario.refused_for_gpu_capacity(hands, FAKE_GPUS, timeout=30)
 
 
 class Load:
@@ -121,12 +176,12 @@ def scale_down_load() -> dict:
     return {}
 
 
-def test_scale_2_to_3_to_1(cluster, tiny, scale_down_load):
-    scenario.scale(cluster, tiny, 3, timeout=150)
+def test_scale_2_to_3_to_1(cluster, hands, tiny, scale_down_load):
+    scenario.scale(hands, tiny, 3, timeout=150)
     assert len(cluster.services.endpoints('default', tiny)) == 3
     scenario.generate(cluster, tiny)
     with Load(cluster, tiny) as load:  # what the clients saw is judged by test_scale_down_lost_no_request
-        scenario.scale(cluster, tiny, 1, timeout=60)
+        scenario.scale(hands, tiny, 1, timeout=60)
         scenario.wait_for(lambda: len(cluster.runner.running()) == 1, 60, 'the removed pods to stop',
                           cluster.runner.running)
         time.sleep(1)
@@ -163,8 +218,8 @@ def _ppid(pid: int) -> int:
     return int(text[text.rindex(')') + 2:].split()[1])
 
 
-def test_a_killed_worker_restarts_the_replica_and_status_records_it(cluster, tiny):
-    cluster.patch_spec(tiny, {'restartPolicy': {'backoffInitialSeconds': 1, 'backoffMaxSeconds': 2}})
+def test_a_killed_worker_restarts_the_replica_and_status_records_it(cluster, hands, tiny):
+    hands.patch_spec(tiny, {'restartPolicy': {'backoffInitialSeconds': 1, 'backoffMaxSeconds': 2}})
     worker = _stage_worker(cluster, 'tiny-0')
     os.kill(worker, signal.SIGKILL)
     failure = scenario.wait_for(
@@ -177,7 +232,7 @@ def test_a_killed_worker_restarts_the_replica_and_status_records_it(cluster, tin
     scenario.generate(cluster, tiny)
 
 
-def test_abort_through_spec_abort_ends_the_running_request(cluster, tiny):
+def test_abort_through_spec_abort_ends_the_running_request(cluster, hands, tiny):
     url = scenario.wait_for(lambda: cluster.service_url(tiny), 10, 'a ready replica')
     answers: list[httpx.Response] = []
     request = threading.Thread(target=lambda: answers.append(httpx.post(
@@ -187,7 +242,7 @@ def test_abort_through_spec_abort_ends_the_running_request(cluster, tiny):
         scenario.wait_for(lambda: httpx.get(f'{url}/v1/requests', timeout=5).json().get('requests'), 20,
                           'the request to run')
         assert not answers, answers[0].text
-        cluster.patch_spec(tiny, {'abort': {'id': 'e2e-1', 'all': True}})
+        hands.patch_spec(tiny, {'abort': {'id': 'e2e-1', 'all': True}})
         abort = scenario.wait_for(lambda: (scenario.status(cluster, tiny).get('abort') or {}).get('observedId'),
                                   15, 'status.abort', lambda: scenario.status(cluster, tiny))
         assert abort == 'e2e-1'
@@ -198,9 +253,19 @@ def test_abort_through_spec_abort_ends_the_running_request(cluster, tiny):
         request.join(30)
 
 
-def test_delete_leaves_no_process_and_no_shm(cluster, tiny):
+@needs_kubectl
+def test_kubectl_describe_shows_the_operators_events(kubectl, cluster, tiny):
+    scenario.wait_for(lambda: 'Aborted' in kubectl('describe', 'dstage', tiny).stdout, 15, 'the Aborted Event')
+    described = kubectl('describe', 'dstage', tiny).stdout
+    events = described[described.index('Events:'):]
+    for reason in ('RestartingReplica', 'Aborted'):  # the killed worker's replica, the abort
+        assert reason in events, (reason, events)
+    assert 'abort e2e-1: aborted 1 request(s) e2e-long' in events, events
+
+
+def test_delete_leaves_no_process_and_no_shm(cluster, hands, tiny):
     started = time.monotonic()
-    scenario.delete(cluster, tiny, 30)
+    scenario.delete(hands, tiny, 30)
     scenario.wait_for(lambda: not cluster.runner.running(), 60, 'every pod process to stop', cluster.runner.running)
     assert time.monotonic() - started < 60
     assert not cluster.runner.leftovers, cluster.runner.leftovers
