@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from e2e.local import kubelet
 from stage_operator.builders.children import build_configmap, build_service
 from stage_operator.builders.pod import build_pod, template_hash
 from stage_operator.observed import Observed
@@ -26,15 +27,13 @@ def stage(spec: dict[str, Any] | None = None, status: dict[str, Any] | None = No
 def pod(st, index: int, state: str = 'ready', pod_hash: str | None = None) -> dict[str, Any]:
     obj = build_pod(st, index, pod_hash)
     obj['metadata']['uid'] = f'pod-{index}'
-    obj['status'] = {
-        'ready': {'phase': 'Running', 'conditions': [{'type': 'Ready', 'status': 'True'}]},
-        'starting': {'phase': 'Running', 'conditions': [{'type': 'Ready', 'status': 'False'}]},
+    obj['status'] = {  # what a kubelet (or the scheduler) reports: the pod runner's builders
+        'ready': kubelet.running('stage', True, started=T0),
+        'starting': kubelet.running('stage', False, started=T0),
         'pending': {'phase': 'Pending'},
-        'unschedulable': {'phase': 'Pending', 'conditions': [{'type': 'PodScheduled', 'status': 'False',
-                                                              'reason': 'Unschedulable', 'message': '0/3 nodes'}]},
-        'failed': {'phase': 'Failed', 'containerStatuses': [{'name': 'stage', 'restartCount': 0, 'state': {'terminated': {
-            'exitCode': 3, 'reason': 'Error', 'message': 'EngineDead: collective timed out', 'finishedAt': T0}}}]},
-        'terminating': {'phase': 'Running', 'conditions': [{'type': 'Ready', 'status': 'True'}]},
+        'unschedulable': kubelet.unschedulable('0/3 nodes'),
+        'failed': kubelet.failed('stage', 3, 'EngineDead: collective timed out', at=T0),
+        'terminating': kubelet.running('stage', True, started=T0),
     }[state]
     if state == 'terminating':
         obj['metadata']['deletionTimestamp'] = T0
