@@ -223,7 +223,8 @@ class KubeEmulator(kmock.KubernetesScaffold, CustomResources, KubeStore):
                 return _json(_status(404, 'NotFound', f'the server could not find the requested resource'), 404)
             return _json(openapi.group_version_document(members))
         if raw.path == '/openapi/v2':
-            if 'json' not in raw.headers.get('Accept', 'application/json') and '*/*' not in raw.headers.get('Accept', ''):
+            accept = raw.headers.get('Accept', 'application/json')
+            if 'json' not in accept and '*/*' not in accept:
                 return _json(_status(406, 'NotAcceptable', 'only application/json is served (no protobuf)'), 406)
             return _json(openapi.v2_document(self._kinds()))
         return None
@@ -273,7 +274,10 @@ class KubeEmulator(kmock.KubernetesScaffold, CustomResources, KubeStore):
 
     def _table(self, call: Call, payload: Any) -> Any:
         custom = self.custom.get(call.resource)
-        columns = tables.crd_columns(custom.printer_columns) if custom is not None else             tables.BUILTIN_COLUMNS.get(call.resource.plural, tables.DEFAULT_COLUMNS)
+        if custom is not None:
+            columns = tables.crd_columns(custom.printer_columns)
+        else:
+            columns = tables.BUILTIN_COLUMNS.get(call.resource.plural, tables.DEFAULT_COLUMNS)
         include = call.params.get('includeObject', 'Metadata')
         if call.watch:
             return self._table_watch(payload, columns, include)

@@ -34,7 +34,8 @@ class Kubectl:
         if binary is None:
             raise RuntimeError(KUBECTL_MISSING)
         self.binary, self.timeout = binary, timeout
-        self.env = {**os.environ, 'KUBECONFIG': str(kubeconfig), 'KUBECACHEDIR': str(Path(kubeconfig).parent / 'kube-cache')}
+        self.env = {**os.environ, 'KUBECONFIG': str(kubeconfig),
+                    'KUBECACHEDIR': str(Path(kubeconfig).parent / 'kube-cache')}  # not ~/.kube/cache
 
     def __call__(self, *args: str, input: str | None = None, check: bool = True,
                  timeout: float | None = None) -> subprocess.CompletedProcess[str]:
