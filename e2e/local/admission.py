@@ -72,7 +72,7 @@ def prune(schema: Schema, value: Any, path: str = '', root: bool = True) -> list
     if isinstance(value, dict):
         props = schema.get('properties')
         extra = schema.get('additionalProperties')
-        preserve = schema.get('x-kubernetes-preserve-unknown-fields') is True
+        preserve = schema.get('x-kubernetes-preserve-unknown-fields') is True or extra is True
         for key in list(value):
             sub = (props or {}).get(key)
             if root and key in ROOT_KEPT:
@@ -122,6 +122,8 @@ def _is_type(kind: str, value: Any) -> bool:
 
 def schema_errors(schema: Schema, value: Any, path: str) -> Iterator[FieldError]:
     kind = schema.get('type')
+    if value is None and schema.get('nullable'):
+        return
     if schema.get('x-kubernetes-int-or-string'):
         if not (isinstance(value, str) or _is_type('integer', value)):
             yield FieldError('FieldValueTypeInvalid', path, f'Invalid value: {_quote(value)}: {path} in body must be '

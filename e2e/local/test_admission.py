@@ -169,9 +169,14 @@ def test_prune_keeps_what_the_schema_declares_or_preserves():
         'spec': {'type': 'object', 'properties': {
             'labels': {'type': 'object', 'additionalProperties': {'type': 'string'}},
             'free': {'type': 'object', 'x-kubernetes-preserve-unknown-fields': True},
-            'bare': {'type': 'object'}, 'n': {'type': 'integer', 'nullable': False}}}}}
+            'bare': {'type': 'object'}, 'n': {'type': 'integer', 'nullable': False},
+            'open': {'type': 'object', 'additionalProperties': True},
+            'maybe': {'type': 'integer', 'nullable': True}}}}}
     obj = {'apiVersion': 'v', 'kind': 'K', 'metadata': {'name': 'x', 'anything': 1},
-           'spec': {'labels': {'a': 'b'}, 'free': {'x': {'y': 1}}, 'bare': {'gone': 1}, 'n': None, 'extra': 2}}
+           'spec': {'labels': {'a': 'b'}, 'free': {'x': {'y': 1}}, 'bare': {'gone': 1}, 'n': None, 'extra': 2,
+                    'open': {'k': [1]}, 'maybe': None}}
     assert admission.prune(schema, obj) == ['spec.bare.gone', 'spec.extra']
     assert obj == {'apiVersion': 'v', 'kind': 'K', 'metadata': {'name': 'x', 'anything': 1},
-                   'spec': {'labels': {'a': 'b'}, 'free': {'x': {'y': 1}}, 'bare': {}}}
+                   'spec': {'labels': {'a': 'b'}, 'free': {'x': {'y': 1}}, 'bare': {}, 'open': {'k': [1]},
+                            'maybe': None}}
+    assert admission.validate(schema, obj) == [], 'a null where the schema is nullable is valid'
