@@ -1,7 +1,7 @@
 """`reconcile(stage, observed) -> Plan`: level-based and pure. Nothing changed → an empty plan (zero writes).
 
 Steps: parse (done: `Stage`) → capacity (`capacity.check`) → which replicas exist (`spec.replicas`, or under
-operator autoscaling `autoscale.decide` + `scaledown.plan`, which fences and drains removed replicas) → pod
+operator autoscaling `autoscale.decide`; then `scaledown.plan`, which fences and drains removed replicas) → pod
 decisions (`rollout.decide`) → the restart policy on failed pods (`restarts.decide`: fence, backoff,
 recreate or Stalled) → children (ConfigMap, Service) → status (`report.build_status`, with the probe
 results and the abort outcome the controller observed) → Events for what changed. One writer: the plan.
@@ -64,16 +64,18 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
     if spec is not None:
         desired_hash = template_hash(stage)
         fit = capacity.check(spec.resources, observed.nodes)
-        members, kept, autoscaling = list(range(spec.replicas)), pods, None
-        if spec.autoscaling.mode == "Operator":
+        desired, autoscaling = spec.replicas, None
+        if spec.autoscaling.mode == "Operator":  # the operator's own decision instead of spec.replicas
             desired, autoscaling, event = autoscale.decide(spec, stage.status.get("autoscaling"),
                                                            observed.load_samples, now)
             events += [event] if event else []
-            scaled = scaledown.plan(desired, pods, observed.health, spec.autoscaling.drain_timeout_seconds, now)
-            members, kept, requeue = scaled.members, scaled.kept, scaled.requeue_after
-            plan.patch.extend(Patch("Pod", name, body) for name, body in scaled.patch)
-            plan.delete.extend(Delete("Pod", name, why) for name, why in scaled.delete)
-            events += scaled.events
+        # Every scale-down (kubectl scale, an HPA, the operator's autoscaler) fences and drains the removed
+        # replicas before deleting them: no request is lost to it.
+        scaled = scaledown.plan(desired, pods, observed.health, spec.autoscaling.drain_timeout_seconds, now)
+        members, kept, requeue = scaled.members, scaled.kept, scaled.requeue_after
+        plan.patch.extend(Patch("Pod", name, body) for name, body in scaled.patch)
+        plan.delete.extend(Delete("Pod", name, why) for name, why in scaled.delete)
+        events += scaled.events
         decisions = rollout.decide(members, kept, desired_hash, allow_create=fit.ok)
         rs = restarts.decide(spec.restart_policy, stage.status, stage.generation, kept, observed.health,
                              spec.health_check.failure_threshold, desired_hash, now)

@@ -79,7 +79,7 @@ def plan(desired: int, pods: Mapping[int, PodView], health: Mapping[str, PodHeal
             wait = deadline - now
             out.requeue_after = wait if out.requeue_after is None else min(out.requeue_after, wait)
     out.kept = {i: p for i, p in pods.items() if i in active or p.terminating}
-    taken = set(pods)
+    taken = set(live)             # a terminating pod's index is reused once it is gone (the rollout waits)
     free = (i for i in range(len(pods) + desired + 1) if i not in taken)
     out.members = sorted([*active, *(next(free) for _ in range(max(0, desired - len(active))))])
     return out

@@ -62,7 +62,8 @@ def resyncs(count: int, timeout: float = 20) -> None:
 
 def test_scale_up_and_down(cluster, kube_emulator):
     with operator(kube_emulator):
-        cluster.apply(manifest('tiny'))
+        # nothing answers the probes of these kubelet-played pods: a fenced replica leaves at its drain deadline
+        cluster.apply(manifest('tiny', autoscaling={'drainTimeoutSeconds': 2}))
         wait_for(lambda: len(cluster.pods('tiny')) == 2, what='two pods')
         cluster.all_ready('tiny')
         wait_for(lambda: ready(cluster, 'tiny', 2), what='Ready 2/2')
@@ -73,6 +74,9 @@ def test_scale_up_and_down(cluster, kube_emulator):
         cluster.kubelet_ready('tiny-2')
         wait_for(lambda: ready(cluster, 'tiny', 3, generation=2), what='Ready 3/3')
         cluster.scale('tiny', 1)
+        serving = lambda: {n: p['metadata']['labels'].get('diffstage.io/serving') for n, p in cluster.pods('tiny').items()}
+        wait_for(lambda: serving() == {'tiny-0': 'true', 'tiny-1': 'false', 'tiny-2': 'false'},
+                 what='the removed replicas fenced (out of the Service) before they are deleted')
         wait_for(lambda: set(cluster.pods('tiny')) == {'tiny-0'}, what='one pod left')
         wait_for(lambda: ready(cluster, 'tiny', 1, generation=3), what='Ready 1/1')
         assert [r['index'] for r in cluster.status('tiny')['replicaStatuses']] == [0]
