@@ -23,3 +23,7 @@ class ModelInfo:
     guidance: str = "cfg"            # "cfg" (uncond+cond rows), "true_cfg" (a negative pass), "distilled"
                                      # (a guidance embedding, no negative pass) or "none"
     max_sequence_length: int | None = None   # text tokens the prompt encoder keeps (None: not text-conditioned)
+    # What must be equal for requests to share one pipeline call (request mode) / one denoiser forward (step
+    # mode): names of SamplingParams fields. Defaults = RequestBatchKey / StepBatchKey (stage_runtime.request).
+    request_key: tuple[str, ...] = ("height", "width", "num_inference_steps", "guidance_scale")
+    step_key: tuple[str, ...] = ("height", "width", "guidance_scale")

@@ -82,6 +82,16 @@ class StepBatchKey(NamedTuple):
     guidance_scale: float
 
 
+# A family narrows or widens what must match through ModelInfo.request_key / ModelInfo.step_key (names of
+# SamplingParams fields); resolve() records them on the request. Without them the keys above apply.
+CompatibilityKey = tuple  # RequestBatchKey | StepBatchKey | tuple of (field name, value) pairs
+
+
+def family_key(sampling: SamplingParams, fields: tuple[str, ...]) -> tuple[tuple[str, object], ...]:
+    """The (field, value) pairs of ``sampling`` a family's compatibility key is made of."""
+    return tuple((name, getattr(sampling, name)) for name in fields)
+
+
 @dataclass
 class DiffusionRequest:
     """One prompt, one request id. The full request crosses to the workers once; after that only its id."""
@@ -90,6 +100,9 @@ class DiffusionRequest:
     prompt: str
     sampling: SamplingParams = field(default_factory=SamplingParams)
     arrival_time: float = field(default_factory=time.monotonic)
+    # The serving family's compatibility fields (request mode, step mode), recorded by resolve(); None: the
+    # default RequestBatchKey / StepBatchKey.
+    key_fields: tuple[tuple[str, ...], tuple[str, ...]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -104,13 +117,17 @@ class DiffusionRequest:
             self.sampling = self.sampling.model_copy(update={"seed": secrets.randbits(63)})
 
     @property
-    def batch_key(self) -> RequestBatchKey:
+    def batch_key(self) -> CompatibilityKey:
         s = self.sampling
+        if self.key_fields is not None and self.key_fields[0] != RequestBatchKey._fields:
+            return family_key(s, self.key_fields[0])
         return RequestBatchKey(s.height, s.width, s.num_inference_steps, s.guidance_scale)
 
     @property
-    def step_key(self) -> StepBatchKey:
+    def step_key(self) -> CompatibilityKey:
         s = self.sampling
+        if self.key_fields is not None and self.key_fields[1] != StepBatchKey._fields:
+            return family_key(s, self.key_fields[1])
         return StepBatchKey(s.height, s.width, s.guidance_scale)
 
     @property
@@ -138,4 +155,4 @@ class DiffusionRequest:
             "num_inference_steps": steps,
             "guidance_scale": info.default_guidance if s.guidance_scale is None else s.guidance_scale,
         })
-        return replace(self, sampling=resolved)
+        return replace(self, sampling=resolved, key_fields=(info.request_key, info.step_key))

@@ -24,3 +24,16 @@ def tiny_dit_path(tmp_path_factory) -> str:
 
     return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-dit", kind="dit", seed=0))
 
+
+@pytest.fixture(scope="session")
+def tiny_sd3_path(tmp_path_factory) -> str:
+    from stage_runtime.models.tiny import make_tiny_model
+
+    return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sd3", kind="sd3", seed=0))
+
+
+@pytest.fixture(scope="session")
+def tiny_flux_path(tmp_path_factory) -> str:
+    from stage_runtime.models.tiny import make_tiny_model
+
+    return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-flux", kind="flux", seed=0))

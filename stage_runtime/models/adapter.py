@@ -34,6 +34,10 @@ class PipelineAdapter(ABC):
     # hooks below ("cfg", "ulysses"); guidance: how guidance_scale acts (see ModelInfo.guidance).
     parallel_kinds: ClassVar[frozenset[str]] = frozenset()
     guidance: ClassVar[str] = "cfg"
+    # Compatibility keys (ModelInfo.request_key / step_key): the SamplingParams fields that must be equal to
+    # share one pipeline call / one denoiser forward. None keeps ModelInfo's defaults.
+    request_key_fields: ClassVar[tuple[str, ...] | None] = None
+    step_key_fields: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, pipeline: DiffusionPipeline, device: torch.device):
         self.pipe = pipeline
@@ -76,7 +80,9 @@ class PipelineAdapter(ABC):
             supports_step_execution=self.supports_step_execution,
             num_attention_heads=self.num_attention_heads(), max_steps=self.max_steps(),
             parallel_kinds=tuple(sorted(self.parallel_kinds)), guidance=self.guidance,
-            max_sequence_length=self.max_sequence_length())
+            max_sequence_length=self.max_sequence_length(),
+            **{name: fields for name, fields in (("request_key", self.request_key_fields),
+                                                 ("step_key", self.step_key_fields)) if fields is not None})
 
     def max_sequence_length(self) -> int | None:
         """Text tokens the prompt encoder keeps (the tokenizer's limit); None without a tokenizer."""

@@ -14,6 +14,8 @@ from pathlib import Path
 BUILDERS: dict[str, str] = {
     "sd": "stage_runtime.models.tiny.sd",
     "dit": "stage_runtime.models.tiny.dit",
+    "flux": "stage_runtime.models.tiny.flux",
+    "sd3": "stage_runtime.models.tiny.sd3",
 }
 KINDS = tuple(BUILDERS)
 

@@ -1,0 +1,225 @@
+"""Ulysses sequence parallelism over the JOINT text+image sequence of MMDiT transformers (SD3, FLUX.1).
+
+MMDiT blocks keep two token streams, image and text, and every attention runs over both at once.
+Both streams are sharded across the P ranks of the sequence-parallel group; everything but attention
+is token-local, so it runs on the shard::
+
+    transformer_blocks[0] pre-hook   image (B, S_i, C) → my chunk (B, S_i/P, C); text (B, S_t, C) → (B, S_t/P, C);
+                                     FLUX: the rotary table (S_t + S_i, D) → the rows of my text and image tokens
+    every attention                  JointUlyssesProcessor: local q, k, v of [my image ‖ my text] tokens (SD3 order;
+                                     FLUX: [text ‖ image], rotary applied locally) → all_to_all: ALL tokens, H/P heads
+                                     → SDPA → all_to_all back: my tokens, all heads → the block's own projections
+    proj_out forward hook            my image tokens (B, S_i/P, c) → all_gather → (B, S_i, c)
+
+Chunks may be uneven (SD3's text is 77 + 256 = 333 tokens): rank r gets ``torch.tensor_split``'s r-th chunk of
+each stream, and the all_to_all carries per-rank token counts every rank derives from the same shapes.
+Keys arrive grouped by rank rather than in global order; attention without a mask does not depend on key
+order, so each query sees exactly the keys (and rotary positions) it sees unsharded. FLUX's single-stream
+blocks concatenate [text ‖ image] themselves; the local shards concatenate the same way. A stream shorter
+than P tokens runs unsharded (the same decision on every rank). The head count must be divisible by P.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from stage_runtime.distributed.comm import group_rank, group_size, guarded
+from stage_runtime.distributed.ulysses import check_ulysses_heads
+from stage_runtime.errors import ConfigError
+
+_MARK = "_diffstage_ulysses_joint"
+_DEFAULT_PROCESSORS = {"JointAttnProcessor2_0": "sd3", "FluxAttnProcessor": "flux"}
+
+
+def chunk_sizes(length: int, parts: int) -> list[int]:
+    """Token counts of ``torch.tensor_split(range(length), parts)``: the first ``length % parts`` get one more."""
+    return [length // parts + (1 if r < length % parts else 0) for r in range(parts)]
+
+
+def joint_attention_heads(denoiser: torch.nn.Module) -> int:
+    """The head count every joint attention of the transformer is divisible by (gcd over layers)."""
+    import math
+
+    heads = [m.heads for m in denoiser.modules() if hasattr(m, "processor") and hasattr(m, "heads")]
+    return math.gcd(*heads) if heads else 1
+
+
+class _ShardState:
+    """One transformer call: whether it runs sharded, and every rank's token counts of each stream."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.image: list[int] = []
+        self.text: list[int] = []
+        self.rotary: tuple[torch.Tensor, ...] | None = None     # FLUX: my rows of the rotary table
+
+
+def _all_to_all_rows(tensor: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
+    """Rows ``send[j]`` of dim 0 (in order) go to group rank j; ``recv[j]`` rows arrive from rank j, in rank order."""
+    out = tensor.new_empty((sum(recv), *tensor.shape[1:]))
+    tensor = tensor.contiguous()
+    guarded("all_to_all_single", group, lambda: dist.all_to_all_single(out, tensor, recv, send, group=group))
+    return out
+
+
+def ulysses_attention(query, key, value, counts: list[int], rank: int, group) -> torch.Tensor:
+    """SDPA over every rank's tokens from local (B, S_r, H, D) q/k/v (rank j holds ``counts[j]`` tokens)."""
+    degree = len(counts)
+    batch, tokens, heads, head_dim = query.shape
+    per = heads // degree
+    qkv = torch.stack([query, key, value]).view(3, batch, tokens, degree, per, head_dim)
+    rows = qkv.permute(3, 2, 0, 1, 4, 5).reshape(degree * tokens, 3, batch, per, head_dim)   # head group j → rank j
+    full = _all_to_all_rows(rows, [tokens] * degree, counts, group)                        # (S, 3, B, H/P, D)
+    q, k, v = full.permute(1, 2, 3, 0, 4).unbind(0)                                       # (B, H/P, S, D)
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=False)        # (B, H/P, S, D)
+    back = _all_to_all_rows(out.permute(2, 0, 1, 3), counts, [tokens] * degree, group)   # (P·S_r, B, H/P, D)
+    return back.view(degree, tokens, batch, per, head_dim).permute(2, 1, 0, 3, 4).reshape(batch, tokens, heads,
+                                                                                          head_dim)
+
+
+class JointUlyssesProcessor:
+    """The attention of one SD3 ``Attention`` / FLUX ``FluxAttention``; unsharded calls go to the original."""
+
+    def __init__(self, original, family: str, state: _ShardState, group, degree: int):
+        self.original, self.family, self.state, self.group, self.degree = original, family, state, group, degree
+        self.rank = group_rank(group)
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
+                 *args, **kwargs):
+        if not self.state.active:
+            return self.original(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                 *(() if image_rotary_emb is None else (image_rotary_emb,)), *args, **kwargs)
+        if attention_mask is not None:
+            raise RuntimeError("joint Ulysses attention got an attention mask for a sharded sequence")
+        batch, head_dim = hidden_states.shape[0], attn.to_q.out_features // attn.heads
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(batch, -1, attn.heads, head_dim)                       # (B, S, H, D)
+
+        query, key, value = heads(attn.to_q(hidden_states)), heads(attn.to_k(hidden_states)), heads(attn.to_v(hidden_states))
+        if attn.norm_q is not None:
+            query, key = attn.norm_q(query), attn.norm_k(key)
+        joint = encoder_hidden_states is not None
+        if joint:
+            eq, ek, ev = (heads(p(encoder_hidden_states)) for p in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
+            if attn.norm_added_q is not None:
+                eq, ek = attn.norm_added_q(eq), attn.norm_added_k(ek)
+            first, second = ((eq, ek, ev), (query, key, value)) if self.family == "flux" else \
+                ((query, key, value), (eq, ek, ev))
+            query, key, value = (torch.cat([a, b], dim=1) for a, b in zip(first, second, strict=True))
+        if image_rotary_emb is not None:
+            from diffusers.models.embeddings import apply_rotary_emb
+
+            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        counts = self._counts(joint, hidden_states.shape[1])
+        out = ulysses_attention(query, key, value, counts, self.rank, self.group).flatten(2, 3).to(query.dtype)
+        if not joint:
+            if self.family == "flux":                                # single-stream block: pre_only
+                return out
+            return attn.to_out[1](attn.to_out[0](out))
+        text_len = encoder_hidden_states.shape[1]
+        if self.family == "flux":
+            context, image = out[:, :text_len], out[:, text_len:]
+        else:
+            image, context = out[:, :-text_len], out[:, -text_len:]
+        image = attn.to_out[1](attn.to_out[0](image.contiguous()))
+        if self.family == "flux" or not attn.context_pre_only:
+            context = attn.to_add_out(context.contiguous())
+        return image, context
+
+    def _counts(self, joint: bool, local_tokens: int) -> list[int]:
+        """Every rank's token count for this attention: image (+ text when joint). FLUX's single-stream
+        blocks get [text ‖ image] as one stream; SD3's second attention (attn2) sees image tokens only."""
+        image, text = self.state.image, self.state.text
+        counts = [i + t for i, t in zip(image, text, strict=True)] if joint or self.family == "flux" else list(image)
+        if counts[self.rank] != local_tokens + (text[self.rank] if joint else 0):
+            raise RuntimeError(f"joint Ulysses: {local_tokens} local tokens do not match the shard plan {counts}")
+        return counts
+
+
+def _check_attention(name: str, attn, degree: int) -> str:
+    kind = _DEFAULT_PROCESSORS.get(type(attn.processor).__name__)
+    if kind is None:
+        raise ConfigError(f"Ulysses: {name} uses {type(attn.processor).__name__}; the joint Ulysses processor "
+                          f"replaces only {', '.join(_DEFAULT_PROCESSORS)} (fused or IP-adapter attention is not sharded)")
+    if getattr(attn, "fused_projections", False):
+        raise ConfigError(f"Ulysses: {name} has fused q/k/v projections, which joint Ulysses does not implement")
+    check_ulysses_heads(attn.heads, degree)
+    return kind
+
+
+def _shard_rotary(rotary, text_len: int, text_counts: list[int], image_counts: list[int], rank: int):
+    """FLUX's (cos, sin) rows over [text ‖ image] → the rows of my text chunk then my image chunk."""
+    t0, i0 = sum(text_counts[:rank]), text_len + sum(image_counts[:rank])
+    return tuple(torch.cat([f[t0:t0 + text_counts[rank]], f[i0:i0 + image_counts[rank]]]) for f in rotary)
+
+
+def enable_joint_ulysses(transformer: torch.nn.Module, group, degree: int) -> None:
+    """Shard the joint sequence of an SD3Transformer2DModel / FluxTransformer2DModel across ``group``.
+
+    ConfigError when the heads are not divisible by ``degree``, when an attention uses a processor this
+    does not implement, or when the group has the wrong size. Validates everything before installing anything.
+    """
+    if degree == 1:
+        return
+    if getattr(transformer, _MARK, False):
+        raise ConfigError(f"joint Ulysses is already enabled on this {type(transformer).__name__}")
+    blocks = [*getattr(transformer, "transformer_blocks", ()), *getattr(transformer, "single_transformer_blocks", ())]
+    attentions = [(f"{type(transformer).__name__}.{n}", m) for n, m in transformer.named_modules()
+                  if hasattr(m, "processor") and hasattr(m, "heads")]
+    if not blocks or not attentions or not hasattr(transformer, "proj_out"):
+        raise ConfigError(f"Ulysses: {type(transformer).__name__} has no MMDiT blocks to shard")
+    kinds = {_check_attention(name, attn, degree) for name, attn in attentions}
+    if len(kinds) != 1:
+        raise ConfigError(f"Ulysses: {type(transformer).__name__} mixes attention kinds {sorted(kinds)}")
+    if group is None or group_size(group) != degree:
+        raise ConfigError(f"ulysses_degree={degree} needs a sequence-parallel group of {degree} ranks")
+    family, state, rank = kinds.pop(), _ShardState(), group_rank(group)
+    processors = [(attn, JointUlyssesProcessor(attn.processor, family, state, group, degree)) for _, attn in attentions]
+
+    def shard(_module, args, kwargs):
+        for attn, processor in processors:
+            if attn.processor is not processor:
+                raise RuntimeError(f"Ulysses: an attention processor of {type(transformer).__name__} was replaced by "
+                                   f"{type(attn.processor).__name__} after enable_ulysses(); sequence sharding needs "
+                                   "JointUlyssesProcessor")
+        if args:
+            raise RuntimeError("joint Ulysses expects the MMDiT block to be called with keyword arguments")
+        image, text = kwargs["hidden_states"], kwargs["encoder_hidden_states"]
+        state.active = min(image.shape[1], text.shape[1]) >= degree
+        if not state.active:
+            return None
+        state.image, state.text = chunk_sizes(image.shape[1], degree), chunk_sizes(text.shape[1], degree)
+        local = {**kwargs, "hidden_states": torch.tensor_split(image, degree, dim=1)[rank],
+                 "encoder_hidden_states": torch.tensor_split(text, degree, dim=1)[rank]}
+        state.rotary = None
+        if kwargs.get("image_rotary_emb") is not None:
+            state.rotary = _shard_rotary(kwargs["image_rotary_emb"], text.shape[1], state.text, state.image, rank)
+            local["image_rotary_emb"] = state.rotary
+        return args, local
+
+    def rotary(_module, args, kwargs):      # later blocks get the full table again: give them my rows
+        if not state.active or state.rotary is None or kwargs.get("image_rotary_emb") is None:
+            return None
+        return args, {**kwargs, "image_rotary_emb": state.rotary}
+
+    def gather(_module, _args, output):
+        if not state.active:
+            return None
+        state.active, state.rotary = False, None
+        width = max(state.image)
+        padded = F.pad(output, (0, 0, 0, width - output.shape[1])).contiguous()
+        parts = [torch.empty_like(padded) for _ in range(degree)]
+        guarded("all_gather", group, lambda: dist.all_gather(parts, padded, group=group))
+        return torch.cat([p[:, :n] for p, n in zip(parts, state.image, strict=True)], dim=1)
+
+    for attn, processor in processors:
+        attn.set_processor(processor)
+    blocks[0].register_forward_pre_hook(shard, with_kwargs=True)
+    for block in blocks[1:]:
+        block.register_forward_pre_hook(rotary, with_kwargs=True)
+    transformer.proj_out.register_forward_hook(gather)
+    setattr(transformer, _MARK, True)
