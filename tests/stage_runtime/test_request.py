@@ -69,3 +69,15 @@ def test_steps_beyond_the_noise_schedulers_limit_are_refused_at_admission():
     with pytest.raises(InvalidRequestError, match=r"num_inference_steps=1000: .*at most 999 steps") as exc:
         DiffusionRequest("a", "p", SamplingParams(num_inference_steps=1000)).resolve(limited)
     assert exc.value.field == "num_inference_steps"
+
+
+def test_family_compatibility_keys_come_from_model_info():
+    """A family narrows the step key (FLUX/SD3: size only) through ModelInfo; the default keeps guidance."""
+    family = ModelInfo("FluxPipeline", "x:Y", 64, 64, 28, 3.5, 4, False, True, True, 2,
+                       step_key=("height", "width"))
+    a = DiffusionRequest("a", "p", SamplingParams(num_inference_steps=3, guidance_scale=2.0))
+    b = DiffusionRequest("b", "p", SamplingParams(num_inference_steps=9, guidance_scale=5.0))
+    assert a.resolve(family).step_key == b.resolve(family).step_key == (("height", 64), ("width", 64))
+    assert a.resolve(family).batch_key != b.resolve(family).batch_key          # one call: one step count
+    assert a.resolve(INFO).step_key != b.resolve(INFO).step_key                # default: guidance must match
+    assert a.resolve(INFO).step_key == (64, 64, 2.0)

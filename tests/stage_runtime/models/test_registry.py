@@ -50,14 +50,23 @@ def test_model_index_that_is_not_an_object_is_a_model_load_error(tmp_path):
 
 
 def test_unsupported_pipeline_class_lists_supported(tmp_path):
-    path = write_index(tmp_path, {"_class_name": "FluxPipeline", "_diffusers_version": "0.42.1"})
-    assert read_pipeline_class(path) == "FluxPipeline"
+    path = write_index(tmp_path, {"_class_name": "WuerstchenPipeline", "_diffusers_version": "0.42.1"})
+    assert read_pipeline_class(path) == "WuerstchenPipeline"
     with pytest.raises(ModelLoadError) as exc:
         resolve_adapter_class(ModelConfig(path=path))
     msg = str(exc.value)
-    assert "'FluxPipeline' is not supported" in msg
-    assert "supported: DiTPipeline, StableDiffusionPipeline" in msg
-    assert sorted(ADAPTERS) == ["DiTPipeline", "StableDiffusionPipeline"]
+    assert "'WuerstchenPipeline' is not supported" in msg
+    assert "supported: DiTPipeline, FluxPipeline, StableDiffusion3Pipeline, StableDiffusionPipeline" in msg
+    assert sorted(ADAPTERS) == ["DiTPipeline", "FluxPipeline", "StableDiffusion3Pipeline", "StableDiffusionPipeline"]
+
+
+@pytest.mark.parametrize(("pipeline_class", "adapter"), [
+    ("FluxPipeline", "stage_runtime.models.flux:FluxAdapter"),
+    ("StableDiffusion3Pipeline", "stage_runtime.models.sd3:StableDiffusion3Adapter"),
+])
+def test_mmdit_families_resolve_by_model_index_class(tmp_path, pipeline_class, adapter):
+    path = write_index(tmp_path, {"_class_name": pipeline_class, "_diffusers_version": "0.42.1"})
+    assert resolve_adapter_path(ModelConfig(path=path)) == adapter
 
 
 def test_adapter_override_wins_without_reading_the_folder(tmp_path):

@@ -151,3 +151,39 @@ def test_unknown_kind_raises(tmp_path):
         make_tiny_model(tmp_path, kind="bogus")
     with pytest.raises(ValueError, match="kind"):
         make_tiny_model(tmp_path, kind="bogus")
+
+
+def test_t5_tokenizer_is_a_unigram_t5_tokenizer_fast_that_round_trips(tmp_path):
+    from transformers import T5TokenizerFast
+
+    from stage_runtime.models.tiny.t5_tokenizer import build_t5_tokenizer
+
+    tok = build_t5_tokenizer()
+    assert isinstance(tok, T5TokenizerFast) and type(tok.backend_tokenizer.model).__name__ == "Unigram"
+    ids = tok("a photo of a cat").input_ids
+    assert tok.convert_ids_to_tokens(ids) == ["\u2581a", "\u2581photo", "\u2581of", "\u2581a", "\u2581cat", "</s>"]
+    assert (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id, tok.model_max_length) == (0, 1, 2, 512)
+    assert tok.unk_token_id not in tok("Zebra #42!").input_ids          # characters cover other text
+    padded = tok("a cat", padding="max_length", max_length=8).input_ids
+    assert padded == [ids[0], ids[4], 1, 0, 0, 0, 0, 0]
+    tok.save_pretrained(tmp_path)
+    loaded = T5TokenizerFast.from_pretrained(tmp_path)
+    assert loaded("a photo of a cat").input_ids == ids and len(loaded) == len(tok)
+
+
+@pytest.mark.parametrize(("kind", "class_name", "blocks"), [
+    ("flux", "FluxPipeline", ("transformer_blocks", "single_transformer_blocks")),
+    ("sd3", "StableDiffusion3Pipeline", ("transformer_blocks",)),
+])
+def test_mmdit_kinds_load_and_run_four_steps_at_64(built, kind, class_name, blocks):
+    index = json.loads((built[kind] / "model_index.json").read_text())
+    assert index["_class_name"] == class_name
+    pipe = _load(built[kind])
+    assert type(pipe).__name__ == class_name
+    heads = [m.heads for m in pipe.transformer.modules() if hasattr(m, "processor") and hasattr(m, "heads")]
+    assert heads and all(h == 2 for h in heads)                        # Ulysses 2 splits them
+    assert all(len(getattr(pipe.transformer, b)) >= 1 for b in blocks)
+    assert _folder_size(built[kind]) < 3_000_000
+    out = pipe("a photo of a cat", num_inference_steps=4, height=64, width=64, output_type="np",
+               generator=torch.Generator().manual_seed(0)).images
+    assert out.shape == (1, 64, 64, 3) and np.isfinite(out).all() and out.std() > 0.04

@@ -1,0 +1,80 @@
+"""FluxPipeline (FLUX.1) through the engine: equal to the bare pipeline call, step batching of different
+step counts and guidance scales, abort, progress; its facts; CFG-parallel refused with the reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from family_checks import (BareCall, check_abort_at_random_steps, check_progress_in_order, check_request_mode,
+                           check_step_mode_batches_different_step_counts)
+
+from stage_runtime.config import ModelConfig, ParallelConfig
+from stage_runtime.distributed.apply import apply_parallelism
+from stage_runtime.errors import ConfigError, InvalidRequestError
+from stage_runtime.models.registry import resolve_adapter_class
+from stage_runtime.request import DiffusionRequest, SamplingParams
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def bare(tiny_flux_path):
+    return BareCall(tiny_flux_path)
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_flux_path):
+    return resolve_adapter_class(ModelConfig(path=tiny_flux_path)).load(tiny_flux_path, torch.device("cpu"))
+
+
+def test_facts(adapter):
+    info = adapter.info()
+    assert (info.pipeline_class, info.adapter) == ("FluxPipeline", "stage_runtime.models.flux:FluxAdapter")
+    assert info.guidance == "distilled" and info.parallel_kinds == ("ulysses",)
+    assert (info.default_steps, info.default_guidance, info.default_height, info.size_multiple) == (28, 3.5, 64, 4)
+    assert info.max_sequence_length == 512 and info.num_attention_heads == 2
+    assert info.supports_step_execution and info.supports_request_batch
+    assert info.request_key == ("height", "width", "num_inference_steps", "guidance_scale")
+    assert info.step_key == ("height", "width")        # timesteps and guidance are per row
+
+
+def test_step_key_ignores_steps_and_guidance_request_key_does_not(adapter):
+    info = adapter.info()
+    a = DiffusionRequest("a", "x", SamplingParams(num_inference_steps=3, guidance_scale=2.0)).resolve(info)
+    b = DiffusionRequest("b", "x", SamplingParams(num_inference_steps=7, guidance_scale=5.0)).resolve(info)
+    c = DiffusionRequest("c", "x", SamplingParams(height=32, width=32)).resolve(info)
+    assert a.step_key == b.step_key != c.step_key
+    assert a.batch_key != b.batch_key
+
+
+def test_cfg_parallel_is_refused_naming_family_degree_and_reason(adapter):
+    with pytest.raises(ConfigError, match=r"^cfg_parallel_size=2 is not supported by FluxPipeline \(it runs: "
+                                          r"ulysses\): FLUX.1 is guidance-distilled"):
+        apply_parallelism(adapter, None, ParallelConfig(cfg_parallel_size=2))
+
+
+def test_ulysses_degree_that_does_not_divide_the_heads_is_refused(adapter):
+    with pytest.raises(ConfigError, match=r"ulysses_degree=4 does not divide .*num_attention_heads=2"):
+        apply_parallelism(adapter, None, ParallelConfig(ulysses_degree=4))
+
+
+def test_negative_prompt_is_refused_naming_the_field(adapter):
+    request = DiffusionRequest("n", "x", SamplingParams(negative_prompt="blurry")).resolve(adapter.info())
+    with pytest.raises(InvalidRequestError, match="negative_prompt.*guidance-distilled"):
+        adapter.check_request(request)
+
+
+def test_request_mode_equals_the_bare_call(tiny_flux_path, bare):
+    check_request_mode(tiny_flux_path, bare, guidance=3.5)
+
+
+def test_step_mode_batches_different_step_counts_and_guidance(tiny_flux_path, bare):
+    check_step_mode_batches_different_step_counts(tiny_flux_path, bare, guidances=(3.5, 6.0))
+
+
+def test_abort_at_random_steps_releases_all_state(tiny_flux_path):
+    check_abort_at_random_steps(tiny_flux_path)
+
+
+def test_progress_arrives_in_order(tiny_flux_path):
+    check_progress_in_order(tiny_flux_path)
