@@ -83,9 +83,15 @@ def _make_unit(name: str, component: str, kind: str, modules: list[torch.nn.Modu
     return Unit(name, component, kind, modules, list(groups.values()), index)
 
 
-def denoiser_blocks(denoiser: torch.nn.Module) -> list[torch.nn.Module]:
+def denoiser_blocks(denoiser: torch.nn.Module, block_attrs: tuple[str, ...] = BLOCK_ATTRS) -> list[torch.nn.Module]:
+    """The denoiser's blocks in execution order, from the attributes ``block_attrs`` (a family's own list,
+    e.g. FLUX's double then single blocks); ConfigError when a family's attribute is missing."""
     blocks: list[torch.nn.Module] = []
-    for attr in BLOCK_ATTRS:
+    if block_attrs is not BLOCK_ATTRS:
+        missing = [a for a in block_attrs if not isinstance(getattr(denoiser, a, None), torch.nn.Module)]
+        if missing:
+            raise ConfigError(f"offload.mode=layerwise: {type(denoiser).__name__} has no block list {missing[0]!r}")
+    for attr in block_attrs:
         value = getattr(denoiser, attr, None)
         if isinstance(value, torch.nn.ModuleList):
             blocks.extend(value)
@@ -94,7 +100,8 @@ def denoiser_blocks(denoiser: torch.nn.Module) -> list[torch.nn.Module]:
     return blocks
 
 
-def resolve_units(pipe, denoiser: torch.nn.Module, mode: str, components: tuple[str, ...]) -> list[Unit]:
+def resolve_units(pipe, denoiser: torch.nn.Module, mode: str, components: tuple[str, ...],
+                  block_attrs: tuple[str, ...] = BLOCK_ATTRS) -> list[Unit]:
     """The units of ``pipe`` for ``mode``; raises ConfigError naming a component the pipeline lacks."""
     available = module_components(pipe)
     names = list(components) or list(available)
@@ -105,7 +112,7 @@ def resolve_units(pipe, denoiser: torch.nn.Module, mode: str, components: tuple[
     units: list[Unit] = []
     for name in names:
         module = available[name]
-        blocks = denoiser_blocks(module) if mode == "layerwise" and module is denoiser else []
+        blocks = denoiser_blocks(module, block_attrs) if mode == "layerwise" and module is denoiser else []
         if not blocks:
             units.append(_make_unit(name, name, "component", list(module.modules())))
             continue
