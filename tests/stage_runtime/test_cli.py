@@ -208,3 +208,28 @@ def test_argparse_errors_exit_2(capsys):
         main(["generate", "--prompt", "x", "--steps", "many"])
     assert exc.value.code == 2
     assert "--steps" in capsys.readouterr().err
+
+
+def test_make_tiny_flux_then_generate_writes_the_pipelines_png(tmp_path, capsys):
+    """``make-tiny-model --kind flux`` then ``generate --model`` it: a 64x64 PNG equal to the bare
+    FluxPipeline call with the same seed (the model's default guidance 3.5)."""
+    import numpy as np
+    import torch
+    from diffusers import DiffusionPipeline
+
+    model, png = tmp_path / "tiny-flux", tmp_path / "flux.png"
+    rc, out, err = run_cli(capsys, "make-tiny-model", str(model), "--kind", "flux")
+    assert rc == 0 and "wrote tiny flux pipeline" in out, err
+    rc, out, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "a red fox", "--steps", "2",
+                           "--size", "64x64", "--seed", "7", "--out", str(png), "--device", "cpu")
+    assert rc == 0, err
+    assert "64x64 PNG" in out
+    with Image.open(png) as img:
+        assert img.format == "PNG" and img.size == (64, 64)
+        got = np.asarray(img.convert("RGB"))
+    pipe = DiffusionPipeline.from_pretrained(model, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    ref = pipe("a red fox", height=64, width=64, num_inference_steps=2, guidance_scale=3.5, output_type="np",
+               generator=torch.Generator().manual_seed(7)).images[0]
+    ref = (ref * 255).round().clip(0, 255).astype(np.uint8)
+    assert got.std() > 10 and np.abs(got.astype(int) - ref.astype(int)).max() <= 1
