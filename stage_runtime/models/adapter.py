@@ -34,10 +34,9 @@ class PipelineAdapter(ABC):
     # hooks below ("cfg", "ulysses"); guidance: how guidance_scale acts (see ModelInfo.guidance).
     parallel_kinds: ClassVar[frozenset[str]] = frozenset()
     guidance: ClassVar[str] = "cfg"
-    # Compatibility keys (ModelInfo.request_key / step_key): the SamplingParams fields that must be equal to
-    # share one pipeline call / one denoiser forward. None keeps ModelInfo's defaults.
-    request_key_fields: ClassVar[tuple[str, ...] | None] = None
-    step_key_fields: ClassVar[tuple[str, ...] | None] = None
+    # The denoiser's block lists in execution order, for layerwise offload (None: found by attribute name,
+    # offload.plan.BLOCK_ATTRS).
+    block_lists: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, pipeline: DiffusionPipeline, device: torch.device):
         self.pipe = pipeline
@@ -65,6 +64,10 @@ class PipelineAdapter(ABC):
         """(height, width) served when a request gives none."""
 
     fixed_size: ClassVar[bool] = False
+    # Compatibility keys (ModelInfo.request_key / step_key): the SamplingParams fields that must be equal to
+    # share one pipeline call / one denoiser forward. None keeps ModelInfo's defaults.
+    request_key_fields: ClassVar[tuple[str, ...] | None] = None
+    step_key_fields: ClassVar[tuple[str, ...] | None] = None
 
     def size_multiple(self) -> int:
         return 8

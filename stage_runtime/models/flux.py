@@ -33,7 +33,7 @@ class FluxAdapter(StepContract, PipelineAdapter):
     default_guidance = 3.5
     guidance = "distilled"
     parallel_kinds = frozenset({"ulysses"})
-    layerwise_blocks = ("transformer_blocks", "single_transformer_blocks")
+    block_lists = ("transformer_blocks", "single_transformer_blocks")
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale")
     step_key_fields = ("height", "width")
 

@@ -14,10 +14,10 @@ from stage_runtime.errors import ModelLoadError
 from stage_runtime.plugins import import_object
 
 ADAPTERS: dict[str, str] = {
-    "StableDiffusionPipeline": "stage_runtime.models.sd:StableDiffusionAdapter",
-    "DiTPipeline": "stage_runtime.models.dit:DiTAdapter",
     "FluxPipeline": "stage_runtime.models.flux:FluxAdapter",
     "StableDiffusion3Pipeline": "stage_runtime.models.sd3:StableDiffusion3Adapter",
+    "StableDiffusionPipeline": "stage_runtime.models.sd:StableDiffusionAdapter",
+    "DiTPipeline": "stage_runtime.models.dit:DiTAdapter",
 }
 
 

@@ -28,7 +28,7 @@ class StableDiffusion3Adapter(StepContract, PipelineAdapter):
     default_steps = 28
     default_guidance = 7.0
     parallel_kinds = frozenset({"cfg", "ulysses"})
-    layerwise_blocks = ("transformer_blocks",)
+    block_lists = ("transformer_blocks",)
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale")
     step_key_fields = ("height", "width")
 

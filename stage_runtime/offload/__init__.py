@@ -22,7 +22,4 @@ def build_offloader(config: OffloadConfig, adapter, device: torch.device):
         return None
     from stage_runtime.offload.offloader import Offloader
 
-    # A family may name its denoiser's block lists in execution order (``layerwise_blocks``, e.g. FLUX's
-    # transformer_blocks then single_transformer_blocks); otherwise plan.BLOCK_ATTRS are looked up.
-    return Offloader(config, adapter.pipe, adapter.denoiser, device,
-                     block_attrs=getattr(adapter, "layerwise_blocks", None))
+    return Offloader(config, adapter.pipe, adapter.denoiser, device, block_lists=adapter.block_lists)

@@ -36,10 +36,9 @@ def make_tier(config: OffloadConfig, device: torch.device):
 
 class Offloader:
     def __init__(self, config: OffloadConfig, pipe, denoiser: torch.nn.Module, device: torch.device, tier=None,
-                 block_attrs: tuple[str, ...] | None = None):
+                 block_lists: tuple[str, ...] | None = None):
         self.config = config
-        self.units = resolve_units(pipe, denoiser, config.mode, config.components,
-                                   *(() if block_attrs is None else (block_attrs,)))
+        self.units = resolve_units(pipe, denoiser, config.mode, config.components, block_lists)
         self.tier = tier if tier is not None else make_tier(config, device)
         bounds_resident = isinstance(self.tier, DiskTier)       # host memory = what is materialised
         self._check_bound(bounds_resident)

@@ -17,6 +17,7 @@ import torch
 from stage_runtime.errors import ConfigError
 
 # Denoiser attributes holding its blocks, in execution order (UNet: down, mid, up; DiT/Flux-like: blocks).
+# The default when the model's adapter does not declare its own (``PipelineAdapter.block_lists``).
 BLOCK_ATTRS = ("down_blocks", "mid_block", "up_blocks", "transformer_blocks", "single_transformer_blocks", "blocks")
 
 
@@ -83,15 +84,16 @@ def _make_unit(name: str, component: str, kind: str, modules: list[torch.nn.Modu
     return Unit(name, component, kind, modules, list(groups.values()), index)
 
 
-def denoiser_blocks(denoiser: torch.nn.Module, block_attrs: tuple[str, ...] = BLOCK_ATTRS) -> list[torch.nn.Module]:
-    """The denoiser's blocks in execution order, from the attributes ``block_attrs`` (a family's own list,
-    e.g. FLUX's double then single blocks); ConfigError when a family's attribute is missing."""
-    blocks: list[torch.nn.Module] = []
-    if block_attrs is not BLOCK_ATTRS:
-        missing = [a for a in block_attrs if not isinstance(getattr(denoiser, a, None), torch.nn.Module)]
+def denoiser_blocks(denoiser: torch.nn.Module, block_lists: tuple[str, ...] | None = None) -> list[torch.nn.Module]:
+    """The denoiser's blocks in execution order, from ``block_lists`` (a family's declaration: every named
+    attribute must exist) or, undeclared, from whichever of BLOCK_ATTRS it has."""
+    if block_lists is not None:
+        missing = [attr for attr in block_lists if getattr(denoiser, attr, None) is None]
         if missing:
-            raise ConfigError(f"offload.mode=layerwise: {type(denoiser).__name__} has no block list {missing[0]!r}")
-    for attr in block_attrs:
+            raise ConfigError(f"offload.mode='layerwise': {type(denoiser).__name__} has no block list "
+                              f"{missing[0]!r} (its adapter declares {list(block_lists)})")
+    blocks: list[torch.nn.Module] = []
+    for attr in BLOCK_ATTRS if block_lists is None else block_lists:
         value = getattr(denoiser, attr, None)
         if isinstance(value, torch.nn.ModuleList):
             blocks.extend(value)
@@ -101,7 +103,7 @@ def denoiser_blocks(denoiser: torch.nn.Module, block_attrs: tuple[str, ...] = BL
 
 
 def resolve_units(pipe, denoiser: torch.nn.Module, mode: str, components: tuple[str, ...],
-                  block_attrs: tuple[str, ...] = BLOCK_ATTRS) -> list[Unit]:
+                  block_lists: tuple[str, ...] | None = None) -> list[Unit]:
     """The units of ``pipe`` for ``mode``; raises ConfigError naming a component the pipeline lacks."""
     available = module_components(pipe)
     names = list(components) or list(available)
@@ -112,7 +114,7 @@ def resolve_units(pipe, denoiser: torch.nn.Module, mode: str, components: tuple[
     units: list[Unit] = []
     for name in names:
         module = available[name]
-        blocks = denoiser_blocks(module, block_attrs) if mode == "layerwise" and module is denoiser else []
+        blocks = denoiser_blocks(module, block_lists) if mode == "layerwise" and module is denoiser else []
         if not blocks:
             units.append(_make_unit(name, name, "component", list(module.modules())))
             continue

@@ -12,10 +12,10 @@ from pathlib import Path
 
 # kind → the module whose ``build(seed)`` assembles it (imported only when that kind is built).
 BUILDERS: dict[str, str] = {
-    "sd": "stage_runtime.models.tiny.sd",
-    "dit": "stage_runtime.models.tiny.dit",
     "flux": "stage_runtime.models.tiny.flux",
     "sd3": "stage_runtime.models.tiny.sd3",
+    "sd": "stage_runtime.models.tiny.sd",
+    "dit": "stage_runtime.models.tiny.dit",
 }
 KINDS = tuple(BUILDERS)
 
