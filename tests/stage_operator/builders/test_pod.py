@@ -114,27 +114,6 @@ def test_builtin_model_is_built_by_an_init_container_and_paths_are_not():
     assert 'initContainers' not in build_pod(stage(model={'path': '/m'}), 0)['spec']
 
 
-def _builtins() -> tuple[str, ...]:
-    import typing
-
-    from stage_operator.api.spec import ModelSource
-
-    literal = next(a for a in typing.get_args(ModelSource.model_fields['builtin'].annotation) if a is not type(None))
-    return typing.get_args(literal)
-
-
-@pytest.mark.parametrize('builtin', _builtins())
-def test_every_builtin_model_is_a_tiny_kind_the_runtime_builds(builtin):
-    """`tiny-X` runs `make-tiny-model --kind X`: X must be one of the runtime's tiny kinds (tiny-sd3, tiny-flux...)."""
-    from stage_runtime.models.tiny import KINDS
-
-    command = build_pod(stage(model={'builtin': builtin}), 0)['spec']['initContainers'][0]['command']
-    assert command == ['stage-runtime', 'make-tiny-model', f'/opt/diffstage/models/{builtin}', '--kind',
-                       builtin.removeprefix('tiny-')]
-    assert command[-1] in KINDS
-    assert {'tiny-sd3', 'tiny-flux'} <= set(_builtins())
-
-
 def test_pod_template_passthrough():
     tpl = {'nodeSelector': {'pool': 'gpu'}, 'tolerations': [{'key': 'gpu', 'operator': 'Exists'}],
            'env': [{'name': 'X', 'value': '1'}], 'volumes': [{'name': 'm', 'emptyDir': {}}],
@@ -184,3 +163,24 @@ def test_children_validate_against_the_kubernetes_schemas(spec):
     for obj in (build_pod(st, 0), build_service(st), build_configmap(st),
                 build_event(st, 'Normal', 'CreatedPods', 'created tiny-0', '2026-01-01T00:00:00Z')):
         kubernetes_validate.validate(obj, '1.29', strict=True)
+
+
+def _builtins() -> tuple[str, ...]:
+    import typing
+
+    from stage_operator.api.spec import ModelSource
+
+    literal = next(a for a in typing.get_args(ModelSource.model_fields['builtin'].annotation) if a is not type(None))
+    return typing.get_args(literal)
+
+
+@pytest.mark.parametrize('builtin', _builtins())
+def test_every_builtin_model_is_a_tiny_kind_the_runtime_builds(builtin):
+    """`tiny-X` runs `make-tiny-model --kind X`: X must be one of the runtime's tiny kinds (tiny-sd3, tiny-flux...)."""
+    from stage_runtime.models.tiny import KINDS
+
+    command = build_pod(stage(model={'builtin': builtin}), 0)['spec']['initContainers'][0]['command']
+    assert command == ['stage-runtime', 'make-tiny-model', f'/opt/diffstage/models/{builtin}', '--kind',
+                       builtin.removeprefix('tiny-')]
+    assert command[-1] in KINDS
+    assert {'tiny-sd3', 'tiny-flux'} <= set(_builtins())
