@@ -73,8 +73,7 @@ def test_steps_beyond_the_noise_schedulers_limit_are_refused_at_admission():
 
 def test_family_compatibility_keys_come_from_model_info():
     """A family narrows the step key (FLUX/SD3: size only) through ModelInfo; the default keeps guidance."""
-    family = ModelInfo("FluxPipeline", "x:Y", 64, 64, 28, 3.5, 4, False, True, True, 2,
-                       step_key=("height", "width"))
+    family = model_info(pipeline_class="FluxPipeline", step_key=("height", "width"))
     a = DiffusionRequest("a", "p", SamplingParams(num_inference_steps=3, guidance_scale=2.0))
     b = DiffusionRequest("b", "p", SamplingParams(num_inference_steps=9, guidance_scale=5.0))
     assert a.resolve(family).step_key == b.resolve(family).step_key == (("height", 64), ("width", 64))

@@ -8,17 +8,11 @@ and at guidance 1. Under Ulysses every attention of both transformers runs shard
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import dist_rank_checks as checks
+import joint_rank_checks as joint
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-import dist_rank_checks as checks  # noqa: E402
-import joint_rank_checks as joint  # noqa: E402
-from parallel_equality import check_images  # noqa: E402
+from parallel_equality import check_images
 
 # tiny SD3: 2 blocks x (attn + attn2 in block 0); tiny FLUX: 1 double + 1 single block.
 ULYSSES_PROCESSORS = {"sd3": 3, "flux": 2}
