@@ -21,6 +21,8 @@ than P tokens runs unsharded (the same decision on every rank). The head count m
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -40,8 +42,6 @@ def chunk_sizes(length: int, parts: int) -> list[int]:
 
 def joint_attention_heads(denoiser: torch.nn.Module) -> int:
     """The head count every joint attention of the transformer is divisible by (gcd over layers)."""
-    import math
-
     heads = [m.heads for m in denoiser.modules() if hasattr(m, "processor") and hasattr(m, "heads")]
     return math.gcd(*heads) if heads else 1
 

@@ -3,7 +3,7 @@
 the tiny VAE, flow matching with SD3's static shift 3.
 
 64x64 images: VAE factor 2 → 32x32x4 latents, patch 2 → 256 image tokens; text = 77 CLIP + 256 T5
-tokens = 333 (the joint sequence of 589 tokens; Ulysses needs 256 and 333 % degree... see the adapter).
+tokens = 333, so the joint sequence is 589 tokens (Ulysses 2 splits the text unevenly, 167/166).
 """
 
 from __future__ import annotations
