@@ -4,8 +4,9 @@ request-batch-4 throughput against 4 sequential bare calls, measured side by sid
 For each family in FAMILIES (its tiny build): one bare pipeline and two engines (uni executor; request mode
 with max_num_seqs=4, step mode with max_num_seqs=4) in one process. Each round runs, in a rotating order,
 one request on every path, then 4 requests as 4 sequential bare calls and as one burst into a request-mode
-engine with a 50 ms batch wait (fused into one pipeline call). Prints medians with min–max over the rounds, the ratios, the number
-of rounds, and the largest uint8 difference between the engine's images and the bare call's.
+engine with a 50 ms batch wait (fused into one pipeline call). Prints medians with min–max over the rounds,
+per-pair ratios (each round's paths back to back, so slow drifts of a busy machine cancel), the number of
+rounds, and the largest uint8 difference between the engine's images and the bare call's.
 
     .venv/bin/python bench/model_families.py [--families sd3,flux] [--rounds 10] [--steps 8] [--size 64]
 """
@@ -14,13 +15,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from stats import machine, ratio_summary, spread  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -34,10 +38,6 @@ FAMILIES: dict[str, Family] = {
     "sd3": Family("sd3", 7.0, {"negative_prompt": None}),
     "flux": Family("flux", 3.5),
 }
-
-
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):8.2f} ms  [{min(values):.2f}–{max(values):.2f}]"
 
 
 def bench_family(name: str, family: Family, args) -> None:
@@ -95,7 +95,7 @@ def bench_family(name: str, family: Family, args) -> None:
         for label, fn in order[r % 3:] + order[:r % 3]:              # rotate which path goes first
             t0 = time.perf_counter()
             results[label] = fn([prompt], [seed])[0]
-            single[label].append((time.perf_counter() - t0) * 1e3)
+            single[label].append(time.perf_counter() - t0)
         for label in ("engine-request", "engine-step"):
             max_diff = max(max_diff, int(np.abs(results[label].astype(int) - results["bare"].astype(int)).max()))
         prompts, seeds = [f"a red car {r}.{k}" for k in range(4)], [2000 + 4 * r + k for k in range(4)]
@@ -104,22 +104,20 @@ def bench_family(name: str, family: Family, args) -> None:
         for label, fn in (bursts if r % 2 == 0 else bursts[::-1]):
             t0 = time.perf_counter()
             fn(prompts, seeds)
-            burst[label].append((time.perf_counter() - t0) * 1e3)
+            burst[label].append(time.perf_counter() - t0)
     for eng in engines.values():
         eng.close()
 
-    med = {k: statistics.median(v) for k, v in {**single, **burst}.items()}
     print(f"\n[{name}] tiny {family.kind} {args.size}x{args.size}, {args.steps} steps, guidance {family.guidance:g}, "
-          f"{args.rounds} rounds interleaved")
+          f"{args.rounds} rounds interleaved (order rotated), after 2 warm-up rounds")
     for label, values in single.items():
         print(f"  one request   {label:<28}{spread(values)}")
     for label, values in burst.items():
         print(f"  four requests {label:<28}{spread(values)}")
-    b = med["bare"]
-    print(f"  engine request mode vs bare: {med['engine-request'] - b:+.2f} ms  ratio {med['engine-request'] / b:.3f}")
-    print(f"  engine step mode vs bare:    {med['engine-step'] - b:+.2f} ms  ratio {med['engine-step'] / b:.3f}")
-    speedup = med["bare x4 sequential"] / med["engine-request batch of 4"]
-    print(f"  request-batch-4 throughput vs 4 sequential bare calls: x{speedup:.2f}")
+    print(f"  engine request mode vs bare: {ratio_summary(single['engine-request'], single['bare'])}")
+    print(f"  engine step mode vs bare:    {ratio_summary(single['engine-step'], single['bare'])}")
+    print(f"  4 sequential bare calls vs one request-mode batch of 4 (throughput gain): "
+          f"{ratio_summary(burst['bare x4 sequential'], burst['engine-request batch of 4'])}")
     print(f"  images vs bare call: max |diff| = {max_diff} (uint8)")
 
 
@@ -139,12 +137,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    print(f"ran on: {cpu}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, torch {torch.__version__} "
-          f"({args.threads} thread), python {platform.python_version()}")
     for name in names:
         bench_family(name, FAMILIES[name], args)
+    print(f"\nran on: {machine()}; torch {torch.__version__} ({args.threads} thread)")
 
 
 if __name__ == "__main__":
