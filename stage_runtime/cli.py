@@ -81,6 +81,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"topology: {p.describe()}")
     print(f"executor: {config.resolved_executor}  execution_mode: {config.scheduler.execution_mode}  "
           f"max_num_seqs: {config.scheduler.max_num_seqs}")
+    sc = config.scheduler
+    print(f"scheduling_policy: {sc.scheduling_policy}  max_preemptions: {sc.max_preemptions}  "
+          f"default_timeout_s: {sc.default_timeout_s}")
     for coords in p.rank_layout():
         print("  rank {0.rank}: tp={0.tp} sp={0.sp} pp={0.pp} cfg={0.cfg} dp={0.dp}".format(coords))
     return 0
