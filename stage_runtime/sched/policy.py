@@ -8,8 +8,10 @@ every other rule as it is: capacity, batch compatibility and head-of-line blocki
     srpt       fewest remaining denoising steps first; preempts likewise
 
 Aging bounds starvation in ``priority`` and ``srpt``: every ``aging_ticks`` ticks since its admission a
-request gains one level (``priority``) or counts one step less (``srpt``). With ``max_preemptions`` (how
-often one request may be preempted) it makes every request finish under any arrival stream.
+request gains one level (``priority``) or counts one step less (``srpt``), so it eventually outranks
+every later arrival; ``max_preemptions`` bounds how often a running request is displaced. With both,
+every request finishes under any arrival stream. With ``aging_ticks=0`` a continuous stream of
+better-ranked arrivals can keep a waiting (or preempted) request waiting.
 """
 
 from __future__ import annotations
