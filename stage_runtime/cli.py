@@ -28,6 +28,8 @@ ENGINE_FLAGS = {
     "execution_mode": ("scheduler", "execution_mode"), "max_num_seqs": ("scheduler", "max_num_seqs"),
     "request_batch_max_wait_ms": ("scheduler", "request_batch_max_wait_ms"),
     "max_waiting": ("scheduler", "max_waiting"),
+    "scheduling_policy": ("scheduler", "scheduling_policy"), "max_preemptions": ("scheduler", "max_preemptions"),
+    "default_timeout_s": ("scheduler", "default_timeout_s"),
     "host": ("server", "host"), "http_port": ("server", "http_port"), "zmq_port": ("server", "zmq_port"),
     "drain_timeout": ("server", "drain_timeout"), "termination_log": ("server", "termination_log"),
 }
@@ -41,10 +43,12 @@ def add_engine_flags(p: argparse.ArgumentParser, model_required: bool = False) -
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.add_argument("--executor", help="uni | mp | package.module:Class")
     for flag in ("num-gpus", "tensor-parallel-size", "ulysses-degree", "ring-degree", "cfg-parallel-size",
-                 "data-parallel-size", "pipeline-parallel-size", "max-num-seqs", "max-waiting"):
+                 "data-parallel-size", "pipeline-parallel-size", "max-num-seqs", "max-waiting", "max-preemptions"):
         p.add_argument(f"--{flag}", type=int)
     p.add_argument("--execution-mode", choices=["request", "step"])
     p.add_argument("--request-batch-max-wait-ms", type=float)
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority", "srpt"])
+    p.add_argument("--default-timeout-s", type=float)
 
 
 def config_from_args(args: argparse.Namespace, defaults: dict | None = None) -> StageConfig:
@@ -77,6 +81,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"topology: {p.describe()}")
     print(f"executor: {config.resolved_executor}  execution_mode: {config.scheduler.execution_mode}  "
           f"max_num_seqs: {config.scheduler.max_num_seqs}")
+    sc = config.scheduler
+    print(f"scheduling_policy: {sc.scheduling_policy}  max_preemptions: {sc.max_preemptions}  "
+          f"default_timeout_s: {sc.default_timeout_s}")
     for coords in p.rank_layout():
         print("  rank {0.rank}: tp={0.tp} sp={0.sp} pp={0.pp} cfg={0.cfg} dp={0.dp}".format(coords))
     return 0

@@ -26,6 +26,7 @@ __all__ = [
 ]
 
 ExecutionMode = Literal["request", "step"]
+SchedulingPolicyName = Literal["fcfs", "priority", "srpt"]
 ParallelDim = Literal["tp", "sp", "pp", "cfg", "dp"]
 OffloadMode = Literal["none", "model", "layerwise"]
 # Rank layout order, fastest-varying first (Megatron-style orthogonal groups): tp-sp-pp-cfg-dp.
@@ -176,6 +177,13 @@ class SchedulerConfig(BaseModel):
     request_batch_max_wait_ms: float = Field(0.0, ge=0, allow_inf_nan=False)
     max_waiting: int = Field(256, ge=1)  # bounded waiting queue
     streaming_output: bool = False
+    # Which waiting request goes first (stage_runtime.sched.policy); priority and srpt also preempt in step mode.
+    scheduling_policy: SchedulingPolicyName = "fcfs"
+    max_preemptions: int = Field(3, ge=0, le=1000)         # per request; then it runs to its end
+    aging_ticks: int = Field(64, ge=0, le=1_000_000)       # one rank level per N ticks since admission (0: off)
+    default_timeout_s: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False)   # requests without one
+    # Step state of preempted requests moved to host memory, at most this many bytes in all (0: kept in place).
+    preempted_offload_max_bytes: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _streaming_implies_step(self) -> SchedulerConfig:

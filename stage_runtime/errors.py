@@ -8,6 +8,7 @@
     │   ├── DuplicateRequestError  request id already in flight     HTTP 409
     │   ├── QueueFullError         waiting queue at max_waiting      HTTP 429
     │   ├── RequestAbortedError    aborted by a client or a drain    HTTP 409
+    │   ├── DeadlineExceededError  past its timeout_s (queued or running)  HTTP 504
     │   └── RequestFailedError     the pipeline call failed          HTTP 500
     ├── EngineStartupError     warmup or startup failed             CLI exit 1
     ├── EngineClosedError      the engine is closed or closing       HTTP 503
@@ -59,6 +60,12 @@ class QueueFullError(RequestError):
 
 class RequestAbortedError(RequestError):
     error_type = "request_aborted"
+
+
+class DeadlineExceededError(RequestError):
+    """The request's ``timeout_s`` passed: it ended unrun (queued) or at the next step (running)."""
+
+    error_type = "deadline_exceeded"
 
 
 class RequestFailedError(RequestError):

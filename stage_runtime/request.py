@@ -1,9 +1,11 @@
 """Requests: sampling parameters (validated at the edge), the request record and its state machine.
 
     add_request → WAITING ──schedule──► RUNNING ──ok───────────► FINISHED_COMPLETED
-                     │                     ├──error / missing───► FINISHED_ERROR
-                     │                     └──abort─────────────► FINISHED_ABORTED
-                     └──abort──────────────────────────────────► FINISHED_ABORTED
+                     │                   ▲  │  ├──error / missing───► FINISHED_ERROR
+                     │          resume   │  │  ├──deadline──────────► FINISHED_ERROR (deadline_exceeded)
+                     │                   │  ▼  └──abort─────────────► FINISHED_ABORTED
+                     │                 PREEMPTED (step mode) ──abort / deadline──► FINISHED_*
+                     └──abort / deadline───────────────────────────► FINISHED_ABORTED | FINISHED_ERROR
 
 No torch here: the scheduler and the HTTP edge import this module.
 """
@@ -30,10 +32,11 @@ class RequestStatus(enum.IntEnum):
     FINISHED_COMPLETED = 2
     FINISHED_ABORTED = 3
     FINISHED_ERROR = 4
+    PREEMPTED = 5           # step mode: off the running set at a tick boundary, its step state kept
 
     @property
     def finished(self) -> bool:
-        return self >= RequestStatus.FINISHED_COMPLETED
+        return RequestStatus.FINISHED_COMPLETED <= self <= RequestStatus.FINISHED_ERROR
 
 
 class SamplingParams(BaseModel):
@@ -50,6 +53,8 @@ class SamplingParams(BaseModel):
     num_outputs: int = Field(1, ge=1, le=16)      # images for this one prompt ("n")
     stream: bool = False                          # progress events (step k of n) on the output stream
     preview_every: int | None = Field(None, ge=1, le=1000)   # decoded preview every k steps (step mode)
+    priority: int = Field(0, ge=-1000, le=1000)   # higher runs first (--scheduling-policy priority)
+    timeout_s: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False)   # deadline from arrival
 
     @classmethod
     def parse(cls, data: dict) -> "SamplingParams":

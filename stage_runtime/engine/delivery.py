@@ -10,7 +10,8 @@ from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import RequestStatus
 from stage_runtime.sched import RequestState
 
-# The engine's outcome counters, by the terminal output's error_type (None = completed).
+# The engine's outcome counters, by the terminal output's error_type (None = completed; a deadline counts
+# as failed here, /metrics tells it apart).
 OUTCOME_COUNTERS = {None: "finished_total", "request_aborted": "aborted_total", "request_failed": "failed_total"}
 
 
@@ -20,6 +21,8 @@ def terminal_output(state: RequestState) -> DiffusionOutput:
     arrival, end = state.request.arrival_time, state.finished_at or time.monotonic()
     start = state.scheduled_at or end
     metrics = {"queue_ms": (start - arrival) * 1e3, "exec_ms": (end - start) * 1e3, "e2e_ms": (end - arrival) * 1e3}
+    if state.preemptions:
+        metrics["preemptions"] = state.preemptions
     if state.result is not None and state.result.compute_ms is not None:
         metrics["compute_ms"] = state.result.compute_ms       # the pipeline call alone, on the rank
     out = DiffusionOutput(rid, step_index=state.step_index, num_steps=state.request.num_steps, metrics=metrics)
@@ -28,7 +31,7 @@ def terminal_output(state: RequestState) -> DiffusionOutput:
     elif state.status == RequestStatus.FINISHED_ABORTED:
         out.error, out.error_type = f"Request {rid} aborted.", "request_aborted"
     else:
-        out.error, out.error_type = state.error, "request_failed"
+        out.error, out.error_type = state.error, state.error_type or "request_failed"
     return out
 
 

@@ -163,10 +163,11 @@ class DiffusionEngine:
         return True
 
     def _schedule(self) -> SchedulerOutput:
-        """Apply queued aborts and pick the next wave / tick; then run queued control RPCs (ordered here)."""
+        """Apply queued aborts and passed deadlines, pick the next wave / tick; then run queued control RPCs."""
         with self._lock:
             rpcs = self._rpcs.take()
             self._apply_aborts_locked()
+            self._finalize_locked(self.scheduler.expire_deadlines())
             sched_out = self.scheduler.schedule()
         self._rpcs.run(rpcs, self.executor)
         return sched_out
@@ -218,10 +219,11 @@ class DiffusionEngine:
             return not self._stop
 
     def _on_progress(self, event: ProgressEvent) -> set[str]:
-        """Called by the runner once per denoising step: apply aborts now; return the ids to stop."""
+        """Called by the runner once per denoising step: apply aborts and deadlines now; return the ids to stop."""
         with self._lock:
             self.scheduler.update_progress(event.request_ids, event.step_index)
             self._apply_aborts_locked()
+            self._finalize_locked(self.scheduler.expire_deadlines())
             if event.step_index:
                 self.outputs.progress([st for rid in event.request_ids
                                        if (st := self.scheduler.get_request_state(rid)) is not None])
@@ -289,7 +291,9 @@ class DiffusionEngine:
         with self._lock:
             states = [self.scheduler.get_request_state(rid) for rid in self.outputs.streams]
         return [{"request_id": s.request_id, "state": s.status.name.lower(), "step": s.step_index,
-                 "num_steps": s.request.num_steps} for s in states if s is not None]
+                 "num_steps": s.request.num_steps, "priority": s.request.sampling.priority,
+                 "preempted": s.status == RequestStatus.PREEMPTED, "preemptions": s.preemptions}
+                for s in states if s is not None]
 
     def num_request_states(self) -> int:
         """Per-request state held by the engine and its scheduler (0 when idle)."""

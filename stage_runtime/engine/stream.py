@@ -9,12 +9,13 @@ import asyncio
 import threading
 from collections import deque
 
-from stage_runtime.errors import (EngineClosedError, EngineDeadError, RequestAbortedError,
+from stage_runtime.errors import (DeadlineExceededError, EngineClosedError, EngineDeadError, RequestAbortedError,
                                   RequestFailedError)
 from stage_runtime.outputs import DiffusionOutput
 
 _ERRORS: dict[str, type[Exception]] = {
     RequestAbortedError.error_type: RequestAbortedError,
+    DeadlineExceededError.error_type: DeadlineExceededError,
     EngineClosedError.error_type: EngineClosedError,
     EngineDeadError.error_type: EngineDeadError,
 }

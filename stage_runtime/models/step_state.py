@@ -35,3 +35,15 @@ class StepRequestState:
     @property
     def finished(self) -> bool:
         return self.step_index >= self.total_steps
+
+    def tensors_nbytes(self) -> int:
+        return self.latents.nbytes + sum(t.nbytes for t in self.cond.values() if isinstance(t, torch.Tensor))
+
+    def move_to(self, device: torch.device) -> None:
+        """Copy latents and conditioning to ``device`` (a preempted request's host offload, and back).
+
+        A copy, never a cast, so the resumed request computes on the very same values. The per-request
+        noise scheduler's few small tensors stay where they are.
+        """
+        self.latents = self.latents.to(device, copy=True)
+        self.cond = {k: v.to(device, copy=True) if isinstance(v, torch.Tensor) else v for k, v in self.cond.items()}

@@ -1,7 +1,9 @@
-"""BaseScheduler: request states, the FIFO waiting queue, the running set, capacity and terminal transitions.
+"""BaseScheduler: request states, the waiting queue, the running set, capacity, deadlines and terminal transitions.
 
-Subclasses decide the compatibility key and how an execution result updates a request
-(``RequestScheduler``: whole requests per wave; ``StepScheduler``: one denoising step per tick).
+The waiting queue is served in the order of the scheduling policy (``sched.policy``: fcfs, priority,
+srpt). Subclasses decide the compatibility key, how an execution result updates a request, and whether
+a running request may be preempted (``RequestScheduler``: whole requests per wave, never;
+``StepScheduler``: one denoising step per tick, at tick boundaries).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from stage_runtime.config import SchedulerConfig
-from stage_runtime.errors import DuplicateRequestError, QueueFullError
+from stage_runtime.errors import DeadlineExceededError, DuplicateRequestError, QueueFullError
 from stage_runtime.outputs import BatchRunnerOutput, RunnerOutput
 from stage_runtime.request import DiffusionRequest, RequestStatus
 from stage_runtime.scheduler_output import ExecutionMode, NewRequestData, SchedulerOutput
+from stage_runtime.sched.policy import make_policy
 
 
 @dataclass
@@ -26,11 +29,16 @@ class RequestState:
     key: Hashable
     status: RequestStatus = RequestStatus.WAITING
     error: str | None = None
+    error_type: str | None = None       # FINISHED_ERROR's kind when it is not a plain failure
     result: RunnerOutput | None = None
     step_index: int = 0
     queued_at: float = 0.0
     scheduled_at: float | None = None
     finished_at: float | None = None
+    seq: int = 0                        # admission order (the policies' tie-break)
+    admitted_tick: int = 0              # the scheduler tick at admission (aging)
+    deadline: float | None = None       # monotonic; arrival + timeout_s
+    preemptions: int = 0
 
     @property
     def request_id(self) -> str:
@@ -45,6 +53,10 @@ class BaseScheduler(ABC):
     def __init__(self, config: SchedulerConfig):
         self.max_num_running_reqs = max(1, config.max_num_seqs)
         self.max_waiting = config.max_waiting
+        self.policy = make_policy(config)
+        self.max_preemptions = config.max_preemptions
+        self.default_timeout_s = config.default_timeout_s
+        self._seq = 0
         self._states: dict[str, RequestState] = {}      # every request not yet popped by the engine
         self._waiting: deque[str] = deque()
         self._running: list[str] = []
@@ -68,35 +80,71 @@ class BaseScheduler(ABC):
             raise DuplicateRequestError(f"request_id={rid!r} is already in flight")
         if len(self._waiting) >= self.max_waiting:
             raise QueueFullError(f"waiting queue is full ({len(self._waiting)} of max_waiting={self.max_waiting})")
-        self._states[rid] = RequestState(request, self.compatibility_key(request), queued_at=time.monotonic())
+        timeout = request.sampling.timeout_s or self.default_timeout_s
+        self._seq += 1
+        self._states[rid] = RequestState(request, self.compatibility_key(request), queued_at=time.monotonic(),
+                                         seq=self._seq, admitted_tick=self._step_id,
+                                         deadline=None if timeout is None else request.arrival_time + timeout)
         self._waiting.append(rid)
         return rid
 
     def schedule(self) -> SchedulerOutput:
-        # NOTE: FIFO. Running requests go out as cached ids. The waiting head is admitted while capacity
-        # remains and its key equals the running key (the first admitted request defines it). The first
-        # incompatible head stops admission: head-of-line blocking is deliberate (no reordering, so no
-        # request can starve behind later compatible ones).
+        # NOTE: the waiting queue in policy order (fcfs: admission order). Running requests go out as cached
+        # ids. First the subclass may preempt running requests that a waiting one outranks (step mode).
+        # Then waiting requests are admitted in rank order while capacity remains and their key equals the
+        # running key (the first admitted request defines it); a preempted one resumes as a cached id. The
+        # first incompatible one stops admission: head-of-line blocking is deliberate (no request can
+        # starve behind later compatible ones).
         self._step_id += 1
-        out = SchedulerOutput(step_id=self._step_id, scheduled_cached_req_ids=list(self._running), mode=self.mode)
+        out = SchedulerOutput(step_id=self._step_id, mode=self.mode)
+        self._preempt(out)
+        out.scheduled_cached_req_ids = list(self._running)
         now = time.monotonic()
-        while self._waiting and len(self._running) < self.max_num_running_reqs:
-            state = self._states[self._waiting[0]]
+        for state in self.ordered_waiting():
+            if len(self._running) >= self.max_num_running_reqs:
+                break
             if self._running and state.key != self._running_key:
                 break
-            self._waiting.popleft()
+            self._waiting.remove(state.request_id)
             if not self._running:
                 self._running_key = state.key
-            state.status, state.scheduled_at = RequestStatus.RUNNING, now
+            if state.status == RequestStatus.PREEMPTED:
+                out.scheduled_cached_req_ids.append(state.request_id)
+                out.resumed_req_ids.append(state.request_id)
+            else:
+                state.scheduled_at = now
+                out.scheduled_new_reqs.append(NewRequestData(state.request_id, state.request))
+            state.status = RequestStatus.RUNNING
             self._running.append(state.request_id)
-            out.scheduled_new_reqs.append(NewRequestData(state.request_id, state.request))
         out.finished_req_ids, self._finished_since_schedule = self._finished_since_schedule, set()
         out.num_waiting_reqs = len(self._waiting)
         return out
 
+    def ordered_waiting(self) -> list[RequestState]:
+        """Waiting and preempted requests in the order the policy serves them."""
+        return self.policy.order([self._states[rid] for rid in self._waiting], self._step_id)
+
+    def _preempt(self, out: SchedulerOutput) -> None:
+        """Step mode overrides it: move outranked running requests to PREEMPTED (``out.preempted_req_ids``)."""
+
+    # -- deadlines --------------------------------------------------------------------------------------
+    def expire_deadlines(self, now: float | None = None) -> list[str]:
+        """End every unfinished request whose deadline has passed (queued: unrun; running: at this boundary)."""
+        now = time.monotonic() if now is None else now
+        expired = [st for st in self._states.values()
+                   if st.deadline is not None and st.deadline <= now and not st.status.finished]
+        done = []
+        for st in expired:
+            timeout = st.deadline - st.request.arrival_time
+            done += self.finish_requests(st.request_id, RequestStatus.FINISHED_ERROR,
+                                         f"Request {st.request_id} exceeded its deadline (timeout_s={timeout:g}) "
+                                         f"at step {st.step_index} of {st.request.num_steps}",
+                                         DeadlineExceededError.error_type)
+        return done
+
     # -- terminal transitions ---------------------------------------------------------------------------
     def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus,
-                        error: str | None = None) -> list[str]:
+                        error: str | None = None, error_type: str | None = None) -> list[str]:
         """Move known, unfinished requests to a terminal status; unknown or finished ids are ignored."""
         assert status.finished, status
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
@@ -105,13 +153,13 @@ class BaseScheduler(ABC):
             state = self._states.get(rid)
             if state is None or state.status.finished:
                 continue
-            if state.status == RequestStatus.WAITING:
+            if state.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
                 self._waiting.remove(rid)
             else:
                 self._running.remove(rid)
             state.status, state.finished_at = status, time.monotonic()
             if status == RequestStatus.FINISHED_ERROR:
-                state.error = error or "request failed"
+                state.error, state.error_type = error or "request failed", error_type
             self._finished_since_schedule.add(rid)
             done.append(rid)
         if not self._running:

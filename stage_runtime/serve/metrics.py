@@ -15,8 +15,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 __all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "StageMetrics"]
 
-# completed / aborted / failed: the request ran; the others ended at admission or by the engine's death.
-OUTCOMES = ("completed", "aborted", "failed", "dead", "invalid", "rejected", "unavailable")
+# completed / aborted / failed: the request ran; the others ended at admission or by the engine's death;
+# deadline_exceeded: its timeout_s passed, queued (unrun) or running (stopped at the next step).
+OUTCOMES = ("completed", "aborted", "failed", "dead", "invalid", "rejected", "unavailable", "deadline_exceeded")
 STATES = ["starting", "ready", "draining", "dead"]
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 FAST_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -33,6 +34,11 @@ class StageMetrics:
         self.images = Counter(f"{PREFIX}images_generated", "Images returned by completed requests", registry=r)
         self.queue_seconds = Histogram(f"{PREFIX}request_queue_seconds", "Admission to first execution",
                                        buckets=SECONDS, registry=r)
+        self.deadline_queue_seconds = Histogram(f"{PREFIX}request_deadline_queue_seconds", "Time in the queue "
+                                                "of requests whose deadline passed there, unrun", buckets=SECONDS,
+                                                registry=r)
+        self.preemptions = Counter(f"{PREFIX}preemptions", "Step-boundary preemptions of finished requests",
+                                   registry=r)
         self.exec_seconds = Histogram(f"{PREFIX}request_exec_seconds", "First execution to the terminal output",
                                       buckets=SECONDS, registry=r)
         self.e2e_seconds = Histogram(f"{PREFIX}request_e2e_seconds", "Admission to the terminal output",
@@ -66,6 +72,10 @@ class StageMetrics:
         self.count(outcome)
         if num_images:
             self.images.inc(num_images)
+        if timings.get("preemptions"):
+            self.preemptions.inc(timings["preemptions"])
+        if outcome == "deadline_exceeded" and timings.get("exec_ms") == 0 and "queue_ms" in timings:
+            self.deadline_queue_seconds.observe(timings["queue_ms"] / 1e3)
         for key, hist in (("queue_ms", self.queue_seconds), ("exec_ms", self.exec_seconds),
                           ("e2e_ms", self.e2e_seconds)):
             if key in timings:

@@ -51,6 +51,8 @@ class ImageGenerationRequest(BaseModel):
     request_id: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")
     stream: bool = False
     preview_every: int | None = Field(None, ge=1, le=1000)   # stream a decoded preview every k steps
+    priority: int = Field(0, ge=-1000, le=1000)             # higher first (--scheduling-policy priority)
+    timeout_s: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False)   # 504 deadline_exceeded after
     user: str | None = None                       # OpenAI field; accepted and ignored
 
     @field_validator("size")
@@ -79,7 +81,8 @@ class ImageGenerationRequest(BaseModel):
         sampling = SamplingParams(
             num_inference_steps=self.num_inference_steps, width=width, height=height,
             guidance_scale=self.guidance_scale, negative_prompt=self.negative_prompt, seed=self.seed,
-            num_outputs=self.n, stream=self.stream, preview_every=self.preview_every)
+            num_outputs=self.n, stream=self.stream, preview_every=self.preview_every, priority=self.priority,
+            timeout_s=self.timeout_s)
         return DiffusionRequest(self.request_id or f"img-{uuid.uuid4().hex}", self.prompt, sampling)
 
 

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from stage_runtime.config import StageConfig
 from stage_runtime.control import check_control_rpc
-from stage_runtime.errors import (DuplicateRequestError, EngineClosedError, EngineDeadError, InvalidRequestError,
-                                  QueueFullError, RequestAbortedError, RpcError, StageUnavailableError)
+from stage_runtime.errors import (DeadlineExceededError, DuplicateRequestError, EngineClosedError, EngineDeadError,
+                                  InvalidRequestError, QueueFullError, RequestAbortedError, RpcError,
+                                  StageUnavailableError)
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.serve.metrics import StageMetrics
 
@@ -30,7 +31,7 @@ OFFLOAD_STATS_PERIOD_S = 2.0
 OFFLOAD_STATS_TIMEOUT_S = 60.0
 
 _OUTCOME = {None: "completed", RequestAbortedError.error_type: "aborted", EngineDeadError.error_type: "dead",
-            EngineClosedError.error_type: "unavailable"}
+            EngineClosedError.error_type: "unavailable", DeadlineExceededError.error_type: "deadline_exceeded"}
 _ADMISSION_OUTCOME = ((QueueFullError, "rejected"), (InvalidRequestError, "invalid"),
                       (DuplicateRequestError, "invalid"), (EngineDeadError, "dead"),
                       (StageUnavailableError, "unavailable"), (EngineClosedError, "unavailable"))

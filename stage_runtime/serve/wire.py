@@ -9,7 +9,8 @@ Client → stage (DEALER → ROUTER), one msgpack map per message, keyed by ``ty
 Stage → client:
     result          {request_id, finished, images, step_index, num_steps, metrics}   one per request, or
                     one per chunk when the request asked for ``stream`` (progress, previews, then final)
-    error           {request_id | rpc_id, error, error_type, status_code[, param]}  terminal for a request
+    error           {request_id | rpc_id, error, error_type, status_code[, param], step_index}  terminal for a
+                    request (step_index: steps it ran, e.g. 0 for a deadline passed while queued)
     rpc_result      {rpc_id, result}
     health_result   {rpc_id, healthy, state, reason}
 Images travel raw: {shape: [n, H, W, 3], dtype: "uint8", data: bytes}.
@@ -24,7 +25,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from stage_runtime.errors import (ConfigError, DiffStageError, DuplicateRequestError, EngineClosedError,
+from stage_runtime.errors import (ConfigError, DeadlineExceededError, DiffStageError, DuplicateRequestError,
+                                  EngineClosedError,
                                   EngineDeadError, InvalidRequestError, QueueFullError, RequestAbortedError,
                                   RequestFailedError, RpcError, StageUnavailableError)
 from stage_runtime.outputs import DiffusionOutput
@@ -32,11 +34,12 @@ from stage_runtime.outputs import DiffusionOutput
 # error_type → HTTP status (the ZMQ ``error`` message carries it too).
 STATUS_BY_TYPE = {
     InvalidRequestError.error_type: 400, DuplicateRequestError.error_type: 409, QueueFullError.error_type: 429,
-    RequestAbortedError.error_type: 409, RequestFailedError.error_type: 500, RpcError.error_type: 500,
+    RequestAbortedError.error_type: 409, RequestFailedError.error_type: 500, DeadlineExceededError.error_type: 504, RpcError.error_type: 500,
     EngineClosedError.error_type: 503, EngineDeadError.error_type: 503, StageUnavailableError.error_type: 503,
 }
 ERROR_CLASSES: dict[str, type[DiffStageError]] = {
     cls.error_type: cls for cls in (DuplicateRequestError, QueueFullError, RequestAbortedError, RequestFailedError,
+                                    DeadlineExceededError,
                                     RpcError, EngineClosedError, EngineDeadError, StageUnavailableError)}
 
 
@@ -97,7 +100,7 @@ def output_message(out: DiffusionOutput) -> dict[str, Any]:
     if out.finished and out.error is not None:
         error_type = out.error_type or RequestFailedError.error_type
         return {"type": "error", "request_id": out.request_id, "error": out.error, "error_type": error_type,
-                "status_code": status_of(error_type), "metrics": out.metrics}
+                "status_code": status_of(error_type), "step_index": out.step_index, "metrics": out.metrics}
     return result_message(out)
 
 
@@ -119,7 +122,7 @@ def output_from_message(msg: dict[str, Any]) -> DiffusionOutput:
     """Client side: a ``result`` or a request's ``error`` back into a DiffusionOutput."""
     if msg["type"] == "error":
         return DiffusionOutput(msg["request_id"], finished=True, error=msg["error"], error_type=msg["error_type"],
-                               metrics=msg.get("metrics") or {})
+                               step_index=msg.get("step_index"), metrics=msg.get("metrics") or {})
     images = msg.get("images")
     return DiffusionOutput(msg["request_id"], finished=msg["finished"],
                            images=None if images is None else decode_array(images),

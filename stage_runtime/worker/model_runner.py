@@ -2,7 +2,9 @@
 
 Step mode: each request's StepRequestState lives here (never crosses a process); a tick prepares new
 requests once, runs ONE denoiser forward for all scheduled requests, steps each one, decodes finished
-ones (and previews), and drops the state of every request that finished, failed or was aborted.
+ones (and previews), and drops the state of every request that finished, failed or was aborted. A
+request the scheduler preempted keeps its state here untouched (copied to host memory while
+``scheduler.preempted_offload_max_bytes`` allows) until it resumes or ends.
 
 Request mode: one wave of key-compatible requests runs as ONE pipeline call (per-image generators,
 results mapped back by request id). A forward pre-hook on the denoiser marks each denoising step: it
@@ -67,6 +69,7 @@ class DiffusionModelRunner:
         self.model_info: ModelInfo | None = None
         self._active: StepTracker | None = None       # the pipeline call in flight, if any (request mode)
         self.step_states: dict[str, StepRequestState] = {}    # step mode: request id → its step state
+        self.parked: dict[str, int] = {}      # preempted request id → its bytes on the host (0: left in place)
         self.offloader = None                                  # weight residency owner (offload mode != none)
 
     def load_model(self) -> ModelInfo:
@@ -156,7 +159,11 @@ class DiffusionModelRunner:
 
     def _tick_all(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
         for rid in sched_out.finished_req_ids:
-            self.step_states.pop(rid, None)
+            self._drop_state(rid)
+        for rid in sched_out.preempted_req_ids:
+            self._park(rid)
+        for rid in sched_out.resumed_req_ids:
+            self._unpark(rid)
         out = BatchRunnerOutput()
         with torch.inference_mode():
             for new in sched_out.scheduled_new_reqs:
@@ -206,10 +213,34 @@ class DiffusionModelRunner:
                 results[rid] = self._step_error(rid, exc)
         return results
 
+    # -- preempted step states -----------------------------------------------------------------------
+    def _park(self, request_id: str) -> None:
+        """Preempted: keep the state; copy it to the host when the byte bound allows."""
+        state = self.step_states.get(request_id)
+        if state is None or request_id in self.parked:
+            return
+        nbytes, bound = state.tensors_nbytes(), self.config.scheduler.preempted_offload_max_bytes
+        if bound and self.parked_bytes() + nbytes <= bound:
+            state.move_to(torch.device("cpu"))
+            self.parked[request_id] = nbytes
+        else:
+            self.parked[request_id] = 0
+
+    def _unpark(self, request_id: str) -> None:
+        if self.parked.pop(request_id, 0):
+            self.step_states[request_id].move_to(self.device)
+
+    def parked_bytes(self) -> int:
+        return sum(self.parked.values())
+
+    def _drop_state(self, request_id: str) -> None:
+        self.step_states.pop(request_id, None)
+        self.parked.pop(request_id, None)
+
     def _step_error(self, request_id: str, exc: Exception) -> RunnerOutput:
         if isinstance(exc, WorkerFatalError):
             raise exc
-        self.step_states.pop(request_id, None)
+        self._drop_state(request_id)
         log.warning("request %s failed: %s: %s", request_id, type(exc).__name__, exc)
         return RunnerOutput(request_id, error=f"{type(exc).__name__}: {exc}")
 
@@ -229,3 +260,4 @@ class DiffusionModelRunner:
         self.adapter = None
         self._active = None
         self.step_states.clear()
+        self.parked.clear()

@@ -75,6 +75,22 @@ def test_validate_single_rank_defaults(capsys):
     assert out.count("  rank ") == 1
 
 
+@pytest.mark.parametrize("argv, shown", [
+    ((), "scheduling_policy: fcfs  max_preemptions: 3  default_timeout_s: None"),
+    (("--scheduling-policy", "srpt", "--max-preemptions", "1", "--default-timeout-s", "30"),
+     "scheduling_policy: srpt  max_preemptions: 1  default_timeout_s: 30.0"),
+])
+def test_validate_shows_the_scheduling_policy_flags(capsys, argv, shown):
+    rc, out, _ = run_cli(capsys, "validate", *argv)
+    assert rc == 0 and shown in out
+
+
+def test_an_unknown_scheduling_policy_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", "--scheduling-policy", "lifo"])
+    assert exc.value.code == 2 and "--scheduling-policy" in capsys.readouterr().err
+
+
 def test_validate_config_file_with_flag_override(tmp_path, capsys):
     cfg = tmp_path / "stage.yaml"
     cfg.write_text("model:\n  path: /models/whatever\nparallel:\n  num_gpus: 2\n"

@@ -161,6 +161,18 @@ def test_streaming_forces_step_mode(scheduler, mode):
     assert cfg(scheduler=scheduler).scheduler.execution_mode == mode
 
 
+@pytest.mark.parametrize("scheduler, field", [
+    ({"scheduling_policy": "lifo"}, "scheduling_policy"),
+    ({"max_preemptions": -1}, "max_preemptions"),
+    ({"aging_ticks": -5}, "aging_ticks"),
+    ({"default_timeout_s": 0}, "default_timeout_s"),
+    ({"preempted_offload_max_bytes": -1}, "preempted_offload_max_bytes"),
+])
+def test_bad_scheduling_fields_name_the_field(scheduler, field):
+    with pytest.raises(ConfigError, match=f"scheduler.{field}"):
+        cfg(scheduler=scheduler)
+
+
 @pytest.mark.parametrize("executor", ["uni", "mp", "my_pkg.executors:RayExecutor", "mod:Cls"])
 def test_explicit_executor_kept(executor):
     assert cfg(executor=executor).resolved_executor == executor

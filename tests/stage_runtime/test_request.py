@@ -59,7 +59,7 @@ def test_prompt_length_bounded():
 
 
 def test_terminal_states():
-    assert [s.finished for s in RequestStatus] == [False, False, True, True, True]
+    assert [s.finished for s in RequestStatus] == [False, False, True, True, True, False]   # PREEMPTED last
 
 
 def test_steps_beyond_the_noise_schedulers_limit_are_refused_at_admission():

@@ -25,11 +25,24 @@ def test_every_outcome_is_exported_from_the_start_and_counted():
     got = samples(m)
     counts = {o: got[("diffstage_requests_total", (("outcome", o),))] for o in OUTCOMES}
     assert counts == {"completed": 1, "aborted": 1, "failed": 0, "dead": 0, "invalid": 0, "rejected": 1,
-                      "unavailable": 0}
+                      "unavailable": 0, "deadline_exceeded": 0}
     assert got[("diffstage_images_generated_total", ())] == 2
     assert got[("diffstage_request_e2e_seconds_count", ())] == 2
     assert abs(got[("diffstage_request_e2e_seconds_sum", ())] - 0.209) < 1e-9
     assert got[("diffstage_request_exec_seconds_bucket", (("le", "0.25"),))] == 2
+
+
+def test_deadline_outcomes_queue_time_and_preemptions_are_counted():
+    m = StageMetrics()
+    m.observe_terminal("deadline_exceeded", {"queue_ms": 700.0, "exec_ms": 0.0, "e2e_ms": 700.0})   # unrun
+    m.observe_terminal("deadline_exceeded", {"queue_ms": 10.0, "exec_ms": 90.0, "e2e_ms": 100.0})   # stopped
+    m.observe_terminal("completed", {"queue_ms": 1.0, "exec_ms": 50.0, "e2e_ms": 51.0, "preemptions": 2})
+    got = samples(m)
+    assert got[("diffstage_requests_total", (("outcome", "deadline_exceeded"),))] == 2
+    assert got[("diffstage_request_deadline_queue_seconds_count", ())] == 1
+    assert abs(got[("diffstage_request_deadline_queue_seconds_sum", ())] - 0.7) < 1e-9
+    assert got[("diffstage_request_queue_seconds_count", ())] == 3
+    assert got[("diffstage_preemptions_total", ())] == 2
 
 
 def test_step_time_and_batch_size_from_the_execute_observer():

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from stage_runtime.errors import (EngineDeadError, InvalidRequestError, QueueFullError, RequestAbortedError,
+from stage_runtime.errors import (DeadlineExceededError, EngineDeadError, InvalidRequestError, QueueFullError, RequestAbortedError,
                                   RequestFailedError)
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.serve.wire import (error_message, exception_from_message, output_from_message, output_message,
@@ -37,7 +37,7 @@ def test_progress_items_are_results_and_failures_are_errors():
 
 @pytest.mark.parametrize("exc,status", [
     (QueueFullError("full"), 429), (EngineDeadError("rank 1 died"), 503), (RequestFailedError("boom"), 500),
-    (InvalidRequestError("n", 0, "must be ≥ 1"), 400),
+    (InvalidRequestError("n", 0, "must be ≥ 1"), 400), (DeadlineExceededError("past timeout_s=1"), 504),
 ])
 def test_errors_roundtrip_to_the_same_class_and_message(exc, status):
     msg = roundtrip(error_message(exc, request_id="r"))
