@@ -23,3 +23,8 @@ class ModelInfo:
     guidance: str = "cfg"            # "cfg" (uncond+cond rows), "true_cfg" (a negative pass), "distilled"
                                      # (a guidance embedding, no negative pass) or "none"
     max_sequence_length: int | None = None   # text tokens the prompt encoder keeps (None: not text-conditioned)
+    edit_tasks: tuple[str, ...] = ()         # what POST /v1/images/edits can run: "img2img", "inpaint"
+
+    @property
+    def supports_edits(self) -> bool:
+        return bool(self.edit_tasks)
