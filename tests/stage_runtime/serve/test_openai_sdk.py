@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import time
 
 import httpx
 import numpy as np
@@ -165,3 +166,52 @@ def test_upload_errors_at_the_edge(sdk_stage, case, status, param):
         assert answer.status_code == status, answer.text[:300]
         assert answer.json()["error"]["param"] == param
         assert http.get("/v1/requests").json()["requests"] == []     # nothing admitted, nothing lost
+
+
+FUZZ_CASES = 240
+FUZZ_BUDGET_S = 420.0
+
+
+def bounded_cost(case) -> None:
+    """Keep a valid generation cheap (few steps, few images): the fuzz is about the edge, not the UNet."""
+    if isinstance(case.body, dict):
+        for field, most in (("num_inference_steps", 2), ("n", 2), ("partial_images", 1)):
+            value = case.body.get(field)
+            if isinstance(value, int) and not isinstance(value, bool) and value > most:
+                case.body[field] = most
+
+
+def test_schemathesis_over_openapi_json_finds_no_5xx(sdk_stage):
+    """Seeded (derandomized), bounded (cases and seconds) fuzzing of every route from /openapi.json."""
+    import requests
+    import schemathesis
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+    from schemathesis import GenerationMode
+
+    schema = schemathesis.openapi.from_url(f"{sdk_stage.http_url}/openapi.json")
+    strategy = st.one_of(schema.as_strategy(GenerationMode.POSITIVE), schema.as_strategy(GenerationMode.NEGATIVE))
+    auth = {"Authorization": f"Bearer {KEY}"}
+    seen: list[tuple[str, int]] = []
+    deadline = time.monotonic() + FUZZ_BUDGET_S
+
+    @settings(max_examples=FUZZ_CASES, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(case=strategy)
+    def fuzz(case):
+        if time.monotonic() > deadline:
+            return
+        bounded_cost(case)
+        try:
+            response = case.call(base_url=sdk_stage.http_url, headers=auth, timeout=20)
+        except requests.exceptions.Timeout:
+            seen.append((case.operation.label, 0))
+            return
+        seen.append((case.operation.label, response.status_code))
+        assert response.status_code < 500, (case.operation.label, response.status_code, response.text[:500])
+
+    fuzz()
+    assert len(seen) >= 200, f"only {len(seen)} cases ran within {FUZZ_BUDGET_S} s"
+    assert len({label for label, _ in seen}) >= 8                   # every route was reached
+    with httpx.Client(base_url=sdk_stage.http_url, timeout=10) as http:
+        assert http.get("/health").status_code == 200               # no crash
