@@ -210,7 +210,11 @@ def test_schemathesis_over_openapi_json_finds_no_5xx(sdk_stage):
         seen.append((case.operation.label, response.status_code))
         assert response.status_code < 500, (case.operation.label, response.status_code, response.text[:500])
 
+    started = time.monotonic()
     fuzz()
+    statuses = sorted({status for _, status in seen})
+    print(f"schemathesis: {len(seen)} cases over {len({label for label, _ in seen})} operations in "
+          f"{time.monotonic() - started:.0f} s; statuses {statuses}")
     assert len(seen) >= 200, f"only {len(seen)} cases ran within {FUZZ_BUDGET_S} s"
     assert len({label for label, _ in seen}) >= 8                   # every route was reached
     with httpx.Client(base_url=sdk_stage.http_url, timeout=10) as http:
