@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,8 @@ ENGINE_FLAGS = {
     "default_timeout_s": ("scheduler", "default_timeout_s"),
     "host": ("server", "host"), "http_port": ("server", "http_port"), "zmq_port": ("server", "zmq_port"),
     "drain_timeout": ("server", "drain_timeout"), "termination_log": ("server", "termination_log"),
+    "api_key_file": ("server", "api_key_file"), "max_upload_bytes": ("server", "max_upload_bytes"),
+    "max_image_pixels": ("server", "max_image_pixels"),
 }
 
 
@@ -170,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--drain-timeout", type=float, help="SIGTERM grace for in-flight requests, seconds (default 25)")
     srv.add_argument("--termination-log", help="where the one-line failure reason goes "
                                                "(default /dev/termination-log when it exists)")
+    srv.add_argument("--api-key-file", default=os.environ.get("DIFFSTAGE_API_KEYS") or None,
+                     help="file of API keys, one a line: every /v1/* route then needs 'Authorization: Bearer KEY' "
+                          "(default: $DIFFSTAGE_API_KEYS; none: no keys)")
+    srv.add_argument("--max-upload-bytes", type=int, help="largest multipart edit body (default 16 MiB; more: 413)")
+    srv.add_argument("--max-image-pixels", type=int,
+                     help="largest image uploaded or requested, in pixels (default 4096*4096)")
     srv.set_defaults(func=cmd_serve)
     gen = sub.add_parser("generate", help="generate one image through the engine")
     add_engine_flags(gen)

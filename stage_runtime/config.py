@@ -205,6 +205,9 @@ class ServerConfig(BaseModel):
     # SIGTERM grace for in-flight requests; below Kubernetes' default 30 s terminationGracePeriodSeconds.
     drain_timeout: float = Field(25.0, ge=0, le=3600, allow_inf_nan=False)
     termination_log: str | None = None               # None: /dev/termination-log when it exists
+    api_key_file: str | None = Field(None, min_length=1)   # keys, one a line: /v1/* needs a Bearer key
+    max_upload_bytes: int = Field(16 * 1024 * 1024, ge=1024)   # a multipart edit body; more → 413
+    max_image_pixels: int = Field(4096 * 4096, ge=64)           # an uploaded or requested image; more → 413/400
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> ServerConfig:

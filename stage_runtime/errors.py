@@ -50,6 +50,22 @@ class InvalidRequestError(RequestError, ValueError):
         super().__init__(f"{field}={value!r}: {reason}")
 
 
+class RequestTooLargeError(RequestError, ValueError):
+    """An upload over the configured bytes or pixels (HTTP 413); ``field`` names the part."""
+
+    error_type = "request_too_large"
+
+    def __init__(self, field: str, reason: str):
+        self.field = field
+        super().__init__(f"{field}: {reason}")
+
+
+class UnauthorizedError(RequestError):
+    """A ``/v1/*`` call without a valid ``Authorization: Bearer`` key when API keys are on (HTTP 401)."""
+
+    error_type = "unauthorized"
+
+
 class DuplicateRequestError(RequestError, ValueError):
     error_type = "duplicate_request_id"
 

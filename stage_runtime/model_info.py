@@ -27,3 +27,8 @@ class ModelInfo:
     # mode): names of SamplingParams fields. Defaults = RequestBatchKey / StepBatchKey (stage_runtime.request).
     request_key: tuple[str, ...] = ("height", "width", "num_inference_steps", "guidance_scale")
     step_key: tuple[str, ...] = ("height", "width", "guidance_scale")
+    edit_tasks: tuple[str, ...] = ()         # what POST /v1/images/edits can run: "img2img", "inpaint"
+
+    @property
+    def supports_edits(self) -> bool:
+        return bool(self.edit_tasks)

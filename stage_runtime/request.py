@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stage_runtime.errors import InvalidRequestError
@@ -55,6 +56,7 @@ class SamplingParams(BaseModel):
     preview_every: int | None = Field(None, ge=1, le=1000)   # decoded preview every k steps (step mode)
     priority: int = Field(0, ge=-1000, le=1000)   # higher runs first (--scheduling-policy priority)
     timeout_s: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False)   # deadline from arrival
+    partial_images: int = Field(0, ge=0, le=3)    # OpenAI's: this many previews, evenly spaced (step mode)
 
     @classmethod
     def parse(cls, data: dict) -> "SamplingParams":
@@ -68,12 +70,18 @@ class SamplingParams(BaseModel):
 
 
 class RequestBatchKey(NamedTuple):
-    """Requests fuse into one pipeline call only when every field here is equal (request mode)."""
+    """Requests fuse into one pipeline call only when every field here is equal (request mode).
+
+    ``task`` is "generate", "img2img" or "inpaint" (each its own pipeline call); ``strength`` is the
+    edit strength (None for a generation): one img2img call noises every image to the same timestep.
+    """
 
     height: int
     width: int
     num_inference_steps: int
     guidance_scale: float
+    task: str = "generate"
+    strength: float | None = None
 
 
 class StepBatchKey(NamedTuple):
@@ -97,6 +105,23 @@ def family_key(sampling: SamplingParams, fields: tuple[str, ...]) -> tuple[tuple
     return tuple((name, getattr(sampling, name)) for name in fields)
 
 
+@dataclass(frozen=True, eq=False)
+class EditInput:
+    """The image-conditioning half of an edit request, decoded at the edge (plain arrays, pickles to ranks)."""
+
+    image: np.ndarray                 # uint8 (H, W, 3) RGB, as uploaded
+    mask: np.ndarray | None = None    # uint8 (H, W), 255 = repaint (inpaint); None = img2img
+    strength: float = 0.8             # 0 < strength <= 1: how far the image is noised (OpenAI has none)
+
+    @property
+    def task(self) -> str:
+        return "img2img" if self.mask is None else "inpaint"
+
+    def denoise_steps(self, num_inference_steps: int) -> int:
+        """Steps actually run, as diffusers' ``get_timesteps``: ``min(int(steps × strength), steps)``."""
+        return min(int(num_inference_steps * self.strength), num_inference_steps)
+
+
 @dataclass
 class DiffusionRequest:
     """One prompt, one request id. The full request crosses to the workers once; after that only its id."""
@@ -108,6 +133,7 @@ class DiffusionRequest:
     # The serving family's compatibility fields (request mode, step mode), recorded by resolve(); None: the
     # default RequestBatchKey / StepBatchKey.
     key_fields: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    edit: EditInput | None = None                 # set for POST /v1/images/edits
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -123,10 +149,11 @@ class DiffusionRequest:
 
     @property
     def batch_key(self) -> CompatibilityKey:
-        s = self.sampling
-        if self.key_fields is not None and self.key_fields[0] != RequestBatchKey._fields:
-            return family_key(s, self.key_fields[0])
-        return RequestBatchKey(s.height, s.width, s.num_inference_steps, s.guidance_scale)
+        s, edit = self.sampling, self.edit
+        task, strength = ("generate", None) if edit is None else (edit.task, edit.strength)
+        if self.key_fields is not None and self.key_fields[0] != RequestBatchKey._fields[:4]:
+            return family_key(s, self.key_fields[0]) + (("task", task), ("strength", strength))
+        return RequestBatchKey(s.height, s.width, s.num_inference_steps, s.guidance_scale, task, strength)
 
     @property
     def step_key(self) -> CompatibilityKey:
@@ -137,13 +164,35 @@ class DiffusionRequest:
 
     @property
     def num_steps(self) -> int:
-        return self.sampling.num_inference_steps or 0
+        """Denoising steps this request runs (an edit runs ``int(steps × strength)`` of its schedule)."""
+        steps = self.sampling.num_inference_steps or 0
+        return steps if self.edit is None else self.edit.denoise_steps(steps)
+
+    def preview_at(self, step_index: int) -> bool:
+        """Whether a preview is decoded after ``step_index`` steps (never after the last one)."""
+        s, total = self.sampling, self.num_steps
+        if step_index >= total:
+            return False
+        if s.preview_every and step_index % s.preview_every == 0:
+            return True
+        k = s.partial_images
+        return bool(k) and step_index in {max(1, (total * (i + 1)) // (k + 1)) for i in range(k)}
 
     def resolve(self, info: ModelInfo) -> "DiffusionRequest":
         """Fill model defaults and check the request against what the model can serve (once, at admission)."""
-        s = self.sampling
-        height = s.height or info.default_height
-        width = s.width or info.default_width
+        s, edit = self.sampling, self.edit
+        if edit is not None and edit.task not in info.edit_tasks:
+            raise InvalidRequestError("mask" if edit.mask is not None else "image", "<upload>",
+                                      f"{info.pipeline_class} does not serve {edit.task} edits "
+                                      f"(it serves: {', '.join(info.edit_tasks) or 'none'})")
+        if edit is not None and edit.mask is not None and edit.mask.shape != edit.image.shape[:2]:
+            raise InvalidRequestError("mask", f"{edit.mask.shape[1]}x{edit.mask.shape[0]}",
+                                      f"must be the image's size {edit.image.shape[1]}x{edit.image.shape[0]}")
+        auto = (None, None) if edit is None else (
+            edit.image.shape[0] // info.size_multiple * info.size_multiple,
+            edit.image.shape[1] // info.size_multiple * info.size_multiple)
+        height = s.height or auto[0] or info.default_height
+        width = s.width or auto[1] or info.default_width
         for name, value, default in (("height", height, info.default_height), ("width", width, info.default_width)):
             if info.fixed_size and value != default:
                 raise InvalidRequestError(
@@ -154,6 +203,9 @@ class DiffusionRequest:
         if info.max_steps is not None and steps > info.max_steps:
             raise InvalidRequestError("num_inference_steps", steps,
                                       f"{info.pipeline_class}'s noise scheduler places at most {info.max_steps} steps")
+        if edit is not None and edit.denoise_steps(steps) < 1:
+            raise InvalidRequestError("strength", edit.strength,
+                                      f"int(num_inference_steps={steps} × strength) is 0: no step would run")
         resolved = s.model_copy(update={
             "height": height,
             "width": width,

@@ -83,9 +83,13 @@ class PipelineAdapter(ABC):
             supports_step_execution=self.supports_step_execution,
             num_attention_heads=self.num_attention_heads(), max_steps=self.max_steps(),
             parallel_kinds=tuple(sorted(self.parallel_kinds)), guidance=self.guidance,
-            max_sequence_length=self.max_sequence_length(),
+            max_sequence_length=self.max_sequence_length(), edit_tasks=self.edit_tasks(),
             **{name: fields for name, fields in (("request_key", self.request_key_fields),
                                                  ("step_key", self.step_key_fields)) if fields is not None})
+
+    def edit_tasks(self) -> tuple[str, ...]:
+        """What ``POST /v1/images/edits`` can run on this model ("img2img", "inpaint"); none by default."""
+        return ()
 
     def max_sequence_length(self) -> int | None:
         """Text tokens the prompt encoder keeps (the tokenizer's limit); None without a tokenizer."""

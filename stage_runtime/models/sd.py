@@ -1,4 +1,7 @@
-"""Stable-Diffusion-style pipelines (UNet2DConditionModel + AutoencoderKL + CLIP text encoder)."""
+"""Stable-Diffusion-style pipelines (UNet2DConditionModel + AutoencoderKL + CLIP text encoder).
+
+The same adapter serves edits (img2img, inpaint: ``sd_edit``) over the same components.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +10,13 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.sd_edit import StableDiffusionEditMixin
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.request import DiffusionRequest
 from stage_runtime.models.step_state import StepRequestState
 
 
-class StableDiffusionAdapter(StepContract, PipelineAdapter):
+class StableDiffusionAdapter(StableDiffusionEditMixin, StepContract, PipelineAdapter):
     default_guidance = 7.5
     parallel_kinds = frozenset({"cfg", "ulysses"})
 
@@ -25,6 +29,8 @@ class StableDiffusionAdapter(StepContract, PipelineAdapter):
         return side, side
 
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
+        if requests[0].edit is not None:
+            return self.run_edit_batch(requests)
         s = requests[0].sampling           # key-compatible: shape, steps and guidance are shared
         rows = [(r.prompt, r.sampling.negative_prompt or "") for r in requests for _ in range(r.sampling.num_outputs)]
         images = self.pipe(
@@ -43,11 +49,17 @@ class StableDiffusionAdapter(StepContract, PipelineAdapter):
         scheduler = self.request_scheduler(s.num_inference_steps)
         generators = self.generators([request])
         shape = (n, pipe.unet.config.in_channels, s.height // self.vae_scale_factor, s.width // self.vae_scale_factor)
-        latents = randn_tensor(shape, generator=generators, device=self.device, dtype=positive.dtype)
-        return StepRequestState(
+        if request.edit is None:
+            latents = randn_tensor(shape, generator=generators, device=self.device, dtype=positive.dtype)
+        else:                                          # prepare_edit draws them from the image
+            latents = torch.empty(shape, device=self.device, dtype=positive.dtype)
+        state = StepRequestState(
             request, scheduler, latents * scheduler.init_noise_sigma, do_cfg,
             cond={"embeds": torch.cat([negative, positive]) if do_cfg else positive},
             step_kwargs=pipe.prepare_extra_step_kwargs(generators, 0.0))
+        if request.edit is not None:
+            self.prepare_edit(request, state, generators)
+        return state
 
     def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
         rows, timesteps = self.model_inputs(states)

@@ -19,6 +19,8 @@ class StepRequestState:
     cond: dict[str, torch.Tensor] = field(default_factory=dict)   # prompt embeds / class labels, CFG rows first
     step_kwargs: dict[str, Any] = field(default_factory=dict)     # extra kwargs for scheduler.step
     step_index: int = 0                 # steps completed; advanced only by step_scheduler()
+    t_start: int = 0                    # an edit skips the first t_start timesteps (strength < 1)
+    edit: dict[str, Any] = field(default_factory=dict)            # edit tensors (inpaint: mask, image latents, noise)
 
     @property
     def request_id(self) -> str:
@@ -26,11 +28,11 @@ class StepRequestState:
 
     @property
     def total_steps(self) -> int:
-        return len(self.scheduler.timesteps)
+        return len(self.scheduler.timesteps) - self.t_start
 
     @property
     def timestep(self) -> torch.Tensor:
-        return self.scheduler.timesteps[self.step_index]
+        return self.scheduler.timesteps[self.t_start + self.step_index]
 
     @property
     def finished(self) -> bool:

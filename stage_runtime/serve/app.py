@@ -6,14 +6,17 @@ tree (:data:`stage_runtime.serve.wire.STATUS_BY_TYPE`); 429 carries Retry-After.
 
 from __future__ import annotations
 
-import json
 import logging
 
 from aiohttp import web
 
-from stage_runtime.errors import DiffStageError, InvalidRequestError, QueueFullError
-from stage_runtime.serve.images import SERVICE, create_images
+from stage_runtime.errors import DiffStageError, InvalidRequestError, QueueFullError, RequestTooLargeError
+from stage_runtime.serve.auth import bearer_auth
+from stage_runtime.serve.bodies import read_json
+from stage_runtime.serve.images import SERVICE, create_edits, create_images
 from stage_runtime.serve.metrics import CONTENT_TYPE_LATEST
+from stage_runtime.serve.models_route import get_model, list_models
+from stage_runtime.serve.openapi import openapi_document
 from stage_runtime.serve.schemas import AbortBody, error_body, parse_body
 from stage_runtime.serve.service import StageService
 from stage_runtime.serve.wire import error_type_of, status_of
@@ -24,7 +27,7 @@ _HTTP_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_la
 
 def error_response(exc: DiffStageError, service: StageService) -> web.Response:
     error_type = error_type_of(exc)
-    param = exc.field if isinstance(exc, InvalidRequestError) else None
+    param = exc.field if isinstance(exc, (InvalidRequestError, RequestTooLargeError)) else None
     headers = {"Retry-After": str(service.retry_after())} if isinstance(exc, QueueFullError) else None
     return web.json_response(error_body(error_type, str(exc), param), status=status_of(error_type),
                              headers=headers)
@@ -47,11 +50,7 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
 
 
 async def abort(request: web.Request) -> web.Response:
-    try:
-        data = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise InvalidRequestError("body", "<not JSON>", "must be a JSON object") from None
-    body = parse_body(AbortBody, data).check()
+    body = parse_body(AbortBody, await read_json(request)).check()
     return web.json_response(request.app[SERVICE].abort(body.request_ids, all=body.all))
 
 
@@ -84,14 +83,25 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=service.metrics.render(service.stats()), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def build_app(service: StageService) -> web.Application:
-    app = web.Application(middlewares=[json_errors])
+async def _openapi(document: dict) -> web.Response:
+    return web.json_response(document)
+
+
+def build_app(service: StageService, api_keys: tuple[bytes, ...] = ()) -> web.Application:
+    """The routes; with ``api_keys`` every /v1/* route needs one of them as a Bearer token."""
+    middlewares = [json_errors] + ([bearer_auth(api_keys)] if api_keys else [])
+    app = web.Application(middlewares=middlewares, client_max_size=service.config.server.max_upload_bytes)
     app[SERVICE] = service
     app.router.add_post("/v1/images/generations", create_images)
+    app.router.add_post("/v1/images/edits", create_edits)
     app.router.add_post("/v1/abort", abort)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/v1/requests", requests)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model_id}", get_model)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
+    document = openapi_document(bool(api_keys))
+    app.router.add_get("/openapi.json", lambda request: _openapi(document))
     return app

@@ -1,65 +1,85 @@
-"""``POST /v1/images/generations``: OpenAI-compatible image generation, JSON or server-sent events.
+"""``POST /v1/images/generations`` and ``POST /v1/images/edits``: OpenAI's images API, JSON or SSE.
 
-JSON: ``{"id", "created", "data": [{"b64_json"}]}`` (PNG). ``stream: true``: one SSE event per
-denoising step (``progress``; ``partial_image`` when a preview was decoded), then exactly one final
-event, ``completed`` (the same body as JSON, plus ``type``) or ``error``. A client that disconnects has
-its request aborted (aiohttp cancels the handler; the service aborts what its consumer abandoned).
+JSON: ``{"id", "created", "data": [{"b64_json"}], "output_format", "size", "quality", "background"}``
+(PNG, JPEG or WebP). ``stream: true``: server-sent events (``serve.events``: OpenAI's event names by
+default). A client that disconnects has its request aborted (aiohttp cancels the handler; the service
+aborts what its consumer abandoned).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import json
 from contextlib import aclosing
-from typing import Any
 
 import numpy as np
 from aiohttp import web
 
 from stage_runtime.engine.stream import raise_for_output
-from stage_runtime.errors import InvalidRequestError, RequestAbortedError
-from stage_runtime.imageio import encode_png
-from stage_runtime.serve.schemas import ImageGenerationRequest, error_body, images_body, parse_body
+from stage_runtime.errors import InvalidRequestError, RequestAbortedError, RequestTooLargeError
+from stage_runtime.imageio import encode_image
+from stage_runtime.request import DiffusionRequest
+from stage_runtime.serve.bodies import read_edit_form, read_json
+from stage_runtime.serve.events import EventWriter
+from stage_runtime.serve.schemas import ImageGenerationRequest, ImageOptions, error_body, images_body, parse_body
 from stage_runtime.serve.service import StageService
 
 SERVICE = web.AppKey("service", StageService)
-INLINE_ENCODE_PIXELS = 256 * 256          # larger batches are PNG-encoded off the event loop
+INLINE_ENCODE_PIXELS = 256 * 256          # larger batches are encoded off the event loop
 
 
-def encode_b64_pngs(images: np.ndarray) -> list[str]:
-    return [base64.b64encode(encode_png(image)).decode("ascii") for image in images]
+def encode_b64(images: np.ndarray, output_format: str = "png", compression: int | None = None) -> list[str]:
+    return [base64.b64encode(encode_image(image, output_format, compression)).decode("ascii") for image in images]
 
 
-async def encode_images(images: np.ndarray) -> list[str]:
+async def encode_images(images: np.ndarray, output_format: str = "png", compression: int | None = None) -> list[str]:
     if images.shape[0] * images.shape[1] * images.shape[2] <= INLINE_ENCODE_PIXELS:
-        return encode_b64_pngs(images)
-    return await asyncio.to_thread(encode_b64_pngs, images)
+        return encode_b64(images, output_format, compression)
+    return await asyncio.to_thread(encode_b64, images, output_format, compression)
 
 
-async def read_generation(request: web.Request, service: StageService) -> ImageGenerationRequest:
-    try:
-        data = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise InvalidRequestError("body", "<not JSON>", "must be a JSON object") from None
-    gen = parse_body(ImageGenerationRequest, data)
+def check_model(body: ImageOptions, service: StageService) -> None:
     served = service.served_name
-    if gen.model is not None and served is not None and gen.model != served:
-        raise InvalidRequestError("model", gen.model, f"this stage serves {served!r}")
-    return gen
+    if body.model is not None and served is not None and body.model != served:
+        raise InvalidRequestError("model", body.model, f"this stage serves {served!r}")
 
 
 async def create_images(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/images/generations`` (JSON)."""
     service = request.app[SERVICE]
     try:
-        gen = await read_generation(request, service)
-        engine_request = gen.to_request()
-    except InvalidRequestError:
+        body = parse_body(ImageGenerationRequest, await read_json(request))
+        check_model(body, service)
+        engine_request = body.to_request(service.config.server.max_image_pixels)
+    except (InvalidRequestError, RequestTooLargeError):
         service.metrics.count("invalid")
         raise
+    return await run_request(request, service, body, engine_request, "image_generation")
+
+
+async def create_edits(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/images/edits`` (multipart: image, optional mask, the fields)."""
+    service = request.app[SERVICE]
+    server = service.config.server
+    try:
+        body, edit = await read_edit_form(request, server.max_upload_bytes, server.max_image_pixels)
+        check_model(body, service)
+        engine_request = body.to_request(edit, server.max_image_pixels)
+    except (InvalidRequestError, RequestTooLargeError):
+        service.metrics.count("invalid")
+        raise
+    return await run_request(request, service, body, engine_request, "image_edit")
+
+
+async def run_request(request: web.Request, service: StageService, body: ImageOptions,
+                      engine_request: DiffusionRequest, event_prefix: str) -> web.StreamResponse:
     stream = service.submit(engine_request)
-    if gen.stream:
-        return await _stream_events(request, service, stream)
+
+    async def encode(images: np.ndarray) -> list[str]:
+        return await encode_images(images, body.output_format, body.output_compression)
+
+    if body.stream:
+        return await _stream_events(request, service, stream, EventWriter, body, event_prefix, encode)
     final = None
     async with aclosing(service.outputs(stream)) as items:
         async for item in items:
@@ -68,31 +88,19 @@ async def create_images(request: web.Request) -> web.StreamResponse:
         # Aborted by the drain, not by a client: 503, so the caller retries on another replica.
         return web.json_response(error_body(final.error_type, final.error), status=503)
     raise_for_output(final)                                # 409 aborted, 503 engine dead, 500 failed
-    return web.json_response(images_body(final.request_id, await encode_images(final.images)))
+    height, width = final.images.shape[1:3]
+    return web.json_response(images_body(final.request_id, await encode(final.images),
+                                         output_format=body.output_format, size=f"{width}x{height}",
+                                         quality=body.quality or "auto", background=body.background or "opaque"))
 
 
-async def _stream_events(request: web.Request, service: StageService, stream) -> web.StreamResponse:
+async def _stream_events(request, service, stream, writer_cls, body, prefix, encode) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
     await response.prepare(request)
+    writer = writer_cls(response, body, prefix, encode)
     async with aclosing(service.outputs(stream)) as items:
         async for item in items:
-            rid = item.request_id
-            if not item.finished:
-                await _send(response, "progress", {"id": rid, "step": item.step_index, "num_steps": item.num_steps})
-                if item.images is not None:
-                    await _send(response, "partial_image", {"id": rid, "step": item.step_index,
-                                                            "data": [{"b64_json": b} for b in
-                                                                     await encode_images(item.images)]})
-            elif item.error is None:
-                await _send(response, "completed", images_body(rid, await encode_images(item.images)))
-            else:
-                await _send(response, "error", {"id": rid, **error_body(item.error_type or "request_failed",
-                                                                        item.error)})
+            await writer.write(item)
     await response.write_eof()
     return response
-
-
-async def _send(response: web.StreamResponse, event: str, data: dict[str, Any]) -> None:
-    payload = json.dumps({"type": event, **data}, separators=(",", ":"))
-    await response.write(f"event: {event}\ndata: {payload}\n\n".encode())

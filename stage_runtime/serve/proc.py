@@ -24,6 +24,7 @@ from aiohttp import web
 from stage_runtime.config import StageConfig
 from stage_runtime.errors import ConfigError
 from stage_runtime.serve.app import build_app
+from stage_runtime.serve.auth import load_api_keys
 from stage_runtime.serve.metrics import StageMetrics
 from stage_runtime.serve.service import StageService
 from stage_runtime.serve.termination import (EXIT_DEAD, EXIT_OK, WORKER_DIED, exit_code_for, reason_for,
@@ -87,7 +88,8 @@ class StageDiffusionProc:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig.name)
         server = self.config.server
-        runner = web.AppRunner(build_app(self.service), handler_cancellation=True, access_log=None,
+        keys = load_api_keys(server.api_key_file) if server.api_key_file else ()
+        runner = web.AppRunner(build_app(self.service, keys), handler_cancellation=True, access_log=None,
                                shutdown_timeout=HTTP_SHUTDOWN_S)
         await runner.setup()
         http_open = True

@@ -9,12 +9,12 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from stage_runtime.errors import InvalidRequestError
-from stage_runtime.request import MAX_PROMPT_CHARS, DiffusionRequest, SamplingParams
+from stage_runtime.request import MAX_PROMPT_CHARS, DiffusionRequest, EditInput, SamplingParams
 
 _EDGE = ConfigDict(extra="forbid", strict=True, frozen=True)
 _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
@@ -35,55 +35,111 @@ def parse_body(model: type[BaseModel], data: Any) -> Any:
         raise InvalidRequestError(field, value, err["msg"].removeprefix("Value error, ")) from None
 
 
-class ImageGenerationRequest(BaseModel):
-    """``POST /v1/images/generations``: OpenAI's fields plus the diffusion knobs of docs/http-api.md."""
+class ImageOptions(BaseModel):
+    """What generations and edits share: OpenAI's fields (meaning in docs/http-api.md) plus our knobs."""
 
-    model_config = _EDGE
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     model: str | None = None                      # OpenAI clients send it; checked against the served name
     n: int = Field(1, ge=1, le=MAX_IMAGES)
-    size: str | None = None                       # "WIDTHxHEIGHT"; None: the model's default
     response_format: Literal["b64_json"] = "b64_json"
+    output_format: Literal["png", "jpeg", "webp"] = "png"
+    output_compression: int | None = Field(None, ge=0, le=100)    # jpeg/webp quality
+    quality: Literal["auto", "low", "medium", "high", "standard", "hd", "xhigh", "max"] | None = None  # ignored
+    style: Literal["vivid", "natural"] | None = None   # DALL·E 3's; accepted and ignored
+    background: Literal["auto", "opaque", "transparent"] | None = None    # transparent: refused (RGB models)
+    moderation: Literal["auto", "low"] | None = None   # accepted; this stage runs no moderation
+    user: str | None = Field(None, max_length=256)     # accepted and ignored
+    safety_identifier: str | None = Field(None, max_length=256)   # accepted and ignored
     seed: int | None = Field(None, ge=0, lt=2**63)
     num_inference_steps: int | None = Field(None, ge=1, le=1000)
     guidance_scale: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
     negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     request_id: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")
     stream: bool = False
+    partial_images: int | None = Field(None, ge=0, le=3)    # previews while streaming (step mode)
+    stream_format: Literal["openai", "diffstage"] = "openai"  # the SSE event names (docs/http-api.md)
     preview_every: int | None = Field(None, ge=1, le=1000)   # stream a decoded preview every k steps
     priority: int = Field(0, ge=-1000, le=1000)             # higher first (--scheduling-policy priority)
     timeout_s: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False)   # 504 deadline_exceeded after
-    user: str | None = None                       # OpenAI field; accepted and ignored
 
-    @field_validator("size")
+    @field_validator("size", check_fields=False)
     @classmethod
     def _size(cls, v: str | None) -> str | None:
-        if v is None:
+        if v is None or v == "auto":
             return v
         match = _SIZE.match(v)
         if not match:
-            raise ValueError("must be WIDTHxHEIGHT, e.g. 64x64")
+            raise ValueError("must be WIDTHxHEIGHT, e.g. 64x64" + (" or auto" if cls.allows_auto_size else ""))
         for side in (int(match[1]), int(match[2])):
             if not 8 <= side <= MAX_SIDE or side % 8:
                 raise ValueError(f"each side must be a multiple of 8 between 8 and {MAX_SIDE}")
         return v
 
+    allows_auto_size: ClassVar[bool] = False
+
     def width_height(self) -> tuple[int | None, int | None]:
-        if self.size is None:
+        size = getattr(self, "size", None)
+        if size is None or size == "auto":
             return None, None
-        width, height = self.size.split("x")
+        width, height = size.split("x")
         return int(width), int(height)
 
-    def to_request(self) -> DiffusionRequest:
+    def check(self, max_pixels: int) -> None:
+        """Cross-field rules (400 naming the field)."""
+        if getattr(self, "size", None) == "auto" and not self.allows_auto_size:
+            raise InvalidRequestError("size", "auto", "auto is for edits (the input image's size)")
         width, height = self.width_height()
+        if width is not None and width * height > max_pixels:
+            raise InvalidRequestError("size", self.size, f"{width * height} pixels is over this stage's limit of "
+                                                         f"{max_pixels} (--max-image-pixels)")
+        if self.output_compression is not None and self.output_format == "png":
+            raise InvalidRequestError("output_compression", self.output_compression,
+                                      "applies to output_format jpeg or webp, not png")
+        if self.background == "transparent":
+            raise InvalidRequestError("background", "transparent", "this model produces opaque RGB images")
         if self.preview_every is not None and not self.stream:
             raise InvalidRequestError("preview_every", self.preview_every, "previews need stream=true")
-        sampling = SamplingParams(
+        if self.partial_images and not self.stream:
+            raise InvalidRequestError("partial_images", self.partial_images, "partial images need stream=true")
+
+    def sampling(self) -> SamplingParams:
+        width, height = self.width_height()
+        return SamplingParams(
             num_inference_steps=self.num_inference_steps, width=width, height=height,
             guidance_scale=self.guidance_scale, negative_prompt=self.negative_prompt, seed=self.seed,
-            num_outputs=self.n, stream=self.stream, preview_every=self.preview_every, priority=self.priority,
-            timeout_s=self.timeout_s)
-        return DiffusionRequest(self.request_id or f"img-{uuid.uuid4().hex}", self.prompt, sampling)
+            num_outputs=self.n, stream=self.stream, preview_every=self.preview_every,
+            partial_images=self.partial_images or 0, priority=self.priority, timeout_s=self.timeout_s)
+
+    def new_request_id(self) -> str:
+        return self.request_id or f"img-{uuid.uuid4().hex}"
+
+
+class ImageGenerationRequest(ImageOptions):
+    """``POST /v1/images/generations`` (JSON): strict types, unknown fields refused."""
+
+    model_config = _EDGE
+    size: str | None = None                       # "WIDTHxHEIGHT"; None: the model's default
+
+    def to_request(self, max_pixels: int = MAX_SIDE * MAX_SIDE) -> DiffusionRequest:
+        self.check(max_pixels)
+        return DiffusionRequest(self.new_request_id(), self.prompt, self.sampling())
+
+
+class ImageEditRequest(ImageOptions):
+    """``POST /v1/images/edits``: the multipart form's text fields (form values are strings: lax types).
+
+    The files (``image``, ``image[]``, ``mask``) are decoded by ``serve.bodies`` into an EditInput.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    size: str | None = "auto"                     # "auto": the input image's size
+    strength: float = Field(0.8, gt=0.0, le=1.0, allow_inf_nan=False)
+    input_fidelity: Literal["high", "low"] | None = None     # OpenAI field; accepted and ignored
+    allows_auto_size: ClassVar[bool] = True
+
+    def to_request(self, edit: EditInput, max_pixels: int = MAX_SIDE * MAX_SIDE) -> DiffusionRequest:
+        self.check(max_pixels)
+        return DiffusionRequest(self.new_request_id(), self.prompt, self.sampling(), edit=edit)
 
 
 class AbortBody(BaseModel):
@@ -131,5 +187,6 @@ def error_body(error_type: str, message: str, param: str | None = None) -> dict[
     return {"error": error}
 
 
-def images_body(request_id: str, b64_images: list[str]) -> dict[str, Any]:
-    return {"id": request_id, "created": int(time.time()), "data": [{"b64_json": b} for b in b64_images]}
+def images_body(request_id: str, b64_images: list[str], **extra: Any) -> dict[str, Any]:
+    """OpenAI's ImagesResponse (+ our ``id``); ``extra``: output_format, size, quality, background."""
+    return {"id": request_id, "created": int(time.time()), "data": [{"b64_json": b} for b in b64_images], **extra}

@@ -28,13 +28,15 @@ import numpy as np
 from stage_runtime.errors import (ConfigError, DeadlineExceededError, DiffStageError, DuplicateRequestError,
                                   EngineClosedError,
                                   EngineDeadError, InvalidRequestError, QueueFullError, RequestAbortedError,
-                                  RequestFailedError, RpcError, StageUnavailableError)
+                                  RequestFailedError, RequestTooLargeError, RpcError, StageUnavailableError,
+                                  UnauthorizedError)
 from stage_runtime.outputs import DiffusionOutput
 
 # error_type → HTTP status (the ZMQ ``error`` message carries it too).
 STATUS_BY_TYPE = {
-    InvalidRequestError.error_type: 400, DuplicateRequestError.error_type: 409, QueueFullError.error_type: 429,
-    RequestAbortedError.error_type: 409, RequestFailedError.error_type: 500, DeadlineExceededError.error_type: 504, RpcError.error_type: 500,
+    InvalidRequestError.error_type: 400, RequestTooLargeError.error_type: 413, UnauthorizedError.error_type: 401,
+    DuplicateRequestError.error_type: 409, QueueFullError.error_type: 429, RequestAbortedError.error_type: 409,
+    RequestFailedError.error_type: 500, DeadlineExceededError.error_type: 504, RpcError.error_type: 500,
     EngineClosedError.error_type: 503, EngineDeadError.error_type: 503, StageUnavailableError.error_type: 503,
 }
 ERROR_CLASSES: dict[str, type[DiffStageError]] = {

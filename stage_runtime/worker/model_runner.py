@@ -199,11 +199,10 @@ class DiffusionModelRunner:
             rid = state.request_id
             try:
                 self.adapter.step_scheduler(state, pred)
-                every = state.request.sampling.preview_every
                 if state.finished:
                     images = self.adapter.post_decode(state)
-                elif every and state.step_index % every == 0:
-                    images = self.adapter.post_decode(state)          # a preview
+                elif state.request.preview_at(state.step_index):
+                    images = self.adapter.post_decode(state)          # a preview (preview_every, partial_images)
                 else:
                     images = None
                 results[rid] = RunnerOutput(rid, images=images, step_index=state.step_index, finished=state.finished)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import time
 import traceback
 
@@ -127,9 +128,9 @@ def replaced_processor_error(adapter) -> str | None:
     return None
 
 
-def run_rank(rank: int, world: int, ports: list[int], runs: list[dict], results) -> None:
+def run_rank(rank: int, world: int, rendezvous: list[str], runs: list[dict], results) -> None:
     """Entry point of one spawned rank. For each run (in order): init a world from ``run['parallel']``
-    on its own port, run ``JOBS[run['job']]``, destroy. Reports the payloads (one per run) or the error.
+    at its own rendezvous, run ``JOBS[run['job']]``, destroy. Reports the payloads (one per run) or the error.
     A job returning ``{"exit": True}`` makes this rank's process exit right after reporting."""
     import torch
 
@@ -139,9 +140,9 @@ def run_rank(rank: int, world: int, ports: list[int], runs: list[dict], results)
         from stage_runtime.distributed.groups import destroy_distributed, init_distributed
 
         payloads = []
-        for port, run in zip(ports, runs, strict=True):
+        for init_method, run in zip(rendezvous, runs, strict=True):
             parallel = ParallelConfig(**run["parallel"])
-            groups = init_distributed(parallel, rank, f"tcp://127.0.0.1:{port}", torch.device("cpu"),
+            groups = init_distributed(parallel, rank, init_method, torch.device("cpu"),
                                       run.get("timeout_s", TIMEOUT_S))
             try:
                 payloads.append(JOBS[run["job"]](rank, groups, parallel, run))
@@ -210,13 +211,17 @@ JOBS = {"models": _job_models, "peer_gone": _job_peer_gone}
 class Ranks:
     """``world`` spawned processes running :func:`run_rank`; :meth:`wait` returns each rank's payload."""
 
-    def __init__(self, world: int, runs: list[dict]):
+    def __init__(self, world: int, runs: list[dict], target=None):
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")
         self.world, self.results = world, ctx.Queue()
-        ports = free_ports(len(runs))
-        self.procs = [ctx.Process(target=run_rank, args=(r, world, ports, runs, self.results), daemon=True)
+        # One file rendezvous per run: a TCP port picked now and bound minutes later (the runs go in turn)
+        # could be taken meanwhile by another process (seen: EADDRINUSE under a busy machine).
+        self._dir = tempfile.TemporaryDirectory(prefix="ds-rendezvous-")
+        rendezvous = [f"file://{self._dir.name}/run-{i}" for i in range(len(runs))]
+        self.procs = [ctx.Process(target=target or run_rank, args=(r, world, rendezvous, runs, self.results),
+                                  daemon=True)
                       for r in range(world)]
         for p in self.procs:
             p.start()
@@ -240,6 +245,7 @@ class Ranks:
                 if p.is_alive():
                     p.kill()
                     p.join()
+            self._dir.cleanup()
         if errors:
             raise AssertionError("\n".join(errors))
         return out

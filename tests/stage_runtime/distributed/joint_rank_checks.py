@@ -6,7 +6,6 @@ also checks the joint Ulysses processors, and its own spawn (a spawned child imp
 
 from __future__ import annotations
 
-import time
 import traceback
 
 import dist_rank_checks as checks
@@ -51,7 +50,7 @@ def job(rank, groups, parallel, run) -> dict:
     return payload
 
 
-def run_rank(rank: int, world: int, ports: list[int], runs: list[dict], results) -> None:
+def run_rank(rank: int, world: int, rendezvous: list[str], runs: list[dict], results) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -60,9 +59,9 @@ def run_rank(rank: int, world: int, ports: list[int], runs: list[dict], results)
         from stage_runtime.distributed.groups import destroy_distributed, init_distributed
 
         payloads = []
-        for port, run in zip(ports, runs, strict=True):
+        for init_method, run in zip(rendezvous, runs, strict=True):
             parallel = ParallelConfig(**run["parallel"])
-            groups = init_distributed(parallel, rank, f"tcp://127.0.0.1:{port}", torch.device("cpu"), TIMEOUT_S)
+            groups = init_distributed(parallel, rank, init_method, torch.device("cpu"), TIMEOUT_S)
             try:
                 payloads.append(job(rank, groups, parallel, run))
             finally:
@@ -72,33 +71,6 @@ def run_rank(rank: int, world: int, ports: list[int], runs: list[dict], results)
         results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
 
-class Ranks:
-    """``world`` spawned processes running :func:`run_rank`; :meth:`wait` returns each rank's payloads."""
-
-    def __init__(self, world: int, runs: list[dict]):
-        import multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        self.world, self.results = world, ctx.Queue()
-        ports = checks.free_ports(len(runs))
-        self.procs = [ctx.Process(target=run_rank, args=(r, world, ports, runs, self.results), daemon=True)
-                      for r in range(world)]
-        for p in self.procs:
-            p.start()
-
-    def wait(self, timeout_s: float) -> dict[int, list]:
-        out, errors = {}, []
-        try:
-            deadline = time.monotonic() + timeout_s
-            while len(out) + len(errors) < self.world:
-                rank, status, payload = self.results.get(timeout=max(1.0, deadline - time.monotonic()))
-                (out.__setitem__(rank, payload) if status == "ok" else errors.append(f"rank {rank}: {payload}"))
-        finally:
-            for p in self.procs:
-                p.join(timeout=10)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-        if errors:
-            raise AssertionError("\n".join(errors))
-        return out
+def Ranks(world: int, runs: list[dict]) -> checks.Ranks:  # noqa: N802 - a constructor, as dist_rank_checks.Ranks
+    """``world`` spawned ranks running this module's :func:`run_rank` (the spawn and reaping are shared)."""
+    return checks.Ranks(world, runs, target=run_rank)

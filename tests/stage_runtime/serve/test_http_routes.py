@@ -32,7 +32,8 @@ async def test_generate_returns_n_pngs_of_the_requested_size(http):
 
 
 async def test_stream_sends_progress_in_order_then_exactly_one_final(http):
-    body = {"prompt": "a cat", "num_inference_steps": 5, "seed": 3, "stream": True, "request_id": "sse-1"}
+    body = {"prompt": "a cat", "num_inference_steps": 5, "seed": 3, "stream": True, "request_id": "sse-1",
+            "stream_format": "diffstage"}
     async with http.stream("POST", "/v1/images/generations", json=body) as resp:
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/event-stream")

@@ -54,7 +54,7 @@ def test_starting_state_before_warmup(step_stage):
 async def test_stream_with_previews_and_two_streams_batched(step_stage):
     async def stream(rid: str, steps: int) -> list[tuple[str, dict]]:
         body = {"prompt": "a cat", "model": "tiny-sd", "num_inference_steps": steps, "seed": 2, "stream": True,
-                "preview_every": 2, "request_id": rid, "size": "64x64"}
+                "preview_every": 2, "request_id": rid, "size": "64x64", "stream_format": "diffstage"}
         async with http.stream("POST", "/v1/images/generations", json=body) as resp:
             assert resp.status_code == 200
             return sse_events((await resp.aread()).decode())

@@ -1,0 +1,145 @@
+"""``GET /openapi.json``: the OpenAPI 3.1 document of every route, generated from the pydantic schemas.
+
+Nothing here is hand-written schema: request bodies are ``model_json_schema()`` of the edge models
+(the edit form adds its file parts as ``format: binary``), responses of the response models below.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from stage_runtime.serve.schemas import AbortBody, ImageEditRequest, ImageGenerationRequest, StageStats
+
+REF = "#/components/schemas/{model}"
+
+
+class ErrorDetail(BaseModel):
+    type: str
+    message: str
+    param: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class ImageData(BaseModel):
+    b64_json: str
+
+
+class ImagesResponse(BaseModel):
+    id: str
+    created: int
+    data: list[ImageData]
+    output_format: Literal["png", "jpeg", "webp"]
+    size: str
+    quality: str
+    background: str
+
+
+class AbortResult(BaseModel):
+    aborted: list[str]
+    not_found: list[str]
+
+
+class RequestInfo(BaseModel):
+    request_id: str
+    state: str
+    step: int
+    num_steps: int
+
+
+class RequestsList(BaseModel):
+    requests: list[RequestInfo]
+
+
+class ModelCard(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    diffstage: dict[str, Any]
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class HealthStatus(BaseModel):
+    status: str
+    state: str | None = None
+
+
+MODELS = (ErrorResponse, ImagesResponse, AbortResult, RequestsList, ModelCard, ModelList, HealthStatus, StageStats,
+          ImageGenerationRequest, AbortBody)
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def _json(model: type[BaseModel]) -> dict[str, Any]:
+    return {"application/json": {"schema": _ref(model)}}
+
+
+def _responses(ok: type[BaseModel] | None, *errors: int, ok_types: dict | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"200": {"description": "OK", "content": ok_types or _json(ok)}}
+    for status in errors:
+        out[str(status)] = {"description": "error", "content": _json(ErrorResponse)}
+    return out
+
+
+def edit_form_schema() -> dict[str, Any]:
+    schema = ImageEditRequest.model_json_schema(ref_template=REF)
+    binary = {"type": "string", "format": "binary"}
+    schema["properties"] = {"image": binary, "mask": binary, **schema["properties"]}
+    schema["required"] = ["image", *schema.get("required", [])]
+    return schema
+
+
+def openapi_document(api_keys: bool) -> dict[str, Any]:
+    components: dict[str, Any] = {}
+    for model in MODELS:
+        schema = model.model_json_schema(ref_template=REF)
+        components.update(schema.pop("$defs", {}))
+        components[model.__name__] = schema
+    components["ImageEditForm"] = edit_form_schema()
+    components.update(components["ImageEditForm"].pop("$defs", {}))
+    images_out = {**_json(ImagesResponse), "text/event-stream": {"schema": {"type": "string"}}}
+    image_errors = (400, 409, 413, 429, 500, 503) + ((401,) if api_keys else ())
+    v1 = (401,) if api_keys else ()
+    paths = {
+        "/v1/images/generations": {"post": {
+            "operationId": "createImage", "requestBody": {"required": True, "content": _json(ImageGenerationRequest)},
+            "responses": _responses(None, *image_errors, ok_types=images_out)}},
+        "/v1/images/edits": {"post": {
+            "operationId": "createImageEdit", "requestBody": {"required": True, "content": {
+                "multipart/form-data": {"schema": {"$ref": REF.format(model="ImageEditForm")}}}},
+            "responses": _responses(None, *image_errors, ok_types=images_out)}},
+        "/v1/abort": {"post": {"operationId": "abort", "requestBody": {"required": True, "content": _json(AbortBody)},
+                               "responses": _responses(AbortResult, 400, 413, *v1)}},
+        "/v1/stats": {"get": {"operationId": "stats", "responses": _responses(StageStats, *v1)}},
+        "/v1/requests": {"get": {"operationId": "listRequests", "responses": _responses(RequestsList, *v1)}},
+        "/v1/models": {"get": {"operationId": "listModels", "responses": _responses(ModelList, 503, *v1)}},
+        "/v1/models/{model_id}": {"get": {
+            "operationId": "retrieveModel",
+            "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": _responses(ModelCard, 404, 503, *v1)}},
+        "/health": {"get": {"operationId": "health", "responses": _responses(HealthStatus, 503)}},
+        "/ready": {"get": {"operationId": "ready", "responses": _responses(HealthStatus, 503)}},
+        "/metrics": {"get": {"operationId": "metrics", "responses": {"200": {
+            "description": "Prometheus text", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+    }
+    doc: dict[str, Any] = {"openapi": "3.1.0", "info": {"title": "diffstage stage", "version": "v1"},
+                           "paths": paths, "components": {"schemas": components}}
+    if api_keys:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        for path, item in paths.items():
+            if path.startswith("/v1/"):
+                for op in item.values():
+                    op["security"] = [{"bearer": []}]
+    return doc
