@@ -1,6 +1,7 @@
 """Pipeline registry: the diffusers class named in ``model_index.json`` → the adapter that serves it.
 
-Entries are import paths, imported only when a model is loaded (the registry itself never imports torch).
+A class without a dedicated adapter is served by the generic diffusers adapter (request mode only; it
+says at startup what it cannot do). Entries are import paths, imported only when a model is loaded (the registry itself never imports torch).
 ``model.adapter`` in the stage config overrides the lookup with any ``package.module:Class``.
 """
 
@@ -18,7 +19,10 @@ ADAPTERS: dict[str, str] = {
     "StableDiffusion3Pipeline": "stage_runtime.models.sd3:StableDiffusion3Adapter",
     "StableDiffusionPipeline": "stage_runtime.models.sd:StableDiffusionAdapter",
     "DiTPipeline": "stage_runtime.models.dit:DiTAdapter",
+    "StableDiffusionXLPipeline": "stage_runtime.models.sdxl:StableDiffusionXLAdapter",
+    "QwenImagePipeline": "stage_runtime.models.qwen_image:QwenImageAdapter",
 }
+GENERIC = "stage_runtime.models.generic:GenericDiffusersAdapter"
 
 
 def read_pipeline_class(model_path: str | Path) -> str:
@@ -35,17 +39,10 @@ def read_pipeline_class(model_path: str | Path) -> str:
     return name
 
 
-
 def resolve_adapter_path(model: ModelConfig) -> str:
     if model.adapter:
         return model.adapter
-    pipeline_class = read_pipeline_class(model.path)
-    try:
-        return ADAPTERS[pipeline_class]
-    except KeyError:
-        raise ModelLoadError(
-            f"model.path={model.path!r}: pipeline class {pipeline_class!r} is not supported "
-            f"(supported: {', '.join(sorted(ADAPTERS))})") from None
+    return ADAPTERS.get(read_pipeline_class(model.path), GENERIC)
 
 
 def resolve_adapter_class(model: ModelConfig) -> type:

@@ -12,7 +12,7 @@ from stage_runtime.errors import ModelLoadError
 from stage_runtime.models.dit import DiTAdapter
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.plugins import import_object
-from stage_runtime.models.registry import (ADAPTERS, read_pipeline_class, resolve_adapter_class,
+from stage_runtime.models.registry import (ADAPTERS, GENERIC, read_pipeline_class, resolve_adapter_class,
                                            resolve_adapter_path)
 from stage_runtime.models.sd import StableDiffusionAdapter
 
@@ -49,17 +49,6 @@ def test_model_index_that_is_not_an_object_is_a_model_load_error(tmp_path):
         read_pipeline_class(write_index(tmp_path, ["StableDiffusionPipeline"]))
 
 
-def test_unsupported_pipeline_class_lists_supported(tmp_path):
-    path = write_index(tmp_path, {"_class_name": "WuerstchenPipeline", "_diffusers_version": "0.42.1"})
-    assert read_pipeline_class(path) == "WuerstchenPipeline"
-    with pytest.raises(ModelLoadError) as exc:
-        resolve_adapter_class(ModelConfig(path=path))
-    msg = str(exc.value)
-    assert "'WuerstchenPipeline' is not supported" in msg
-    assert "supported: DiTPipeline, FluxPipeline, StableDiffusion3Pipeline, StableDiffusionPipeline" in msg
-    assert sorted(ADAPTERS) == ["DiTPipeline", "FluxPipeline", "StableDiffusion3Pipeline", "StableDiffusionPipeline"]
-
-
 @pytest.mark.parametrize(("pipeline_class", "adapter"), [
     ("FluxPipeline", "stage_runtime.models.flux:FluxAdapter"),
     ("StableDiffusion3Pipeline", "stage_runtime.models.sd3:StableDiffusion3Adapter"),
@@ -67,6 +56,12 @@ def test_unsupported_pipeline_class_lists_supported(tmp_path):
 def test_mmdit_families_resolve_by_model_index_class(tmp_path, pipeline_class, adapter):
     path = write_index(tmp_path, {"_class_name": pipeline_class, "_diffusers_version": "0.42.1"})
     assert resolve_adapter_path(ModelConfig(path=path)) == adapter
+
+
+def test_a_class_without_a_dedicated_adapter_resolves_to_the_generic_one(tmp_path):
+    path = write_index(tmp_path, {"_class_name": "StableDiffusionPAGPipeline", "_diffusers_version": "0.42.1"})
+    assert resolve_adapter_path(ModelConfig(path=path)) == GENERIC
+    assert {"StableDiffusionPipeline", "DiTPipeline", "StableDiffusionXLPipeline", "QwenImagePipeline"} <= set(ADAPTERS)
 
 
 def test_adapter_override_wins_without_reading_the_folder(tmp_path):
