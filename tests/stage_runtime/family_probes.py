@@ -47,11 +47,20 @@ def generators(seed: int, n: int) -> list[torch.Generator]:
 
 
 def check_different_step_counts_share_ticks(engine, solo, prompts: tuple[str, str]) -> None:
-    """Step mode: a long and a short request batched together each equal their solo runs (<= 2 uint8)."""
-    long = engine.add_request(req("long", prompts[0], 7, 5))
-    short = engine.add_request(req("short", prompts[1], 3, 6))
-    assert max_diff(short.result(timeout=120).images, solo(prompts[1], 3, 6)) <= 2
-    assert max_diff(long.result(timeout=120).images, solo(prompts[0], 7, 5)) <= 2
+    """Step mode: a long and a short request batched together each equal their solo runs (<= 2 uint8), and
+    they shared denoiser calls (fewer forwards than 7 + 3)."""
+    calls = [0]
+    handle = runner_of(engine).adapter.denoiser.register_forward_pre_hook(
+        lambda _m, _a: calls.__setitem__(0, calls[0] + 1))
+    try:
+        long = engine.add_request(req("long", prompts[0], 7, 5))
+        short = engine.add_request(req("short", prompts[1], 3, 6))
+        short_images, long_images = short.result(timeout=120).images, long.result(timeout=120).images
+    finally:
+        handle.remove()
+    assert calls[0] < 10, f"{calls[0]} denoiser calls: the two requests never shared a tick"
+    assert max_diff(short_images, solo(prompts[1], 3, 6)) <= 2
+    assert max_diff(long_images, solo(prompts[0], 7, 5)) <= 2
     assert_no_state(engine)
 
 

@@ -16,6 +16,7 @@ BUILDERS: dict[str, str] = {
     "sd3": "stage_runtime.models.tiny.sd3",
     "sd": "stage_runtime.models.tiny.sd",
     "dit": "stage_runtime.models.tiny.dit",
+    "sdxl": "stage_runtime.models.tiny.sdxl",
 }
 KINDS = tuple(BUILDERS)
 

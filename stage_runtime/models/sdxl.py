@@ -1,0 +1,124 @@
+"""Stable Diffusion XL (StableDiffusionXLPipeline): two CLIP text encoders, pooled embeddings, size/crop
+micro-conditioning, classifier-free guidance over ``[uncond; cond]`` rows of one UNet call.
+
+Conditioning of one image (what ``StableDiffusionXLPipeline.__call__`` builds, built here the same way):
+
+    encoder_hidden_states   (77, C1 + C2)   penultimate hidden states of both encoders, concatenated
+    text_embeds             (P,)            text_encoder_2's pooled projection
+    time_ids                (6,)            original size (h, w) + crop top-left (0, 0) + target size (h, w)
+
+Without a negative prompt the unconditional rows are zeros (``force_zeros_for_empty_prompt``, SDXL's
+default); with one they are its encoding. Request mode encodes each request alone and hands the fused
+call the embeddings, so a request's conditioning never depends on its batch-mates.
+
+Parallel: CFG-parallel splits the rows (the ``added_cond_kwargs`` tensors included); Ulysses shards
+the tokens of the UNet's transformer blocks (BasicTransformerBlock, as SD's): both are the defaults.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from diffusers.utils.torch_utils import randn_tensor
+
+from stage_runtime.errors import ConfigError
+from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.step_contract import StepContract
+from stage_runtime.models.step_state import StepRequestState
+from stage_runtime.request import DiffusionRequest
+
+
+class StableDiffusionXLAdapter(StepContract, PipelineAdapter):
+    default_steps = 30
+    default_guidance = 5.0
+    parallel_kinds = frozenset({"cfg", "ulysses"})
+
+    def __init__(self, pipeline, device: torch.device):
+        super().__init__(pipeline, device)
+        config = pipeline.unet.config
+        if config.addition_embed_type != "text_time":
+            raise ConfigError(f"StableDiffusionXLPipeline: unet.addition_embed_type={config.addition_embed_type!r}, "
+                              "expected 'text_time' (SDXL micro-conditioning)")
+
+    @property
+    def denoiser(self) -> torch.nn.Module:
+        return self.pipe.unet
+
+    def default_size(self) -> tuple[int, int]:
+        side = self.pipe.unet.config.sample_size * self.vae_scale_factor
+        return side, side
+
+    # -- conditioning, shared by request and step mode ---------------------------------------------------
+    def do_cfg(self, request: DiffusionRequest) -> bool:
+        return request.sampling.guidance_scale > 1 and self.pipe.unet.config.time_cond_proj_dim is None
+
+    def encode(self, request: DiffusionRequest) -> tuple[torch.Tensor, ...]:
+        """(embeds, negative embeds, pooled, negative pooled) for the request's num_outputs images."""
+        n, negative = request.sampling.num_outputs, request.sampling.negative_prompt
+        return self.pipe.encode_prompt(
+            [request.prompt] * n, device=self.device, num_images_per_prompt=1,
+            do_classifier_free_guidance=self.do_cfg(request),
+            negative_prompt=None if negative is None else [negative] * n)
+
+    def time_ids(self, request: DiffusionRequest, dtype: torch.dtype) -> torch.Tensor:
+        """(num_outputs, 6): original size, crop top-left, target size — the image's own size, no crop."""
+        s = request.sampling
+        projection = self.pipe.text_encoder_2.config.projection_dim
+        expected = self.pipe.unet.config.projection_class_embeddings_input_dim
+        ids = [s.height, s.width, 0, 0, s.height, s.width]
+        if self.pipe.unet.config.addition_time_embed_dim * len(ids) + projection != expected:
+            raise ConfigError(f"StableDiffusionXLPipeline: unet.projection_class_embeddings_input_dim={expected} does "
+                              f"not fit {len(ids)} time ids and a pooled projection of {projection}")
+        return torch.tensor([ids] * s.num_outputs, dtype=dtype, device=self.device)
+
+    # -- request mode: one pipeline call, per-request embeddings -------------------------------------------
+    def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
+        s = requests[0].sampling
+        encoded = [self.encode(r) for r in requests]
+        parts = {name: [e[i] for e in encoded] for i, name in enumerate(
+            ("prompt_embeds", "negative_prompt_embeds", "pooled_prompt_embeds", "negative_pooled_prompt_embeds"))}
+        embeds = {k: None if v[0] is None else torch.cat(v) for k, v in parts.items()}
+        images = self.pipe(
+            **embeds, height=s.height, width=s.width, num_inference_steps=s.num_inference_steps,
+            guidance_scale=s.guidance_scale, generator=self.generators(requests), output_type="np",
+            return_dict=False)[0]
+        return self.split_images(requests, images)
+
+    # -- step contract: the same math as StableDiffusionXLPipeline.__call__, one step at a time -----------
+    def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
+        s, pipe, n = request.sampling, self.pipe, request.sampling.num_outputs
+        embeds, negative, pooled, negative_pooled = self.encode(request)
+        time_ids = self.time_ids(request, embeds.dtype)
+        do_cfg = self.do_cfg(request)
+        scheduler = self.request_scheduler(s.num_inference_steps)
+        if hasattr(scheduler, "set_begin_index"):
+            scheduler.set_begin_index(0)
+        generators = self.generators([request])
+        shape = (n, pipe.unet.config.in_channels, s.height // self.vae_scale_factor, s.width // self.vae_scale_factor)
+        latents = randn_tensor(shape, generator=generators, device=self.device, dtype=embeds.dtype)
+        if do_cfg:        # unconditional rows first (SDXL's order)
+            cond = {"embeds": torch.cat([negative, embeds]), "text_embeds": torch.cat([negative_pooled, pooled]),
+                    "time_ids": torch.cat([time_ids, time_ids])}
+        else:
+            cond = {"embeds": embeds, "text_embeds": pooled, "time_ids": time_ids}
+        return StepRequestState(request, scheduler, latents * scheduler.init_noise_sigma, do_cfg, cond=cond,
+                                step_kwargs=pipe.prepare_extra_step_kwargs(generators, 0.0))
+
+    def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
+        rows, timesteps = self.model_inputs(states)
+        added = {key: torch.cat([st.cond[key] for st in states]) for key in ("text_embeds", "time_ids")}
+        noise = self.pipe.unet(torch.cat(rows), timesteps,
+                               encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
+                               added_cond_kwargs=added, return_dict=False)[0]
+        preds = []
+        for st, pred in zip(states, self.split_rows(noise, rows), strict=True):
+            if st.do_cfg:
+                uncond, text = pred.chunk(2)
+                pred = self.guided(uncond, text, st.request.sampling.guidance_scale)
+            preds.append(pred)
+        return preds
+
+    def post_decode(self, state: StepRequestState) -> np.ndarray:
+        pipe = self.pipe
+        image = pipe.vae.decode(state.latents / pipe.vae.config.scaling_factor, return_dict=False)[0]
+        return self.to_uint8(pipe.image_processor.postprocess(image, output_type="np"))
