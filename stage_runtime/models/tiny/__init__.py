@@ -17,6 +17,7 @@ BUILDERS: dict[str, str] = {
     "sd": "stage_runtime.models.tiny.sd",
     "dit": "stage_runtime.models.tiny.dit",
     "sdxl": "stage_runtime.models.tiny.sdxl",
+    "qwen-image": "stage_runtime.models.tiny.qwen_image",
 }
 KINDS = tuple(BUILDERS)
 

@@ -51,7 +51,7 @@ def sd_pipe(built) -> DiffusionPipeline:
 
 @pytest.mark.parametrize(
     ("kind", "class_name"), [("sd", "StableDiffusionPipeline"), ("dit", "DiTPipeline"),
-                             ("sdxl", "StableDiffusionXLPipeline")]
+                             ("sdxl", "StableDiffusionXLPipeline"), ("qwen-image", "QwenImagePipeline")]
 )
 def test_builds_real_pipeline_folder(built, kind, class_name):
     index = json.loads((built[kind] / "model_index.json").read_text())
@@ -145,6 +145,28 @@ def test_tokenizer_encodes_and_round_trips(tmp_path):
     loaded = CLIPTokenizer.from_pretrained(tmp_path)
     assert loaded("a photo of a cat").input_ids == ids
     assert len(loaded) == len(tok)
+
+
+def test_qwen2_tokenizer_drops_exactly_the_template_prefix(built, tmp_path):
+    """QwenImagePipeline drops the first 34 tokens of its chat template: the tiny vocab encodes them as 34."""
+    from diffusers import QwenImagePipeline
+    from transformers import Qwen2Tokenizer
+
+    from stage_runtime.models.tiny.qwen2_tokenizer import build_qwen2_tokenizer
+
+    pipe = QwenImagePipeline.from_pretrained(built["qwen-image"], local_files_only=True)
+    prefix = pipe.prompt_template_encode.split("{}")[0]
+    tok = build_qwen2_tokenizer()
+    assert len(tok(prefix).input_ids) == pipe.prompt_template_encode_start_idx == 34
+    ids = tok(pipe.prompt_template_encode.format("a red car")).input_ids
+    assert tok.convert_ids_to_tokens(ids[34:37]) == ["a", "Ġred", "Ġcar"]
+    assert pipe.tokenizer(pipe.prompt_template_encode.format("a red car")).input_ids == ids
+    tok.save_pretrained(tmp_path)
+    assert Qwen2Tokenizer.from_pretrained(tmp_path)("a red car").input_ids == tok("a red car").input_ids
+
+
+def test_tiny_folders_stay_small(built):
+    assert _folder_size(built["sdxl"]) < 3_000_000 and _folder_size(built["qwen-image"]) < 3_000_000
 
 
 def test_unknown_kind_raises(tmp_path):
