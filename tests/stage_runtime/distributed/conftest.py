@@ -11,13 +11,14 @@ CFG2 = {"cfg_parallel_size": 2}
 
 
 @pytest.fixture(scope="session")
-def two_rank_runs(tiny_sd_path, tiny_dit_path) -> tuple[dict[str, dict[int, dict]], dict]:
+def two_rank_runs(tiny_sd_path, tiny_dit_path, tiny_sdxl_path,
+                  tiny_qwen_image_path) -> tuple[dict[str, dict[int, dict]], dict]:
     """({run name: {rank: payload}}, references): references hold per kind the single-rank images,
     under ``<kind>-transformer`` the outputs of one directly called transformer (SD only), and under
     ``<kind>-hook-calls`` how often a forward pre-hook on the denoiser fires during the scenarios."""
     import dist_rank_checks as checks
 
-    paths = {"sd": tiny_sd_path, "dit": tiny_dit_path}
+    paths = {"sd": tiny_sd_path, "dit": tiny_dit_path, "sdxl": tiny_sdxl_path, "qwen-image": tiny_qwen_image_path}
     runs = {
         "cfg": {"job": "models", "parallel": CFG2, "models": paths},
         "ulysses": {"job": "models", "parallel": {"ulysses_degree": 2}, "models": paths},

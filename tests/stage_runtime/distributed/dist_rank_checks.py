@@ -43,6 +43,7 @@ def load_adapter(path: str):
 def _request(adapter, rid: str, prompt: str, steps: int, seed: int, guidance: float, **kw):
     from stage_runtime.request import DiffusionRequest, SamplingParams
 
+    kw = {"height": 64, "width": 64, **kw}       # every tiny model's 64 px (Qwen-Image's default is 512)
     req = DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed,
                                                        guidance_scale=guidance, **kw))
     return req.resolve(adapter.info())
@@ -116,7 +117,11 @@ def replaced_processor_error(adapter) -> str | None:
     import torch
     from diffusers.models.attention_processor import AttnProcessor2_0
 
-    if hasattr(adapter.denoiser, "transformer_blocks"):     # DiT: one block
+    if type(adapter.denoiser).__name__ == "QwenImageTransformer2DModel":   # Qwen-Image: its own processor
+        from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
+
+        adapter.denoiser.transformer_blocks[0].attn.set_processor(QwenDoubleStreamAttnProcessor2_0())
+    elif hasattr(adapter.denoiser, "transformer_blocks"):     # DiT: one block
         adapter.denoiser.transformer_blocks[0].attn1.set_processor(AttnProcessor2_0())
     else:                                                   # UNet: every attention, as set_attn_processor does
         adapter.denoiser.set_attn_processor(AttnProcessor2_0())
@@ -178,10 +183,11 @@ def installed(denoiser) -> dict:
     from diffusers.models.attention_processor import Attention
 
     from stage_runtime.distributed.ulysses import UlyssesAttnProcessor
+    from stage_runtime.distributed.ulysses_qwen import QwenUlyssesAttnProcessor
 
+    ulysses = (UlyssesAttnProcessor, QwenUlyssesAttnProcessor)
     return {"cfg": getattr(denoiser, "_diffstage_cfg_parallel", None) is not None,
-            "ulysses": sum(isinstance(m, Attention) and isinstance(m.processor, UlyssesAttnProcessor)
-                           for m in denoiser.modules())}
+            "ulysses": sum(isinstance(m, Attention) and isinstance(m.processor, ulysses) for m in denoiser.modules())}
 
 
 def _job_peer_gone(rank, groups, parallel, run) -> dict:

@@ -1,0 +1,58 @@
+"""CFG-parallel (2 ranks) and Ulysses (degree 2) for SDXL and Qwen-Image give the images of one plain rank
+(within 2 uint8) in request mode and step mode, with and without guidance (true-CFG rows for Qwen-Image).
+
+The ranks are the session's two gloo ranks of conftest.two_rank_runs (they load every family once per run).
+Qwen-Image's Ulysses shards the image tokens of its dual-stream blocks and attends over [text ; image]
+(distributed/ulysses_qwen.py); SDXL's UNet transformer blocks take the UNet path of distributed/ulysses.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from parallel_equality import check_images
+
+FAMILIES = ("sdxl", "qwen-image")
+# self-attentions under Ulysses: tiny SDXL has 4 Transformer2DModels of one block (1 down, 1 mid, 2 up);
+# tiny Qwen-Image has 2 dual-stream blocks.
+ULYSSES_PROCESSORS = {"sdxl": 4, "qwen-image": 2}
+family_param = pytest.mark.parametrize("kind", FAMILIES)
+
+
+@pytest.fixture(scope="module")
+def runs(two_rank_runs):
+    return two_rank_runs
+
+
+@family_param
+def test_scenarios_cover_modes_and_guidance(runs, kind):
+    names = set(runs[1][kind])
+    for mode in ("request", "request1", "step"):
+        assert any(n.startswith(f"{mode}-g1/") for n in names), mode
+        assert any(n.startswith(f"{mode}-g") and not n.startswith(f"{mode}-g1/") for n in names), mode
+
+
+@family_param
+def test_cfg_parallel_is_installed_and_equals_one_rank(runs, kind):
+    by_run, references = runs
+    payloads = by_run["cfg"]
+    assert payloads[0][f"{kind}-installed"] == payloads[1][f"{kind}-installed"] == {"cfg": True, "ulysses": 0}
+    check_images(payloads, references, kind)
+    # one (full) denoiser call per step on every rank, as on one rank: true-CFG rows are one call
+    assert payloads[0][f"{kind}-hook-calls"] == payloads[1][f"{kind}-hook-calls"] == references[f"{kind}-hook-calls"]
+
+
+@family_param
+def test_ulysses_is_installed_and_equals_one_rank(runs, kind):
+    by_run, references = runs
+    payloads = by_run["ulysses"]
+    expected = {"cfg": False, "ulysses": ULYSSES_PROCESSORS[kind]}
+    assert payloads[0][f"{kind}-installed"] == payloads[1][f"{kind}-installed"] == expected
+    check_images(payloads, references, kind)
+
+
+@family_param
+def test_ulysses_refuses_a_replaced_processor(runs, kind):
+    payloads = runs[0]["ulysses"]
+    for rank in (0, 1):
+        error = payloads[rank][f"{kind}-replaced"]
+        assert error is not None and "after enable_ulysses()" in error and "was replaced by" in error, error
