@@ -45,6 +45,7 @@ class QwenImageAdapter(StepContract, PipelineAdapter):
     default_guidance = 4.0
     guidance = "true_cfg"
     parallel_kinds = frozenset({"cfg", "ulysses"})
+    block_lists = ("transformer_blocks",)                          # the dual-stream MMDiT blocks
 
     @property
     def denoiser(self) -> torch.nn.Module:

@@ -32,6 +32,7 @@ class StableDiffusionXLAdapter(StepContract, PipelineAdapter):
     default_steps = 30
     default_guidance = 5.0
     parallel_kinds = frozenset({"cfg", "ulysses"})
+    block_lists = ("down_blocks", "mid_block", "up_blocks")        # the UNet, in execution order
 
     def __init__(self, pipeline, device: torch.device):
         super().__init__(pipeline, device)
