@@ -142,6 +142,15 @@ def test_make_tiny_model_dit(tmp_path, capsys):
     assert index["_class_name"] == "DiTPipeline"
 
 
+@pytest.mark.parametrize(("kind", "class_name"), [("sdxl", "StableDiffusionXLPipeline"),
+                                                  ("qwen-image", "QwenImagePipeline")])
+def test_make_tiny_model_families(tmp_path, capsys, kind, class_name):
+    out_dir = tmp_path / kind
+    rc, out, _ = run_cli(capsys, "make-tiny-model", str(out_dir), "--kind", kind)
+    assert rc == 0 and f"wrote tiny {kind} pipeline" in out
+    assert json.loads((out_dir / "model_index.json").read_text())["_class_name"] == class_name
+
+
 # -- generate -------------------------------------------------------------------------------------------------
 def test_generate_writes_png_and_prints_timing(tiny_sd_path, tmp_path, capsys):
     png = tmp_path / "sub" / "F.png"

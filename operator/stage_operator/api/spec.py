@@ -37,7 +37,7 @@ class ModelSource(ApiModel):
     model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [cel(
         "has(self.builtin) != has(self.path)",
         "'model: set exactly one of builtin or path'")]})
-    builtin: Literal["tiny-sd", "tiny-dit", "tiny-sd3", "tiny-flux"] | None = None
+    builtin: Literal["tiny-sd", "tiny-dit", "tiny-sd3", "tiny-flux", "tiny-sdxl", "tiny-qwen-image"] | None = None
     path: str | None = Field(None, min_length=1)
     name: str | None = Field(None, min_length=1, description="served model name (default: the stage name)")
     dtype: Literal["float32", "float16", "bfloat16"] | None = None

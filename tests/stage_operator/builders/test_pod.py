@@ -114,6 +114,16 @@ def test_builtin_model_is_built_by_an_init_container_and_paths_are_not():
     assert 'initContainers' not in build_pod(stage(model={'path': '/m'}), 0)['spec']
 
 
+@pytest.mark.parametrize('builtin, kind', [('tiny-sdxl', 'sdxl'), ('tiny-qwen-image', 'qwen-image')])
+def test_family_builtins_map_to_their_tiny_kind(builtin, kind):
+    from stage_runtime.models.tiny import KINDS
+
+    spec = build_pod(stage(model={'builtin': builtin}), 0)['spec']
+    assert spec['initContainers'][0]['command'] == ['stage-runtime', 'make-tiny-model',
+                                                    f'/opt/diffstage/models/{builtin}', '--kind', kind]
+    assert kind in KINDS
+
+
 def test_pod_template_passthrough():
     tpl = {'nodeSelector': {'pool': 'gpu'}, 'tolerations': [{'key': 'gpu', 'operator': 'Exists'}],
            'env': [{'name': 'X', 'value': '1'}], 'volumes': [{'name': 'm', 'emptyDir': {}}],
