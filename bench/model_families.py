@@ -1,46 +1,99 @@
-"""Per model family: engine overhead against the bare diffusers pipeline (request and step mode) and
-request-batch-4 throughput against 4 sequential bare calls, measured side by side in one run.
+"""Per model family: engine vs bare diffusers pipeline, and request-batch-4 throughput vs sequential.
 
-For each family in FAMILIES (its tiny build): one bare pipeline and two engines (uni executor; request mode
-with max_num_seqs=4, step mode with max_num_seqs=4) in one process. Each round runs, in a rotating order,
-one request on every path, then 4 requests as 4 sequential bare calls and as one burst into a request-mode
-engine with a 50 ms batch wait (fused into one pipeline call). Prints medians with min–max over the rounds,
-per-pair ratios (each round's paths back to back, so slow drifts of a busy machine cancel), the number of
-rounds, and the largest uint8 difference between the engine's images and the bare call's.
+For every family in FAMILIES (a tiny model built locally) one process measures, interleaved and with the
+order rotated every run:
 
-    .venv/bin/python bench/model_families.py [--families sd3,flux] [--rounds 10] [--steps 8] [--size 64]
+    bare          the pipeline's own ``__call__`` for one request (per-image generator, seed)
+    engine req    DiffusionEngine (uni executor), request mode, one request
+    engine step   DiffusionEngine, step mode, one request (families with the step contract)
+    seq x4        four requests one after another through the bare pipeline
+    batch x4      the same four requests submitted at once to a request-mode engine with max_num_seqs=4
+                  (one fused call; the denoiser-call count proves the fusion)
+
+It prints per path the median and min–max in ms, per pair (engine / bare, seq / batch in the same run)
+the median ratio and its min–max, the number of runs, and the largest |diff| between engine and bare
+images (uint8). Add a family by adding a row to FAMILIES.
+
+    .venv/bin/python bench/model_families.py [--runs 10] [--steps 8] [--size 64] [--threads 1] [--family sdxl]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
+import platform
+import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stats import machine, ratio_summary, spread  # noqa: E402
+
+def _gens(seeds):
+    import torch
+
+    return [torch.Generator("cpu").manual_seed(s) for s in seeds]
+
+
+def call_cfg(pipe, prompts, seeds, steps, size, guidance):
+    """The pipeline's own guidance, no negative prompt (SDXL zeroes the unconditional embeddings; FLUX.1 takes
+    guidance_scale as its guidance embedding)."""
+    return pipe(prompt=prompts, height=size, width=size, num_inference_steps=steps, guidance_scale=guidance,
+                generator=_gens(seeds), output_type="np").images
+
+
+def call_cfg_empty_negative(pipe, prompts, seeds, steps, size, guidance):
+    """SD-style CFG with an empty negative prompt (what the SD and generic adapters pass)."""
+    return pipe(prompt=prompts, negative_prompt=[""] * len(prompts), height=size, width=size,
+                num_inference_steps=steps, guidance_scale=guidance, generator=_gens(seeds), output_type="np").images
+
+
+def call_true_cfg(pipe, prompts, seeds, steps, size, guidance):
+    """Qwen-Image's true CFG: a negative pass (" ") at true_cfg_scale."""
+    return pipe(prompt=prompts, negative_prompt=[" "] * len(prompts), true_cfg_scale=guidance, height=size,
+                width=size, num_inference_steps=steps, generator=_gens(seeds), output_type="np").images
+
+
+def build_pag(root: str) -> str:
+    """StableDiffusionPAGPipeline from the tiny SD components: the generic adapter's family."""
+    import diffusers
+
+    from stage_runtime.models.tiny import make_tiny_model
+
+    sd = diffusers.DiffusionPipeline.from_pretrained(make_tiny_model(f"{root}/sd", kind="sd"), local_files_only=True)
+    parts = {k: v for k, v in sd.components.items() if k not in ("safety_checker", "feature_extractor")}
+    diffusers.StableDiffusionPAGPipeline(**parts, safety_checker=None, feature_extractor=None,
+                                         requires_safety_checker=False,
+                                         pag_applied_layers=["mid"]).save_pretrained(f"{root}/pag")
+    return f"{root}/pag"
 
 
 @dataclass(frozen=True)
 class Family:
-    kind: str                       # make-tiny-model --kind
-    guidance: float                 # guidance_scale for every path
-    bare_kwargs: dict = field(default_factory=dict)    # extra keywords of the bare __call__ (same as the adapter's)
+    bare_call: Callable
+    guidance: float
+    kind: str | None = None                    # make_tiny_model kind; else ``build(root) -> path``
+    build: Callable[[str], str] | None = None
+    step_mode: bool = True
 
 
 FAMILIES: dict[str, Family] = {
-    "sd3": Family("sd3", 7.0, {"negative_prompt": None}),
-    "flux": Family("flux", 3.5),
+    "sd3": Family(call_cfg, 7.0, kind="sd3"),           # no negative prompt: SD3's default (None)
+    "flux": Family(call_cfg, 3.5, kind="flux"),         # guidance-distilled: guidance_scale is the embedding
+    "sdxl": Family(call_cfg, 5.0, kind="sdxl"),
+    "qwen-image": Family(call_true_cfg, 4.0, kind="qwen-image"),
+    "generic:StableDiffusionPAGPipeline": Family(call_cfg_empty_negative, 7.5, build=build_pag, step_mode=False),
 }
 
 
-def bench_family(name: str, family: Family, args) -> None:
+def spread(values: list[float], scale: float = 1.0, fmt: str = "{:.2f}") -> str:
+    med = statistics.median(values) * scale
+    return f"{fmt.format(med)} [{fmt.format(min(values) * scale)}–{fmt.format(max(values) * scale)}]"
+
+
+def bench_family(name: str, family: Family, args, root: str) -> None:
     import numpy as np
     import torch
     from diffusers import DiffusionPipeline
@@ -48,98 +101,106 @@ def bench_family(name: str, family: Family, args) -> None:
     from stage_runtime.config import load_config
     from stage_runtime.engine import DiffusionEngine
     from stage_runtime.models.tiny import make_tiny_model
-    from stage_runtime.request import DiffusionRequest, SamplingParams
 
-    model = str(make_tiny_model(tempfile.mkdtemp() + f"/tiny-{family.kind}", kind=family.kind))
-    bare = DiffusionPipeline.from_pretrained(model, local_files_only=True, low_cpu_mem_usage=False)
+    path = family.build(root) if family.build else str(make_tiny_model(f"{root}/{family.kind}", kind=family.kind))
+    bare = DiffusionPipeline.from_pretrained(path, local_files_only=True, low_cpu_mem_usage=False)
     bare.set_progress_bar_config(disable=True)
 
-    def engine(mode: str, wait_ms: float = 0.0) -> DiffusionEngine:
-        return DiffusionEngine.make_engine(load_config({"model": {"path": model}, "device": "cpu", "scheduler": {
-            "execution_mode": mode, "max_num_seqs": 4, "request_batch_max_wait_ms": wait_ms}}))
+    def make(mode: str, seqs: int):
+        return DiffusionEngine.make_engine(load_config({
+            "model": {"path": path}, "device": "cpu", "executor": "uni", "warmup": False,
+            "scheduler": {"execution_mode": mode, "max_num_seqs": seqs, "request_batch_max_wait_ms": 200.0}}))
 
-    # one request: no batch wait; a burst of 4: a short wait so all 4 join one fused call
-    engines = {"request": engine("request"), "step": engine("step"), "batch": engine("request", 50.0)}
+    engines = {"req": make("request", 1), "batch": make("request", 4)}
+    if family.step_mode:
+        engines["step"] = make("step", 1)
     sampling = {"num_inference_steps": args.steps, "height": args.size, "width": args.size,
                 "guidance_scale": family.guidance}
+    calls = [0]
+    engines["batch"].executor.worker.model_runner.adapter.denoiser.register_forward_pre_hook(
+        lambda _m, _a: calls.__setitem__(0, calls[0] + 1))
 
-    def run_bare(prompts: list[str], seeds: list[int]) -> list[np.ndarray]:
-        out = []
-        for prompt, seed in zip(prompts, seeds, strict=True):      # sequential calls, one image each
-            with torch.inference_mode():
-                images = bare(prompt=[prompt], height=args.size, width=args.size, num_inference_steps=args.steps,
-                              guidance_scale=family.guidance, generator=[torch.Generator("cpu").manual_seed(seed)],
-                              output_type="np", **family.bare_kwargs).images
-            out.append((images * 255).round().clip(0, 255).astype(np.uint8))
-        return out
+    def to_u8(images):
+        return (np.asarray(images) * 255).round().clip(0, 255).astype(np.uint8)
 
-    def run_engine(mode: str, prompts: list[str], seeds: list[int]) -> list[np.ndarray]:
-        eng = engines[mode]
-        streams = [eng.add_request(DiffusionRequest(f"{mode}-{seed}", prompt, SamplingParams(seed=seed, **sampling)))
-                   for prompt, seed in zip(prompts, seeds, strict=True)]
-        return [s.result(timeout=300).images for s in streams]
+    def run_bare(prompt, seed):
+        with torch.inference_mode():         # what the runner wraps its calls in
+            return to_u8(family.bare_call(bare, [prompt], [seed], args.steps, args.size, family.guidance))
 
-    paths = {"bare": run_bare, "engine-request": lambda p, s: run_engine("request", p, s),
-             "engine-step": lambda p, s: run_engine("step", p, s)}
-    for i in range(2):                                               # warm every path
+    def run_engine(key):
+        return lambda prompt, seed: engines[key].generate(prompt, seed=seed, **sampling).images
+
+    def run_seq4(prompt, seed):
+        return [run_bare(f"{prompt} {j}", seed + j) for j in range(4)]
+
+    def run_batch4(prompt, seed):
+        from stage_runtime.request import DiffusionRequest, SamplingParams
+
+        streams = [engines["batch"].add_request(DiffusionRequest(f"b{seed}-{j}", f"{prompt} {j}",
+                                                                 SamplingParams(seed=seed + j, **sampling)))
+                   for j in range(4)]
+        return [s.result(timeout=600).images for s in streams]
+
+    paths = {"bare": run_bare, "engine req": run_engine("req")}
+    if family.step_mode:
+        paths["engine step"] = run_engine("step")
+    paths.update({"seq x4": run_seq4, "batch x4": run_batch4})
+    for i in range(2):
         for fn in paths.values():
-            fn([f"warm {i}"], [i])
-        run_engine("batch", [f"warm {i}"] * 4, [10 + i * 4 + k for k in range(4)])
-    single: dict[str, list[float]] = {k: [] for k in paths}
-    burst: dict[str, list[float]] = {"bare x4 sequential": [], "engine-request batch of 4": []}
-    max_diff = 0
-    for r in range(args.rounds):
-        prompt, seed = f"a photo of object {r}", 1000 + r
+            fn("warm", i)
+    times: dict[str, list[float]] = {k: [] for k in paths}
+    diff, calls[0] = 0, 0
+    for i in range(args.runs):
+        prompt, seed = f"a photo of object {i}", 1000 + 10 * i
         order = list(paths.items())
+        shift = i % len(order)
         results = {}
-        for label, fn in order[r % 3:] + order[:r % 3]:              # rotate which path goes first
+        for key, fn in order[shift:] + order[:shift]:
             t0 = time.perf_counter()
-            results[label] = fn([prompt], [seed])[0]
-            single[label].append(time.perf_counter() - t0)
-        for label in ("engine-request", "engine-step"):
-            max_diff = max(max_diff, int(np.abs(results[label].astype(int) - results["bare"].astype(int)).max()))
-        prompts, seeds = [f"a red car {r}.{k}" for k in range(4)], [2000 + 4 * r + k for k in range(4)]
-        bursts = [("bare x4 sequential", run_bare), ("engine-request batch of 4",
-                                                     lambda p, s: run_engine("batch", p, s))]
-        for label, fn in (bursts if r % 2 == 0 else bursts[::-1]):
-            t0 = time.perf_counter()
-            fn(prompts, seeds)
-            burst[label].append(time.perf_counter() - t0)
-    for eng in engines.values():
-        eng.close()
+            results[key] = fn(prompt, seed)
+            times[key].append(time.perf_counter() - t0)
+        for key in ("engine req", "engine step"):
+            if key in results:
+                diff = max(diff, int(np.abs(results[key].astype(int) - results["bare"].astype(int)).max()))
+        for got, ref in zip(results["batch x4"], results["seq x4"], strict=True):
+            diff = max(diff, int(np.abs(got.astype(int) - ref.astype(int)).max()))
+    for engine in engines.values():
+        engine.close()
 
-    print(f"\n[{name}] tiny {family.kind} {args.size}x{args.size}, {args.steps} steps, guidance {family.guidance:g}, "
-          f"{args.rounds} rounds interleaved (order rotated), after 2 warm-up rounds")
-    for label, values in single.items():
-        print(f"  one request   {label:<28}{spread(values)}")
-    for label, values in burst.items():
-        print(f"  four requests {label:<28}{spread(values)}")
-    print(f"  engine request mode vs bare: {ratio_summary(single['engine-request'], single['bare'])}")
-    print(f"  engine step mode vs bare:    {ratio_summary(single['engine-step'], single['bare'])}")
-    print(f"  4 sequential bare calls vs one request-mode batch of 4 (throughput gain): "
-          f"{ratio_summary(burst['bare x4 sequential'], burst['engine-request batch of 4'])}")
-    print(f"  images vs bare call: max |diff| = {max_diff} (uint8)")
+    print(f"\n== {name} ({type(bare).__name__}), {args.size}x{args.size}, {args.steps} steps, guidance "
+          f"{family.guidance:g}, {args.runs} runs per path, interleaved ==")
+    for key, values in times.items():
+        print(f"  {key:12s} median [min–max] ms: {spread(values, 1e3)}")
+    for key in ("engine req", "engine step"):
+        if key in times:
+            ratios = [e / b for e, b in zip(times[key], times["bare"], strict=True)]
+            print(f"  {key} / bare      per-pair ratio median [min–max]: {spread(ratios, fmt='{:.3f}')}  (n={len(ratios)})")
+    gains = [s / b for s, b in zip(times["seq x4"], times["batch x4"], strict=True)]
+    print(f"  batch x4 throughput vs seq x4: per-pair ratio median [min–max]: {spread(gains, fmt='{:.3f}')}  "
+          f"(n={len(gains)}; >1 = batching wins)")
+    print(f"  batch x4 denoiser calls per run: {calls[0] / args.runs:g} (= {args.steps} when the 4 requests fuse)")
+    print(f"  images vs bare: max |diff| = {diff} (uint8)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
-    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--family", action="append", choices=list(FAMILIES), help="default: every family")
     args = ap.parse_args()
-    names = [n.strip() for n in args.families.split(",") if n.strip()]
-    unknown = [n for n in names if n not in FAMILIES]
-    if unknown:
-        ap.error(f"--families: unknown family {unknown[0]!r} (known: {', '.join(FAMILIES)})")
 
     import torch
 
     torch.set_num_threads(args.threads)
-    for name in names:
-        bench_family(name, FAMILIES[name], args)
-    print(f"\nran on: {machine()}; torch {torch.__version__} ({args.threads} thread)")
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    print(f"ran on: {cpu}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, torch {torch.__version__} "
+          f"({args.threads} thread), python {platform.python_version()}")
+    with tempfile.TemporaryDirectory() as root:
+        for name in args.family or FAMILIES:
+            bench_family(name, FAMILIES[name], args, root)
 
 
 if __name__ == "__main__":
