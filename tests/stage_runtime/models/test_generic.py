@@ -106,3 +106,20 @@ def test_a_class_diffusers_does_not_know_is_a_model_load_error(tmp_path):
     (tmp_path / "model_index.json").write_text('{"_class_name": "NoSuchPipeline"}')
     with pytest.raises(ModelLoadError, match="'NoSuchPipeline' is neither served by a dedicated adapter"):
         GenericDiffusersAdapter.load(str(tmp_path), torch.device("cpu"))
+
+
+def _prompt_only(prompt: str, generator: torch.Generator | None = None): ...
+def _lists(prompt: str | list[str], generator: "torch.Generator | list[torch.Generator] | None" = None): ...
+def _typing_lists(prompt: "Union[str, List[str]]", generator=None): ...  # noqa: F821 - an unevaluated annotation
+
+
+@pytest.mark.parametrize(("fn", "prompt", "generator"), [(_prompt_only, False, False), (_lists, True, True),
+                                                          (_typing_lists, True, False)])
+def test_fused_batches_need_list_prompts_and_generators(fn, prompt, generator):
+    import inspect
+
+    from stage_runtime.models.generic import _accepts_list
+
+    params = inspect.signature(fn).parameters
+    assert (_accepts_list(params["prompt"]), _accepts_list(params["generator"])) == (prompt, generator)
+    assert _accepts_list(None) is False
