@@ -1,0 +1,63 @@
+"""Each new family served by a real stage process over HTTP: SSE progress arrives in order, then one
+completed event whose PNG equals the bare diffusers call (step mode <= 2 uint8, request mode <= 1); the
+stage drains to exit 0 and leaves nothing behind. Qwen-Image runs in step mode, the generic adapter
+(StableDiffusionPAGPipeline) in request mode with progress from callback_on_step_end: the two progress
+mechanisms the new families add. (SDXL's progress is SD's — a UNet forward per step — and its engine-level
+stream order is checked in tests/stage_runtime/models/test_sdxl.py; a stage process costs ~10-30 s here.)"""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from family_probes import bare_pipeline, generators, to_uint8
+from serve_probes import decode_png, sse_events
+from stage_process import StageProcess
+
+torch.set_num_threads(1)
+STEPS, SEED = 5, 21
+
+
+def bare_qwen(pipe):
+    return pipe(prompt="a red fox", negative_prompt=" ", true_cfg_scale=4.0, num_inference_steps=STEPS, height=64,
+                width=64, generator=generators(SEED, 1), output_type="np").images
+
+
+def bare_pag(pipe):
+    return pipe(prompt=["a red fox"], negative_prompt=[""], num_inference_steps=STEPS, guidance_scale=7.5,
+                height=64, width=64, generator=generators(SEED, 1), output_type="np").images
+
+
+# family → (path fixture, execution mode, guidance, bare call, tolerance)
+FAMILIES = {"qwen-image": ("tiny_qwen_image_path", "step", 4.0, bare_qwen, 2),
+            "generic-pag": ("tiny_pag_path", "request", 7.5, bare_pag, 1)}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sse_progress_in_order_and_the_image_equals_diffusers(request, tmp_path, family):
+    fixture, mode, guidance, bare, tolerance = FAMILIES[family]
+    path = request.getfixturevalue(fixture)
+    config = tmp_path / "stage.yaml"
+    config.write_text("warmup: false\n")            # warmup runs at the default size (512 px for Qwen-Image)
+    stage = StageProcess(["--model", path, "--config", str(config), "--device", "cpu", "--executor", "uni",
+                          "--execution-mode", mode], tmp_path / "stage.log")
+    try:
+        stage.start()
+        body = {"prompt": "a red fox", "num_inference_steps": STEPS, "seed": SEED, "stream": True,
+                "guidance_scale": guidance, "size": "64x64"}
+        with httpx.Client(base_url=stage.http_url, timeout=120) as http:
+            with http.stream("POST", "/v1/images/generations", json=body) as resp:
+                assert resp.status_code == 200
+                events = sse_events(resp.read().decode())
+        assert [d["step"] for kind, d in events if kind == "progress"] == list(range(1, STEPS))
+        assert [kind for kind, _ in events].count("completed") == 1 and events[-1][0] == "completed"
+        image = decode_png(events[-1][1]["data"][0]["b64_json"])
+        reference = to_uint8(bare(bare_pipeline(path)))[0]
+        assert int(np.abs(image.astype(int) - reference.astype(int)).max()) <= tolerance
+        assert stage.stop() == 0, stage.log[-3000:]
+        stage.assert_no_leaks()
+        if family == "generic-pag":
+            assert "StableDiffusionPAGPipeline is served by the generic diffusers adapter" in stage.log
+    finally:
+        stage.kill()
