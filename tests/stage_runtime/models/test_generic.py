@@ -123,3 +123,31 @@ def test_fused_batches_need_list_prompts_and_generators(fn, prompt, generator):
     params = inspect.signature(fn).parameters
     assert (_accepts_list(params["prompt"]), _accepts_list(params["generator"])) == (prompt, generator)
     assert _accepts_list(None) is False
+
+
+def test_without_callback_on_step_end_a_running_call_finishes_then_ends_aborted(tiny_sag_path):
+    """No step boundary inside the call: an abort while it runs is applied when it returns (never a hang),
+    and every trace of the request is gone."""
+    from engine_probes import runner_of, wait_until
+
+    from stage_runtime.errors import RequestAbortedError
+    from stage_runtime.request import RequestStatus
+
+    engine = make_engine(tiny_sag_path, warmup=False)
+    clock = [0]
+    runner_of(engine).adapter.denoiser.register_forward_pre_hook(lambda _m, _a: clock.__setitem__(0, clock[0] + 1))
+    try:
+        stream = engine.add_request(req("long", "a cat", 20, 1))
+
+        def running() -> bool:
+            state = engine.scheduler.get_request_state("long")
+            return state is not None and state.status == RequestStatus.RUNNING
+
+        wait_until(running, timeout=30)
+        assert engine.abort("long") == ["long"]
+        with pytest.raises(RequestAbortedError):
+            stream.result(timeout=120)
+        assert clock[0] == 1                 # the one boundary before the call; none inside it
+        assert_no_state(engine)
+    finally:
+        engine.close()
