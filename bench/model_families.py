@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stats import machine, ratio_summary, spread  # noqa: E402
 
 
 def _gens(seeds):
@@ -86,11 +87,6 @@ FAMILIES: dict[str, Family] = {
     "qwen-image": Family(call_true_cfg, 4.0, kind="qwen-image"),
     "generic:StableDiffusionPAGPipeline": Family(call_cfg_empty_negative, 7.5, build=build_pag, step_mode=False),
 }
-
-
-def spread(values: list[float], scale: float = 1.0, fmt: str = "{:.2f}") -> str:
-    med = statistics.median(values) * scale
-    return f"{fmt.format(med)} [{fmt.format(min(values) * scale)}–{fmt.format(max(values) * scale)}]"
 
 
 def bench_family(name: str, family: Family, args, root: str) -> None:
@@ -170,14 +166,12 @@ def bench_family(name: str, family: Family, args, root: str) -> None:
     print(f"\n== {name} ({type(bare).__name__}), {args.size}x{args.size}, {args.steps} steps, guidance "
           f"{family.guidance:g}, {args.runs} runs per path, interleaved ==")
     for key, values in times.items():
-        print(f"  {key:12s} median [min–max] ms: {spread(values, 1e3)}")
+        print(f"  {key:12s} {spread(values)}")
     for key in ("engine req", "engine step"):
         if key in times:
-            ratios = [e / b for e, b in zip(times[key], times["bare"], strict=True)]
-            print(f"  {key} / bare      per-pair ratio median [min–max]: {spread(ratios, fmt='{:.3f}')}  (n={len(ratios)})")
-    gains = [s / b for s, b in zip(times["seq x4"], times["batch x4"], strict=True)]
-    print(f"  batch x4 throughput vs seq x4: per-pair ratio median [min–max]: {spread(gains, fmt='{:.3f}')}  "
-          f"(n={len(gains)}; >1 = batching wins)")
+            print(f"  {key + ' / bare':20s} {ratio_summary(times[key], times['bare'])}")
+    print(f"  {'seq x4 / batch x4':20s} {ratio_summary(times['seq x4'], times['batch x4'])}  "
+          "(the throughput gain of one fused call: > 1 = batching wins)")
     print(f"  batch x4 denoiser calls per run: {calls[0] / args.runs:g} (= {args.steps} when the 4 requests fuse)")
     print(f"  images vs bare: max |diff| = {diff} (uint8)")
 
@@ -194,13 +188,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    print(f"ran on: {cpu}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, torch {torch.__version__} "
-          f"({args.threads} thread), python {platform.python_version()}")
     with tempfile.TemporaryDirectory() as root:
         for name in args.family or FAMILIES:
             bench_family(name, FAMILIES[name], args, root)
+    print(f"\nran on: {machine()}; torch {torch.__version__} ({args.threads} thread)")
 
 
 if __name__ == "__main__":

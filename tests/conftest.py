@@ -39,7 +39,6 @@ def tiny_flux_path(tmp_path_factory) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-flux", kind="flux", seed=0))
 
 
-
 def _save_variant(sd_path: str, out, cls_name: str, **extra) -> str:
     """A diffusers pipeline class without a dedicated adapter, built from the tiny SD components."""
     import inspect
