@@ -228,6 +228,15 @@ def test_generate_mp_with_a_bad_model_dir_exits_2_naming_the_rank(tmp_path, caps
     assert err.startswith("error: ") and "worker rank 0" in err and "model_index.json" in err
 
 
+def test_generate_cfg_parallel_on_a_generic_pipeline_exits_2_naming_the_class_and_degree(tiny_pag_path, tmp_path,
+                                                                                        capsys):
+    rc, out, err = run_cli(capsys, "generate", "--model", tiny_pag_path, "--prompt", "x", "--steps", "2",
+                           "--cfg-parallel-size", "2", "--device", "cpu", "--out", str(tmp_path / "F.png"))
+    assert rc == 2 and out == "" and not (tmp_path / "F.png").exists()
+    assert "cfg_parallel_size=2 is not supported by StableDiffusionPAGPipeline" in err
+    assert "the generic diffusers adapter runs it as a black box in request mode" in err
+
+
 def test_argparse_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["generate", "--prompt", "x", "--steps", "many"])
