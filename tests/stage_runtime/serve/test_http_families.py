@@ -45,7 +45,7 @@ def test_sse_progress_in_order_and_the_image_equals_diffusers(request, tmp_path,
     try:
         stage.start()
         body = {"prompt": "a red fox", "num_inference_steps": STEPS, "seed": SEED, "stream": True,
-                "guidance_scale": guidance, "size": "64x64"}
+                "guidance_scale": guidance, "size": "64x64", "stream_format": "diffstage"}   # progress events
         with httpx.Client(base_url=stage.http_url, timeout=120) as http:
             with http.stream("POST", "/v1/images/generations", json=body) as resp:
                 assert resp.status_code == 200
