@@ -1,4 +1,4 @@
-"""``stage-runtime``: serve, generate, validate, make-tiny-model.
+"""``stage-runtime``: serve, generate, validate, make-tiny-model, fetch-model (stage_runtime.fetch.command).
 
 Exit codes (docs/stage-process.md): 0 ok, 2 configuration / topology / input error, 1 anything unexpected;
 ``serve`` also exits 3 when the engine died, and writes ``Reason: message`` to its termination log.
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from stage_runtime.config import StageConfig, load_config, load_config_file, merge_overrides
 from stage_runtime.errors import ConfigError, InvalidRequestError, ModelLoadError
+from stage_runtime.fetch.command import add_parser as add_fetch_parser
 from stage_runtime.models.tiny import KINDS as TINY_KINDS
 
 # CLI flag → (section, field) of StageConfig.
@@ -198,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--kind", choices=TINY_KINDS, default="sd")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=cmd_make_tiny_model)
+    add_fetch_parser(sub)
     return parser
 
 
