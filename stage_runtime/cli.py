@@ -36,6 +36,7 @@ ENGINE_FLAGS = {
     "drain_timeout": ("server", "drain_timeout"), "termination_log": ("server", "termination_log"),
     "api_key_file": ("server", "api_key_file"), "max_upload_bytes": ("server", "max_upload_bytes"),
     "max_image_pixels": ("server", "max_image_pixels"),
+    "startup_timeout": ("server", "startup_timeout"),
 }
 
 
@@ -172,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0: any free port)")
     srv.add_argument("--zmq-port", type=int, help="ZMQ ROUTER port (default 5570; 0: any free port)")
     srv.add_argument("--drain-timeout", type=float, help="SIGTERM grace for in-flight requests, seconds (default 25)")
+    srv.add_argument("--startup-timeout", type=float, help="ready within this many seconds of the start, or exit 1 "
+                                                           "with StartupTimeout naming the phase (default: no limit)")
     srv.add_argument("--termination-log", help="where the one-line failure reason goes "
                                                "(default /dev/termination-log when it exists)")
     srv.add_argument("--api-key-file", default=os.environ.get("DIFFSTAGE_API_KEYS") or None,

@@ -120,6 +120,7 @@ class Observed:
     health: Mapping[str, PodHealth] = field(default_factory=dict)
     load_samples: Sequence[tuple[float, int]] = ()  # (time, total in flight), oldest first
     abort: dict[str, Any] | None = None  # the new status.abort when an abort was just sent
+    image_volumes: bool = False  # the API server supports image volumes (Kubernetes >= 1.35)
 
     @property
     def epoch(self) -> float:

@@ -62,7 +62,7 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
     events: list[tuple[str, str, str]] = []
     requeue = None
     if spec is not None:
-        desired_hash = template_hash(stage)
+        desired_hash = template_hash(stage, observed.image_volumes)
         fit = capacity.check(spec.resources, observed.nodes)
         desired, autoscaling = spec.replicas, None
         if spec.autoscaling.mode == "Operator":  # the operator's own decision instead of spec.replicas
@@ -85,11 +85,11 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
             _child("ConfigMap", build_configmap(stage), observed.configmap, ("data",), plan)
         if fit.ok or observed.service is not None:
             _child("Service", build_service(stage), observed.service, ("spec",), plan)
-        plan.create.extend(build_pod(stage, i, desired_hash) for i in decisions.create)
+        plan.create.extend(build_pod(stage, i, desired_hash, observed.image_volumes) for i in decisions.create)
         plan.delete.extend(Delete("Pod", name, decisions.reasons[name]) for name in decisions.delete)
         plan.patch.extend(Patch("Pod", name, FENCE) for name in rs.fence)
         plan.delete.extend(Delete("Pod", name, "Restart") for _, name in rs.recreate)
-        plan.create.extend(build_pod(stage, i, desired_hash) for i, _ in rs.recreate)
+        plan.create.extend(build_pod(stage, i, desired_hash, observed.image_volumes) for i, _ in rs.recreate)
         events += rs.events
     status = report.build_status(stage, pods, fit, decisions, desired_hash, observed.now, extras)
     events = _decisions_explained(stage, plan, status) + events
