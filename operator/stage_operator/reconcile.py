@@ -124,4 +124,25 @@ def _decisions_explained(stage: Stage, plan: Plan, status: dict[str, Any]) -> li
         bad = _BAD.get(cond["type"]) == cond["status"]
         if bad and before.get(cond["type"]) != (cond["status"], cond["reason"]):
             out.append(("Warning", cond["reason"], cond["message"]))
+    return out + _startup_explained(stage, status)
+
+
+_WORDS = {"fetching": "fetching", "copyingModel": "copying the model", "buildingModel": "building the model",
+          "loadingWeights": "loading weights", "warmup": "warmup"}
+
+
+def _startup_explained(stage: Stage, status: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """A replica entering a startup phase (Fetching … Warmup), and once ready how long each phase took."""
+    before = {(r["index"], r["pod"]): r for r in stage.status.get("replicaStatuses") or ()}
+    out = []
+    for r in status["replicaStatuses"]:
+        old = before.get((r["index"], r["pod"]))
+        if old is None:  # first seen now: the next change is news
+            continue
+        if r["phase"] in report.STARTUP_PHASES and old.get("phase") != r["phase"]:
+            out.append(("Normal", "ReplicaStarting", f"{r['pod']}: {r['phase']}"))
+        if r.get("ready") and not old.get("ready"):
+            took = r.get("startupSeconds") or {}
+            detail = ", ".join(f"{_WORDS.get(k, k)} {v:.1f} s" for k, v in took.items())
+            out.append(("Normal", "ReplicaReady", f"{r['pod']} ready" + (f" after {detail}" if detail else "")))
     return out
