@@ -1,4 +1,4 @@
-"""`spec.model`: where the pipeline comes from and how it reaches the pod (DESIGN.md §4, §7).
+"""`spec.model`: where the pipeline comes from and how it reaches the pod (docs/crd.md, "Model delivery").
 
 Exactly one of `builtin` (a tiny model the pod builds), `path` (a folder already in the image or a volume
 of `podTemplate`) or `source`, which has exactly one of
