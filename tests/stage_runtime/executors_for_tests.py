@@ -51,9 +51,9 @@ class SlowWarmupExecutor(UniProcExecutor):
 
     WARMUP_S = 600.0
 
-    def execute_batch(self, sched_out):
+    def execute_model(self, sched_out):
         if any(n.request_id.startswith("warmup-") for n in sched_out.scheduled_new_reqs):
             import time
 
             time.sleep(self.WARMUP_S)
-        return super().execute_batch(sched_out)
+        return super().execute_model(sched_out)
