@@ -55,6 +55,7 @@ def main() -> None:
         tmp = Path(tmp)
         tar = archive(tmp, args.mb)
         digest = hashlib.sha256(tar.read_bytes()).hexdigest()
+        size = tar.stat().st_size
         cold, cached = [], []
         with FileServer(tar.parent) as server:
             for run in range(args.runs):
@@ -66,7 +67,7 @@ def main() -> None:
                 assert not report['downloaded']
                 cached.append(seconds)
             gets = server.gets(tar.name)
-    print(f'model archive: {tar.stat().st_size / 1e6:.0f} MB (incompressible), {args.runs} runs, '
+    print(f'model archive: {size / 1e6:.0f} MB (incompressible), {args.runs} runs, '
           f'{gets} GETs in all (one per cold fetch)')
     print(f'cold   (download + sha256 + unpack): {min(cold):6.2f}–{max(cold):6.2f} s')
     print(f'cached (second pod on the node):     {min(cached):6.2f}–{max(cached):6.2f} s   (a process start + a link)')
