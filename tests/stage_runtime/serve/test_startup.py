@@ -18,8 +18,12 @@ def _ready_body(url: str) -> tuple[int, dict]:
     return response.status_code, response.json()
 
 
-def test_a_warmup_beyond_the_startup_budget_fails_with_a_reason_that_says_so(tiny_sd_path, tmp_path):
-    budget = 20  # from the process start: imports and loading fit well inside; the warmup never ends
+def test_a_warmup_beyond_the_startup_budget_fails_with_a_reason_that_says_so(shared_stage, tiny_sd_path, tmp_path):
+    # The budget counts from the process start, so it must hold the imports and the loading with room to spare
+    # however busy the machine is: three times what loading took the shared stage in this session, at least
+    # 20 s. The warmup (SlowWarmupExecutor) never ends within it.
+    loaded = httpx.get(f"{shared_stage.http_url}/v1/stats", timeout=5).json()["startup"]["phases"]["loading_weights"]
+    budget = max(20, int(3 * loaded) + 10)
     term = tmp_path / "termination.log"
     stage = StageProcess(["--model", tiny_sd_path, "--device", "cpu", "--executor",
                           "executors_for_tests:SlowWarmupExecutor", "--startup-timeout", str(budget)],
@@ -45,7 +49,7 @@ def test_a_warmup_beyond_the_startup_budget_fails_with_a_reason_that_says_so(tin
     assert line.startswith(f"StartupTimeout: not ready within the startup budget of {budget} s "
                            "(--startup-timeout, spec.startupTimeoutSeconds): warmup for "), line
     assert "loading weights took" in line, line
-    assert budget <= elapsed < budget + 15, f"exited {elapsed:.1f} s after the start, at once past the budget"
+    assert budget <= elapsed < budget + 30, f"exited {elapsed:.1f} s after the start, at once past the budget"
 
 
 def test_ready_stats_report_how_long_each_phase_took(stage):
