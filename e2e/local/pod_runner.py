@@ -78,7 +78,6 @@ class PodRunner:
         self.errors: list[str] = []  # the runner's own failures (a pod it could not run is reported in its status)
         # claims, images and the node's disk as local folders (tests bind claims and "pull" images here)
         self.sources = LocalSources(node_root=self.root / 'node-local')
-        self._addresses = loopback_addresses()
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._watcher = threading.Thread(target=self._watch_forever, name='pod-runner', daemon=True)
