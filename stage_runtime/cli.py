@@ -1,4 +1,4 @@
-"""``stage-runtime``: serve, generate, validate, make-tiny-model.
+"""``stage-runtime``: serve, generate, validate, make-tiny-model, fetch-model (stage_runtime.fetch.command).
 
 Exit codes (docs/stage-process.md): 0 ok, 2 configuration / topology / input error, 1 anything unexpected;
 ``serve`` also exits 3 when the engine died, and writes ``Reason: message`` to its termination log.
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from stage_runtime.config import StageConfig, load_config, load_config_file, merge_overrides
 from stage_runtime.errors import ConfigError, InvalidRequestError, ModelLoadError
+from stage_runtime.fetch.command import add_parser as add_fetch_parser
 from stage_runtime.models.tiny import KINDS as TINY_KINDS
 
 # CLI flag → (section, field) of StageConfig.
@@ -35,6 +36,7 @@ ENGINE_FLAGS = {
     "drain_timeout": ("server", "drain_timeout"), "termination_log": ("server", "termination_log"),
     "api_key_file": ("server", "api_key_file"), "max_upload_bytes": ("server", "max_upload_bytes"),
     "max_image_pixels": ("server", "max_image_pixels"),
+    "startup_timeout": ("server", "startup_timeout"),
 }
 
 
@@ -171,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0: any free port)")
     srv.add_argument("--zmq-port", type=int, help="ZMQ ROUTER port (default 5570; 0: any free port)")
     srv.add_argument("--drain-timeout", type=float, help="SIGTERM grace for in-flight requests, seconds (default 25)")
+    srv.add_argument("--startup-timeout", type=float, help="ready within this many seconds of the start, or exit 1 "
+                                                           "with StartupTimeout naming the phase (default: no limit)")
     srv.add_argument("--termination-log", help="where the one-line failure reason goes "
                                                "(default /dev/termination-log when it exists)")
     srv.add_argument("--api-key-file", default=os.environ.get("DIFFSTAGE_API_KEYS") or None,
@@ -198,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--kind", choices=TINY_KINDS, default="sd")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=cmd_make_tiny_model)
+    add_fetch_parser(sub)
     return parser
 
 

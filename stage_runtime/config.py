@@ -208,6 +208,8 @@ class ServerConfig(BaseModel):
     api_key_file: str | None = Field(None, min_length=1)   # keys, one a line: /v1/* needs a Bearer key
     max_upload_bytes: int = Field(16 * 1024 * 1024, ge=1024)   # a multipart edit body; more → 413
     max_image_pixels: int = Field(4096 * 4096, ge=64)           # an uploaded or requested image; more → 413/400
+    # Ready within this many seconds of the process start, or exit 1 with StartupTimeout (None: no limit).
+    startup_timeout: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> ServerConfig:

@@ -11,6 +11,9 @@
     │   ├── DeadlineExceededError  past its timeout_s (queued or running)  HTTP 504
     │   └── RequestFailedError     the pipeline call failed          HTTP 500
     ├── EngineStartupError     warmup or startup failed             CLI exit 1
+    │   └── StartupTimeoutError    not ready within the startup budget  CLI exit 1 (restartable)
+    ├── ModelFetchError        fetch-model could not deliver         fetch-model exit 4 (restartable)
+    │   └── ChecksumMismatchError  the archive's SHA-256 is not the one asked for
     ├── EngineClosedError      the engine is closed or closing       HTTP 503
     ├── EngineDeadError        a worker died / collective failed     HTTP 503, exit 3
     ├── StageUnavailableError  the stage is starting or draining     HTTP 503 (retry on another replica)
@@ -102,6 +105,20 @@ class EngineStartupError(DiffStageError, RuntimeError):
     """The engine could not start (e.g. the warmup request failed); it was closed again."""
 
     error_type = "engine_startup"
+
+
+class StartupTimeoutError(EngineStartupError):
+    """The stage was not ready within its startup budget (``--startup-timeout``); the message names the phase."""
+
+    error_type = "startup_timeout"
+
+
+class ModelFetchError(DiffStageError, RuntimeError):
+    """``fetch-model`` could not deliver the model (network, HTTP status, disk): worth a retry."""
+
+
+class ChecksumMismatchError(ModelFetchError):
+    """The downloaded archive's SHA-256 differs from the one asked for (``--sha256``)."""
 
 
 class WorkerFatalError(DiffStageError, RuntimeError):

@@ -1,7 +1,8 @@
 """The layer rules of the tree, held as a table and checked by walking every import (``ast``, no dependency).
 
     edge      cli, client, demo, __main__           may import anything of the runtime
-    serve     HTTP + ZMQ stage process               core, engine
+    serve     HTTP + ZMQ stage process               core, engine, fetch (the cache's in-use lock)
+    fetch     model delivery (fetch-model, cache)    core                 (never torch / diffusers)
     engine    admission, the step, output delivery   core, sched, executor
     executor  ranks, IPC, async output               core, worker, distributed
     worker    device, groups, model runner           core, models, distributed, offload
@@ -38,10 +39,11 @@ RUNTIME_ALLOWED: dict[str, set[str]] = {
     "worker": {"core", "models", "distributed", "offload"},
     "executor": {"core", "worker", "distributed"},
     "engine": {"core", "sched", "executor"},
-    "serve": {"core", "engine"},
+    "serve": {"core", "engine", "fetch"},
+    "fetch": {"core"},
 }
 HEAVY = ("torch", "diffusers", "transformers")
-TORCH_FREE = {"core", "sched"}
+TORCH_FREE = {"core", "sched", "fetch"}
 MAX_LINES = 400
 SOURCE_DIRS = ("stage_runtime", "operator", "e2e", "bench", "tests")
 

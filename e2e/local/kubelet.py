@@ -13,8 +13,9 @@ from typing import Any
 Obj = dict[str, Any]
 
 
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
+def now(millis: bool = False) -> str:
+    at = datetime.datetime.now(datetime.UTC)
+    return at.strftime('%Y-%m-%dT%H:%M:%S') + (f'.{at.microsecond // 1000:03d}Z' if millis else 'Z')
 
 
 def condition(kind: str, status: bool, reason: str | None = None, message: str | None = None,
@@ -28,11 +29,14 @@ def running_container(name: str, ready: bool, started: str, image: str = '') -> 
             'state': {'running': {'startedAt': started}}}
 
 
-def terminated_container(name: str, code: int, message: str, image: str = '', at: str | None = None) -> Obj:
+def terminated_container(name: str, code: int, message: str, image: str = '', at: str | None = None,
+                         started: str | None = None) -> Obj:
+    """`started`: when it began (an init container's run time is `finishedAt - startedAt`, in ms)."""
     exit_code = code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as a container runtime says
+    term = {'exitCode': exit_code, 'reason': 'Completed' if code == 0 else 'Error', 'message': message,
+            'finishedAt': at or now(millis=started is not None)}
     return {'name': name, 'ready': False, 'restartCount': 0, 'image': image,
-            'state': {'terminated': {'exitCode': exit_code, 'reason': 'Completed' if code == 0 else 'Error',
-                                     'message': message, 'finishedAt': at or now()}}}
+            'state': {'terminated': {**term, 'startedAt': started} if started else term}}
 
 
 def addresses(ip: str | None) -> Obj:

@@ -8,7 +8,12 @@ The mapping (the only liberties the local cluster takes with a pod):
   termination message path under a `mountPath` is rewritten into that folder. A `configMap` volume is
   filled with the ConfigMap's keys (read from the API), an `emptyDir` starts empty and is shared by the
   pod's containers; an `emptyDir` mounted at /dev/shm is this machine's /dev/shm (segment names carry pids).
-- **Image**: ignored; the `stage-runtime` command runs as `<this python> -m stage_runtime`.
+- **Image**: ignored; the `stage-runtime` command runs as `<this python> -m stage_runtime`. An image the
+  node "has" (`LocalSources.images`: reference → folder) is that folder: an `image` volume mounts it, and a
+  container running it sees it as its root (an absolute argument outside its mounts lands in it).
+- **Storage**: a `persistentVolumeClaim` volume is the folder bound to that claim (`LocalSources.claims`),
+  a `hostPath` the same path under the node's own folder (`LocalSources.node_root`: pods of one runner
+  share a node, so they share it); `subPath` picks a folder inside; `readOnly` is not enforced.
 - **Env**: `value` and the downward API (`fieldRef`: metadata.name/namespace/labels['k'], status.podIP),
   over this process's environment (PATH, HOME, the venv). Anything else raises: nothing is silently skipped.
 
@@ -24,6 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +44,40 @@ class PodSpecError(Exception):
     """The pod asks for something the local cluster cannot run (named in the message)."""
 
 
+@dataclass
+class LocalSources:
+    """What a node gets from elsewhere, as local folders: bound claims by name, images by reference, and the
+    node's own disk (hostPath volumes)."""
+
+    claims: dict[str, Path] = field(default_factory=dict)
+    images: dict[str, Path] = field(default_factory=dict)
+    node_root: Path | None = None
+
+    def claim(self, name: str) -> Path:
+        if name not in self.claims:
+            raise PodSpecError(f'persistentVolumeClaim {name!r} is not bound to a local folder')
+        return self.claims[name]
+
+    def image(self, reference: str) -> Path:
+        if reference not in self.images:
+            raise PodSpecError(f'image {reference!r} is not on this node (no local folder for it)')
+        return self.images[reference]
+
+    def host_path(self, path: str) -> Path:
+        if self.node_root is None:
+            raise PodSpecError(f'hostPath {path!r}: this runner has no node folder')
+        folder = self.node_root / path.lstrip('/')
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+
 class LocalPod:
     """A pod's sandbox (volumes, termination logs) and its container processes."""
 
-    def __init__(self, pod: Obj, pod_ip: str, read_configmap: Callable[[str, str], Obj | None], root: Path):
+    def __init__(self, pod: Obj, pod_ip: str, read_configmap: Callable[[str, str], Obj | None], root: Path,
+                 sources: LocalSources | None = None):
         self.pod, self.ip = pod, pod_ip
+        self.sources = sources or LocalSources()
         self.namespace, self.name = pod['metadata']['namespace'], pod['metadata']['name']
         self.sandbox = Path(tempfile.mkdtemp(prefix=f'{self.name}-', dir=root))
         self.volumes = self._volumes(read_configmap)
@@ -67,8 +102,15 @@ class LocalPod:
                     raise PodSpecError(f'configmap "{volume["configMap"]["name"]}" not found')
                 for key, text in (configmap.get('data') or {}).items():
                     (folder / key).write_text(text)
+            elif 'persistentVolumeClaim' in volume:
+                out[name] = self.sources.claim(volume['persistentVolumeClaim']['claimName'])
+            elif 'hostPath' in volume:
+                out[name] = self.sources.host_path(volume['hostPath']['path'])
+            elif 'image' in volume:
+                out[name] = self.sources.image(volume['image']['reference'])
             else:
-                raise PodSpecError(f'volume {name!r}: only emptyDir and configMap run locally: {sorted(volume)}')
+                raise PodSpecError(f'volume {name!r}: only emptyDir, configMap, persistentVolumeClaim, hostPath and '
+                                   f'image run locally: {sorted(volume)}')
         return out
 
     def _folder(self, *parts: str) -> Path:
@@ -87,7 +129,7 @@ class LocalPod:
             if mount['name'] not in self.volumes:
                 raise PodSpecError(f'{container["name"]}: no volume {mount["name"]!r}')
             if (host := self.volumes[mount['name']]) is not None:
-                mapping[mount['mountPath'].rstrip('/')] = str(host)
+                mapping[mount['mountPath'].rstrip('/')] = str(host / mount['subPath'] if mount.get('subPath') else host)
         mapping[self.termination_path(container, pod_side=True)] = str(self.termination_path(container))
         return mapping
 
@@ -100,7 +142,7 @@ class LocalPod:
     def rewrite(value: str, mapping: Mapping[str, str]) -> str:
         """A value equal to a mapped path or under it, mapped (the longest mount wins)."""
         for prefix in sorted(mapping, key=len, reverse=True):
-            if value == prefix or value.startswith(prefix + '/'):
+            if (value == prefix and prefix) or value.startswith(prefix + '/'):
                 return mapping[prefix] + value[len(prefix):]
         return value
 
@@ -109,6 +151,8 @@ class LocalPod:
         if not command:
             raise PodSpecError(f'{container["name"]}: no command (the image entrypoint cannot run locally)')
         mapping = self.path_map(container)
+        if (image := self.sources.images.get(container.get('image', ''))) is not None:
+            mapping.setdefault('', str(image))  # the image's own files: every other absolute path
         argv = [self.rewrite(arg, mapping) for arg in command]
         for i, arg in enumerate(argv[:-1]):
             if arg == '--host':

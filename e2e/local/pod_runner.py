@@ -26,7 +26,7 @@ import httpx
 
 from e2e.local import kubelet
 from e2e.local.kubelet import now
-from e2e.local.pod_process import LocalPod, PodSpecError
+from e2e.local.pod_process import LocalPod, LocalSources, PodSpecError
 
 log = logging.getLogger(__name__)
 MERGE = {'Content-Type': 'application/merge-patch+json'}
@@ -76,6 +76,8 @@ class PodRunner:
         self._every: list[_PodThread] = []  # every pod ever run, also those replaced by a new pod of the same name
         self.leftovers: dict[str, list[int]] = {}  # pod → processes that outlived its container
         self.errors: list[str] = []  # the runner's own failures (a pod it could not run is reported in its status)
+        # claims, images and the node's disk as local folders (tests bind claims and "pull" images here)
+        self.sources = LocalSources(node_root=self.root / 'node-local')
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._watcher = threading.Thread(target=self._watch_forever, name='pod-runner', daemon=True)
@@ -222,7 +224,7 @@ class _PodThread(threading.Thread):
 
     def _run(self) -> None:
         spec = self.pod['spec']
-        self.local = LocalPod(self.pod, self.ip, self.runner.read_configmap, self.runner.root)
+        self.local = LocalPod(self.pod, self.ip, self.runner.read_configmap, self.runner.root, self.runner.sources)
         started = now()
         scheduled = kubelet.condition('PodScheduled', True, at=started)
         if not self._report(phase='Pending', podIP=self.ip, podIPs=[{'ip': self.ip}], hostIP='127.0.0.1',
@@ -230,12 +232,16 @@ class _PodThread(threading.Thread):
             return
         init_statuses: list[Obj] = []
         for container in spec.get('initContainers') or ():
+            began = now(millis=True)
+            running = kubelet.running_container(container['name'], False, began, container.get('image', ''))
+            if not self._report(initContainerStatuses=[*init_statuses, running]):
+                return
             code = self._run_to_end(container)
             if code is None:
                 return
             init_statuses.append(kubelet.terminated_container(container['name'], code,
                                                               self.local.termination_message(container),
-                                                              container.get('image', '')))
+                                                              container.get('image', ''), started=began))
             if code != 0:
                 self._report(phase='Failed', initContainerStatuses=init_statuses, conditions=[
                     scheduled, kubelet.condition('Initialized', False, 'InitContainersFailed')])

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from e2e import scenario
-from e2e.local.pod_process import LocalPod, PodSpecError
+from e2e.local.pod_process import LocalPod, LocalSources, PodSpecError
 from stage_operator.builders.children import build_configmap
 from stage_operator.builders.pod import build_pod
 from stage_operator.stage import parse_stage
@@ -54,8 +54,12 @@ def test_what_cannot_run_locally_is_refused_by_name(stage, tmp_path):
     configmap = build_configmap(stage)
     configmaps = {configmap['metadata']['name']: configmap}
     pod = build_pod(stage, 0)
-    pod['spec']['volumes'].append({'name': 'models', 'persistentVolumeClaim': {'claimName': 'm'}})
+    pod['spec']['volumes'].append({'name': 'models', 'nfs': {'server': 'n', 'path': '/m'}})
     with pytest.raises(PodSpecError, match="volume 'models'"):
+        local(copy.deepcopy(pod), tmp_path, configmaps)
+    pod = build_pod(stage, 0)
+    pod['spec']['volumes'].append({'name': 'models', 'persistentVolumeClaim': {'claimName': 'm'}})
+    with pytest.raises(PodSpecError, match="persistentVolumeClaim 'm' is not bound"):
         local(copy.deepcopy(pod), tmp_path, configmaps)
     pod = build_pod(stage, 0)
     with pytest.raises(PodSpecError, match='configmap "tiny-config" not found'):
@@ -81,3 +85,38 @@ def test_each_pod_gets_a_loopback_address_whose_ports_are_free():
         server.listen()
         following = next(addresses)
     assert first.startswith('127.') and following not in (first, taken)
+
+
+def test_claims_images_and_host_paths_are_local_folders(tmp_path):
+    """Model delivery (issue 18): a pvc source, an image volume, the init-container copy out of an image
+    (its own files are the image's folder), and a hostPath cache shared by the node's pods."""
+    from stage_operator.builders.model_delivery import model_delivery
+
+    claim, image = tmp_path / 'claim', tmp_path / 'image'
+    (claim / 'sd').mkdir(parents=True)
+    (image / 'models').mkdir(parents=True)
+    sources = LocalSources({'models': claim}, {'reg/tiny:1': image}, tmp_path / 'node')
+
+    def pod_for(model, image_volumes=False):
+        st = parse_stage({'metadata': {'name': 'm', 'namespace': 'default', 'uid': 'u', 'generation': 1},
+                          'spec': {'model': model, 'resources': {'gpusPerPod': 1, 'gpuResourceName': ''}}})
+        return build_pod(st, 0, image_volumes=image_volumes), model_delivery(st.spec, image_volumes).model_dir
+
+    configmaps = {'m-config': {'data': {}}}
+    pod, model_dir = pod_for({'source': {'pvc': {'claimName': 'models', 'subPath': 'sd'}}})
+    lp = LocalPod(pod, '127.9.0.2', lambda ns, name: configmaps.get(name), tmp_path, sources)
+    main = pod['spec']['containers'][0]
+    assert lp.rewrite(model_dir, lp.path_map(main)) == str(claim / 'sd')
+    pod, model_dir = pod_for({'source': {'image': {'reference': 'reg/tiny:1'}}}, image_volumes=True)
+    lp = LocalPod(pod, '127.9.0.2', lambda ns, name: configmaps.get(name), tmp_path, sources)
+    assert lp.rewrite(model_dir, lp.path_map(pod['spec']['containers'][0])) == str(image / 'models')
+    pod, model_dir = pod_for({'source': {'image': {'reference': 'reg/tiny:1'}}, 'imageVolume': 'never'})
+    lp = LocalPod(pod, '127.9.0.2', lambda ns, name: configmaps.get(name), tmp_path, sources)
+    copy_argv = lp.argv(pod['spec']['initContainers'][0])
+    target = lp.rewrite(model_dir, lp.path_map(pod['spec']['containers'][0]))
+    assert copy_argv == ['cp', '-R', f'{image}/models/.', target]
+    uri = {'url': 'http://127.0.0.1:1/m.tgz', 'sha256': 'ab' * 32}
+    pod, _ = pod_for({'source': {'uri': uri}, 'cache': {'hostPath': '/var/cache/m', 'maxBytes': 1}})
+    lp = LocalPod(pod, '127.9.0.2', lambda ns, name: configmaps.get(name), tmp_path, sources)
+    fetch = lp.argv(pod['spec']['initContainers'][0])
+    assert fetch[fetch.index('--cache') + 1] == str(tmp_path / 'node' / 'var' / 'cache' / 'm')

@@ -19,6 +19,7 @@ class ProbeResult:
     state: str | None = None
     waiting: int | None = None
     running: int | None = None
+    startup: dict | None = None  # /v1/stats.startup: {phase, phases: {name: seconds}, model_bytes}
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,11 @@ class PodHealth:
     state: str | None = None
     waiting: int | None = None
     running: int | None = None
+    startup: dict | None = None  # what the stage said of its startup (phase while loading, durations after)
+
+    @property
+    def loading_phase(self) -> str | None:
+        return (self.startup or {}).get("phase") if self.state == "starting" else None
 
     @property
     def in_flight(self) -> int | None:
@@ -58,9 +64,10 @@ class HealthBook:
             new = PodHealth("Unreachable", result.at, failures, bool(old and old.answered), result.error)
         else:
             new = PodHealth("Unhealthy" if result.dead else "Healthy", result.at, 0, True, result.dead or "",
-                            result.state, result.waiting, result.running)
+                            result.state, result.waiting, result.running,
+                            result.startup if result.startup is not None else (old.startup if old else None))
         self._pods[uid] = new
-        shown = ("health", "failures", "waiting", "running", "state")
+        shown = ("health", "failures", "waiting", "running", "state", "loading_phase")
         changed = old is None or any(getattr(old, k) != getattr(new, k) for k in shown)
         return new, changed
 

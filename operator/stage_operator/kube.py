@@ -22,6 +22,7 @@ from stage_operator.stage import Stage
 
 log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"
+IMAGE_VOLUMES_SINCE = (1, 35)  # the ImageVolume feature gate is on by default from here
 _CORE_PLURALS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps"}
 
 
@@ -52,6 +53,7 @@ class Kube:
     def __init__(self, client: kubernetes.client.ApiClient | None = None, timeout: float = 30):
         self.client = client or load_api_client()
         self.timeout = timeout
+        self._image_volumes: bool | None = None
         self.calls = 0  # every request, reads included (the benchmark reports calls per reconcile)
 
     def request(self, method: str, path: str, body: Any = None, query: Mapping[str, str] | None = None,
@@ -81,6 +83,20 @@ class Kube:
 
     def read_stage(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.request("GET", self.stage_path(namespace, name))
+
+    def image_volumes(self) -> bool:
+        """Whether the API server is Kubernetes >= 1.35 (image volumes on by default); read once, and an
+        answer that is not a version counts as no."""
+        if self._image_volumes is None:
+            try:
+                info = self.request("GET", "/version") or {}
+                major = int(str(info.get("major", "0")).rstrip("+"))
+                minor = int(str(info.get("minor", "0")).rstrip("+"))
+                self._image_volumes = (major, minor) >= IMAGE_VOLUMES_SINCE
+            except (ApiError, ValueError) as exc:
+                log.info("no server version (%s): image volumes are not assumed", exc)
+                self._image_volumes = False
+        return self._image_volumes
 
     def list_nodes(self) -> list[dict[str, Any]]:
         return self.request("GET", "/api/v1/nodes")["items"]

@@ -39,6 +39,8 @@ class PodView:
     serving: bool = True  # the Service selects it (label diffstage.io/serving=true)
     draining_since: float | None = None  # fenced for a scale-down at this time (annotation)
     pod_ip: str | None = None
+    init_running: str | None = None  # the init container running now (fetch-model, copy-model, make-model)
+    init_seconds: Mapping[str, float] = field(default_factory=dict)  # finished init containers: how long each took
 
     @property
     def available(self) -> bool:
@@ -65,7 +67,9 @@ def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None
 def _failure(status: Mapping[str, Any]) -> Failure | None:
     if status.get("phase") != "Failed":
         return None
-    for cs in status.get("containerStatuses") or ():
+    failed_init = [cs for cs in status.get("initContainerStatuses") or ()
+                   if ((cs.get("state") or {}).get("terminated") or {}).get("exitCode", 0) != 0]
+    for cs in failed_init + list(status.get("containerStatuses") or ()):  # a failed init container: its words
         term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
         if term:
             message = (term.get("message") or "").strip()
@@ -94,7 +98,21 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         terminating=bool(meta.get("deletionTimestamp")), unschedulable=unschedulable, failure=_failure(status),
         restarts=sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or ()),
         uid=meta.get("uid") or "", serving=labels.get(LABEL_SERVING) == "true",
-        draining_since=_time(annotations.get(ANNOTATION_DRAINING)), pod_ip=status.get("podIP"))
+        draining_since=_time(annotations.get(ANNOTATION_DRAINING)), pod_ip=status.get("podIP"),
+        **_init_containers(status))
+
+
+def _init_containers(status: Mapping[str, Any]) -> dict[str, Any]:
+    running, seconds = None, {}
+    for cs in status.get("initContainerStatuses") or ():
+        state = cs.get("state") or {}
+        if "running" in state:
+            running = cs.get("name")
+        term = state.get("terminated") or {}
+        started, finished = _time(term.get("startedAt")), _time(term.get("finishedAt"))
+        if started is not None and finished is not None:
+            seconds[cs.get("name")] = round(max(0.0, finished - started), 3)
+    return {"init_running": running, "init_seconds": seconds}
 
 
 def _time(text: str | None) -> float | None:
@@ -120,6 +138,7 @@ class Observed:
     health: Mapping[str, PodHealth] = field(default_factory=dict)
     load_samples: Sequence[tuple[float, int]] = ()  # (time, total in flight), oldest first
     abort: dict[str, Any] | None = None  # the new status.abort when an abort was just sent
+    image_volumes: bool = False  # the API server supports image volumes (Kubernetes >= 1.35)
 
     @property
     def epoch(self) -> float:

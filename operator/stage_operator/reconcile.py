@@ -62,7 +62,7 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
     events: list[tuple[str, str, str]] = []
     requeue = None
     if spec is not None:
-        desired_hash = template_hash(stage)
+        desired_hash = template_hash(stage, observed.image_volumes)
         fit = capacity.check(spec.resources, observed.nodes)
         desired, autoscaling = spec.replicas, None
         if spec.autoscaling.mode == "Operator":  # the operator's own decision instead of spec.replicas
@@ -85,11 +85,11 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
             _child("ConfigMap", build_configmap(stage), observed.configmap, ("data",), plan)
         if fit.ok or observed.service is not None:
             _child("Service", build_service(stage), observed.service, ("spec",), plan)
-        plan.create.extend(build_pod(stage, i, desired_hash) for i in decisions.create)
+        plan.create.extend(build_pod(stage, i, desired_hash, observed.image_volumes) for i in decisions.create)
         plan.delete.extend(Delete("Pod", name, decisions.reasons[name]) for name in decisions.delete)
         plan.patch.extend(Patch("Pod", name, FENCE) for name in rs.fence)
         plan.delete.extend(Delete("Pod", name, "Restart") for _, name in rs.recreate)
-        plan.create.extend(build_pod(stage, i, desired_hash) for i, _ in rs.recreate)
+        plan.create.extend(build_pod(stage, i, desired_hash, observed.image_volumes) for i, _ in rs.recreate)
         events += rs.events
     status = report.build_status(stage, pods, fit, decisions, desired_hash, observed.now, extras)
     events = _decisions_explained(stage, plan, status) + events
@@ -124,4 +124,25 @@ def _decisions_explained(stage: Stage, plan: Plan, status: dict[str, Any]) -> li
         bad = _BAD.get(cond["type"]) == cond["status"]
         if bad and before.get(cond["type"]) != (cond["status"], cond["reason"]):
             out.append(("Warning", cond["reason"], cond["message"]))
+    return out + _startup_explained(stage, status)
+
+
+_WORDS = {"fetching": "fetching", "copyingModel": "copying the model", "buildingModel": "building the model",
+          "loadingWeights": "loading weights", "warmup": "warmup"}
+
+
+def _startup_explained(stage: Stage, status: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """A replica entering a startup phase (Fetching … Warmup), and once ready how long each phase took."""
+    before = {(r["index"], r["pod"]): r for r in stage.status.get("replicaStatuses") or ()}
+    out = []
+    for r in status["replicaStatuses"]:
+        old = before.get((r["index"], r["pod"]))
+        if old is None:  # first seen now: the next change is news
+            continue
+        if r["phase"] in report.STARTUP_PHASES and old.get("phase") != r["phase"]:
+            out.append(("Normal", "ReplicaStarting", f"{r['pod']}: {r['phase']}"))
+        if r.get("ready") and not old.get("ready"):
+            took = r.get("startupSeconds") or {}
+            detail = ", ".join(f"{_WORDS.get(k, k)} {v:.1f} s" for k, v in took.items())
+            out.append(("Normal", "ReplicaReady", f"{r['pod']} ready" + (f" after {detail}" if detail else "")))
     return out

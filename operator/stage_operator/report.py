@@ -9,6 +9,7 @@ from typing import Any
 from stage_operator import conditions
 from stage_operator.api.meta import selector_string, stage_selector
 from stage_operator.api.status import StageStatus
+from stage_operator.builders.model_delivery import model_identity
 from stage_operator.capacity import Fit
 from stage_operator.health import PodHealth
 from stage_operator.observed import PodView
@@ -28,10 +29,55 @@ class Extras:
     autoscaling: dict[str, Any] | None = None  # the new status.autoscaling, None: keep the last
 
 
+INIT_PHASES = {"fetch-model": ("Fetching", "fetching"), "copy-model": ("CopyingModel", "copyingModel"),
+               "make-model": ("BuildingModel", "buildingModel")}
+LOADING_PHASES = {"loading_weights": ("LoadingWeights", "loadingWeights"), "warmup": ("Warmup", "warmup")}
+STARTUP_PHASES = {p for p, _ in (*INIT_PHASES.values(), *LOADING_PHASES.values())}
+
+
+def replica_phase(pod: PodView, health: PodHealth | None) -> str:
+    """The pod's phase, or while it starts what it is doing: Fetching (its fetch-model init container),
+    CopyingModel, BuildingModel, then LoadingWeights and Warmup as the stage reports them."""
+    if pod.phase == "Pending" and pod.init_running in INIT_PHASES:
+        return INIT_PHASES[pod.init_running][0]
+    if pod.running and not pod.ready and health is not None and health.loading_phase in LOADING_PHASES:
+        return LOADING_PHASES[health.loading_phase][0]
+    return pod.phase
+
+
+def startup_seconds(pod: PodView, health: PodHealth | None) -> dict[str, float]:
+    """How long each startup phase took (init containers from the kubelet, loading from the stage)."""
+    out = {INIT_PHASES[name][1]: s for name, s in pod.init_seconds.items() if name in INIT_PHASES}
+    phases = ((health.startup or {}).get("phases") or {}) if health is not None else {}
+    out.update({LOADING_PHASES[k][1]: float(v) for k, v in phases.items() if k in LOADING_PHASES})
+    return out
+
+
+def _model_status(stage: Stage, pods: dict[int, PodView], desired_hash: str | None,
+                  health: Mapping[str, PodHealth]) -> dict[str, Any]:
+    """status.model: identity from the spec; size and load time from the first ready, current replica that
+    reported them (else what the last status said of the same source)."""
+    out = model_identity(stage.spec)
+    for pod in pods.values():
+        h = health.get(pod.uid)
+        startup = (h.startup or {}) if h is not None else {}
+        if pod.available and pod.template_hash == desired_hash and startup.get("phases"):
+            if startup.get("model_bytes") is not None:
+                out["sizeBytes"] = int(startup["model_bytes"])
+            out["loadSeconds"] = round(sum(float(v) for k, v in startup["phases"].items() if k in LOADING_PHASES), 3)
+            return out
+    before = stage.status.get("model") or {}
+    if before.get("source") == out["source"]:
+        out.update({k: before[k] for k in ("sizeBytes", "loadSeconds") if k in before})
+    return out
+
+
 def _replica_status(pod: PodView, desired_hash: str | None, record: ReplicaRecord,
                     health: PodHealth | None) -> dict[str, Any]:
-    out: dict[str, Any] = {"index": pod.index, "pod": pod.name, "phase": pod.phase, "ready": pod.available,
-                           "updated": pod.template_hash == desired_hash, **record.wire()}
+    out: dict[str, Any] = {"index": pod.index, "pod": pod.name, "phase": replica_phase(pod, health),
+                           "ready": pod.available, "updated": pod.template_hash == desired_hash, **record.wire()}
+    if pod.available and (took := startup_seconds(pod, health)):
+        out["startupSeconds"] = took
     if pod.terminating:
         out["message"] = "terminating"
     elif pod.unschedulable:
@@ -131,6 +177,7 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
         status["templateHash"] = desired_hash
     if stage.spec is not None:
         status["topology"] = _topology(stage)
+        status["model"] = _model_status(stage, pods, desired_hash, extras.health)
     for key, value in (("abort", extras.abort), ("autoscaling", extras.autoscaling)):
         if value is not None or key in previous:
             status[key] = value if value is not None else previous[key]

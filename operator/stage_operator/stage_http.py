@@ -38,8 +38,9 @@ async def probe(session: aiohttp.ClientSession, base: str, timeout: float) -> Pr
             if response.status != 200:
                 return ProbeResult(at, error=f"/v1/stats answered {response.status}")
             stats = await _json(response)
+        startup = stats.get("startup")
         return ProbeResult(at, state=stats.get("state"), waiting=int(stats.get("waiting", 0)),
-                           running=int(stats.get("running", 0)))
+                           running=int(stats.get("running", 0)), startup=startup if isinstance(startup, dict) else None)
     except _ERRORS as exc:
         return ProbeResult(at, error=_why(exc))
 

@@ -72,7 +72,13 @@ async def health(request: web.Request) -> web.Response:
 
 async def ready(request: web.Request) -> web.Response:
     """Readiness: 200 only after warmup while admitting work; 503 while starting, draining or dead."""
-    state = request.app[SERVICE].state
+    service = request.app[SERVICE]
+    state = service.state
+    if state == "starting":           # loading: say what it is doing (phase, seconds so far)
+        view = service.startup.view()
+        body = error_body("stage_unavailable", f"the stage is loading: {service.startup.describe()}")
+        return web.json_response({**body, "state": "loading", "phase": view["phase"], "detail": view["detail"],
+                                  "elapsed_s": view["elapsed_s"]}, status=503)
     if state != "ready":
         return web.json_response(error_body("stage_unavailable", f"the stage is {state}"), status=503)
     return web.json_response({"status": "ready"})

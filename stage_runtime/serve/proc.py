@@ -1,7 +1,10 @@
 """StageDiffusionProc: the lifecycle of the process each pod runs.
 
-    bind HTTP + ZMQ (state "starting": /health 200, /ready 503)
-      → build the engine in a thread (device check, model load, warmup)     failure → exit 2 / 3 / 1
+    bind HTTP + ZMQ (state "starting": /health 200, /ready 503 "loading" with the phase)
+      → hold the model if it lives in the node cache (stage_runtime.fetch.cache: never evicted while we run)
+      → build the engine in a thread: loading_weights (device check, model load), then warmup
+                                                                             failure → exit 2 / 3 / 1
+        not ready within --startup-timeout: "StartupTimeout: …" naming the phase, exit 1 at once
       → ready (/ready 200) … until SIGTERM / SIGINT / a ZMQ shutdown, or the engine dies
     SIGTERM: draining (/ready 503, nothing admitted) → in-flight requests finish within --drain-timeout,
              the rest are aborted with a clear error → close the engine → exit 0
@@ -17,16 +20,20 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from stage_runtime.config import StageConfig
-from stage_runtime.errors import ConfigError
+from stage_runtime.errors import ConfigError, StartupTimeoutError
+from stage_runtime.fetch.cache import hold, release
+from stage_runtime.fetch.archive import folder_bytes
 from stage_runtime.serve.app import build_app
 from stage_runtime.serve.auth import load_api_keys
 from stage_runtime.serve.metrics import StageMetrics
 from stage_runtime.serve.service import StageService
+from stage_runtime.serve.startup import LOADING_WEIGHTS, WARMUP, StartupProgress
 from stage_runtime.serve.termination import (EXIT_DEAD, EXIT_OK, WORKER_DIED, exit_code_for, reason_for,
                                              termination_log_path, write_termination_log)
 from stage_runtime.serve.zmq_server import ZmqServer
@@ -55,15 +62,31 @@ def check_visible_devices(config: StageConfig) -> None:
                           f"one per rank, but {count} are visible")
 
 
-def build_engine(config: StageConfig) -> DiffusionEngine:
+def build_engine(config: StageConfig, progress: StartupProgress | None = None) -> DiffusionEngine:
+    """Load (device check, pipeline, ranks), then warm up; `progress` hears each phase."""
+    progress = progress or StartupProgress()
+    progress.enter(LOADING_WEIGHTS, config.model.path)
+    try:
+        progress.model_bytes = folder_bytes(Path(config.model.path))
+    except OSError:
+        progress.model_bytes = None           # the loader says what is wrong with the folder
     check_visible_devices(config)
     from stage_runtime.engine import DiffusionEngine
 
-    return DiffusionEngine.make_engine(config)
+    engine = DiffusionEngine.make_engine(config.model_copy(update={"warmup": False}))
+    if config.warmup:
+        progress.enter(WARMUP, "one 2-step request")
+        try:
+            engine.run_warmup()
+        except BaseException:
+            engine.close()
+            raise
+    progress.done()
+    return engine
 
 
-def _hard_exit(code: int) -> None:
-    log.error("shutdown did not finish in time: exiting %d now", code)
+def _hard_exit(code: int, why: str = "shutdown did not finish in time") -> None:
+    log.error("%s: exiting %d now", why, code)
     logging.shutdown()
     os._exit(code)
 
@@ -75,6 +98,7 @@ class StageDiffusionProc:
         self.service = StageService(config, self.metrics)
         self.termination_log = termination_log_path(config.server.termination_log)
         self._stop: asyncio.Event | None = None
+        self._model_lock: int | None = None       # the cache's in-use lock, held until the process ends
 
     def request_stop(self, why: str) -> None:
         if not self._stop.is_set():
@@ -101,7 +125,8 @@ class StageDiffusionProc:
             host, port = runner.addresses[0][:2]
             log.info("listening http=http://%s:%d zmq=%s", host, port, endpoint)
             zmq_task = asyncio.create_task(zmq_server.serve())
-            engine = await asyncio.to_thread(build_engine, self.config)
+            self._model_lock = hold(self.config.model.path)
+            engine = await self._build()
             try:
                 return await self._serve(engine)
             finally:
@@ -115,6 +140,24 @@ class StageDiffusionProc:
             await zmq_server.close()
             if http_open:
                 await runner.cleanup()
+            release(self._model_lock)
+            self._model_lock = None
+
+    async def _build(self) -> DiffusionEngine:
+        """The engine, within the startup budget; past it the termination log names the phase and the process
+        exits 1 at once (the build thread cannot be interrupted; the operator restarts the replica)."""
+        building = asyncio.ensure_future(asyncio.to_thread(build_engine, self.config, self.service.startup))
+        budget = self.config.server.startup_timeout
+        if budget is None:
+            return await building
+        try:
+            return await asyncio.wait_for(asyncio.shield(building), max(0.0, budget - self.service.startup.elapsed()))
+        except TimeoutError:
+            exc = StartupTimeoutError(f"not ready within the startup budget of {budget:g} s (--startup-timeout, "
+                                      f"spec.startupTimeoutSeconds): {self.service.startup.describe()}")
+            write_termination_log(self.termination_log, reason_for(exc), str(exc))
+            print(f"error: {exc}", file=sys.stderr)
+            _hard_exit(exit_code_for(exc), "startup timeout")
 
     async def _serve(self, engine: DiffusionEngine) -> int:
         self.service.attach(engine)

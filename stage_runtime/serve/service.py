@@ -21,6 +21,7 @@ from stage_runtime.errors import (DeadlineExceededError, DuplicateRequestError, 
                                   StageUnavailableError)
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.serve.metrics import StageMetrics
+from stage_runtime.serve.startup import StartupProgress
 
 if TYPE_CHECKING:
     from stage_runtime.engine import DiffusionEngine, RequestStream
@@ -43,6 +44,7 @@ class StageService:
         self.config = config
         self.metrics = metrics
         self.engine: DiffusionEngine | None = None
+        self.startup = StartupProgress()            # the phases while starting, their durations after
         self.draining = False
         self._drain_note: str | None = None       # set once the drain timeout expired
         self._active: dict[str, RequestStream] = {}
@@ -183,6 +185,7 @@ class StageService:
                 "capacity": load["capacity"], "finished_total": load["finished_total"],
                 "aborted_total": load["aborted_total"], "failed_total": load["failed_total"],
                 "world_size": p.world_size, "topology": p.describe(), "workers": self.workers(),
+                "startup": self.startup.view(),
                 **({"offload": self.offload} if self.config.offload.mode != "none" else {})}
 
     def workers(self) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ import logging
 import os
 from pathlib import Path
 
-from stage_runtime.errors import ConfigError, EngineDeadError, ModelLoadError
+from stage_runtime.errors import ConfigError, EngineDeadError, ModelLoadError, StartupTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,7 @@ EXIT_OK, EXIT_UNEXPECTED, EXIT_CONFIG, EXIT_DEAD = 0, 1, 2, 3
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 MAX_MESSAGE_BYTES = 4096          # what the kubelet keeps of a termination message
 WORKER_DIED = "WorkerDied"
+STARTUP_TIMEOUT = "StartupTimeout"
 
 
 def exit_code_for(exc: BaseException) -> int:
@@ -35,6 +36,8 @@ def exit_code_for(exc: BaseException) -> int:
 
 
 def reason_for(exc: BaseException) -> str:
+    if isinstance(exc, StartupTimeoutError):
+        return STARTUP_TIMEOUT
     return WORKER_DIED if isinstance(exc, EngineDeadError) else type(exc).__name__
 
 

@@ -43,3 +43,17 @@ class SentinelWorkerExecutor(UniProcExecutor):
             self.sentinel.send_signal(signal.SIGKILL)
             self.sentinel.wait(5)
         super()._shutdown_workers()
+
+
+class SlowWarmupExecutor(UniProcExecutor):
+    """The in-process executor whose warmup wave takes ``WARMUP_S`` (a slow first compile or a cold cache, as
+    large models show on real GPUs); every other request runs unchanged."""
+
+    WARMUP_S = 600.0
+
+    def execute_model(self, sched_out):
+        if any(n.request_id.startswith("warmup-") for n in sched_out.scheduled_new_reqs):
+            import time
+
+            time.sleep(self.WARMUP_S)
+        return super().execute_model(sched_out)

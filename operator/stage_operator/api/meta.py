@@ -22,6 +22,10 @@ TERMINATION_LOG = "/dev/termination-log"
 CONFIG_DIR = "/etc/diffstage"
 CONFIG_FILE = "stage.yaml"
 BUILTIN_MODEL_DIR = "/opt/diffstage/models"  # where the runtime image keeps `make-tiny-model` outputs
+MODEL_DIR = "/opt/diffstage/model"  # emptyDir an init container fills (source.uri, source.image without image volumes)
+MODEL_SOURCE_DIR = "/opt/diffstage/model-source"  # source.pvc, read-only
+MODEL_IMAGE_DIR = "/opt/diffstage/model-image"  # source.image as an image volume, read-only
+MODEL_CACHE_DIR = "/var/cache/diffstage"  # the node-local cache (model.cache) in the fetch and stage containers
 DEFAULT_IMAGE = "diffstage/runtime:0.1.0"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 

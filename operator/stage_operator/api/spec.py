@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from stage_operator.api.base import ApiModel, cel
 from stage_operator.api.meta import DEFAULT_GPU_RESOURCE, DEFAULT_IMAGE
+from stage_operator.api.model import ModelSource
 from stage_runtime.config import ConfigError, ParallelConfig
 
 _CAMEL = ApiModel.model_config
@@ -29,24 +30,6 @@ def _bounds(field: str) -> dict[str, int]:
         elif isinstance(m, annotated_types.Le):
             out["le"] = m.le
     return out
-
-
-class ModelSource(ApiModel):
-    """Exactly one of `builtin` (a tiny model the pod builds itself) or `path` (a folder in the image/volume)."""
-
-    model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [cel(
-        "has(self.builtin) != has(self.path)",
-        "'model: set exactly one of builtin or path'")]})
-    builtin: Literal["tiny-sd", "tiny-dit", "tiny-sd3", "tiny-flux", "tiny-sdxl", "tiny-qwen-image"] | None = None
-    path: str | None = Field(None, min_length=1)
-    name: str | None = Field(None, min_length=1, description="served model name (default: the stage name)")
-    dtype: Literal["float32", "float16", "bfloat16"] | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> ModelSource:
-        if (self.builtin is None) == (self.path is None):
-            raise ValueError("model: set exactly one of builtin or path")
-        return self
 
 
 class Parallel(ApiModel):
@@ -180,6 +163,9 @@ class StageSpec(ApiModel):
         reason="FieldValueInvalid")]})
     model: ModelSource
     image: str = Field(DEFAULT_IMAGE, min_length=1)
+    startup_timeout_seconds: int = Field(600, ge=1, le=86400, description=(
+        "how long a replica may take from its container start to ready (loading weights, warmup); the "
+        "stage fails with StartupTimeout beyond it, and the startup probe is sized from it"))
     replicas: int = Field(1, ge=0)
     parallel: Parallel = Field(default_factory=Parallel)
     resources: Resources = Field(default_factory=Resources)

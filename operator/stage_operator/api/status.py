@@ -62,6 +62,8 @@ class ReplicaStatus(ApiModel):
     budget_exhausted: bool | None = None  # restarts stopped (Stalled) until the spec changes
     draining: bool | None = None  # fenced for a scale-down, waiting for its in-flight requests
     message: str | None = None
+    startup_seconds: dict[str, float] | None = Field(
+        None, description="how long each startup phase took (fetching, loadingWeights, warmup), once ready")
 
 
 class Restarts(ApiModel):
@@ -83,6 +85,15 @@ class AutoscalingStatus(ApiModel):
     last_scale_time: str | None = None
 
 
+class ModelStatus(ApiModel):
+    """What the replicas serve: where it came from, its digest when known, and what loading it cost."""
+
+    source: str = Field(description="builtin:NAME, path:DIR, pvc:CLAIM[/SUBPATH], image:REFERENCE or uri:URL")
+    digest: str | None = Field(None, description="sha256:HEX (uri: the verified archive; image: a pinned digest)")
+    size_bytes: int | None = Field(None, description="the pipeline folder on disk, as a replica measured it")
+    load_seconds: float | None = Field(None, description="loading weights + warmup of the replica that measured it")
+
+
 class StageStatus(ApiModel):
     observed_generation: int | None = None
     phase: Phase | None = None
@@ -97,3 +108,4 @@ class StageStatus(ApiModel):
     restarts: Restarts = Field(default_factory=Restarts)
     abort: AbortStatus | None = None
     autoscaling: AutoscalingStatus | None = None
+    model: ModelStatus | None = None

@@ -8,13 +8,14 @@ import json
 from typing import Any
 
 from stage_operator.api.meta import (CONFIG_DIR, HTTP_PORT, LABEL_REPLICA, LABEL_SERVING, LABEL_TEMPLATE_HASH,
-                                     TERMINATION_LOG, ZMQ_PORT, BUILTIN_MODEL_DIR)
+                                     TERMINATION_LOG, ZMQ_PORT)
+from stage_operator.api.spec import StageSpec
 from stage_operator.builders.children import build_configmap, configmap_name, owned_metadata, stage_labels
-from stage_operator.builders.runtime_config import make_model_command, serve_command
+from stage_operator.builders.model_delivery import model_delivery
+from stage_operator.builders.runtime_config import serve_command
 from stage_operator.stage import Stage
 
 CONTAINER = "stage"
-STARTUP_PROBE = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 120}  # up to 10 min to load weights
 READINESS_PROBE = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2}
 LIVENESS_PROBE = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}
 
@@ -43,8 +44,18 @@ def _probe(path: str, settings: dict[str, int]) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http"}, **settings}
 
 
-def build_pod_spec(stage: Stage) -> dict[str, Any]:
-    """The part every replica shares (the replica index reaches the process through the downward API)."""
+def startup_probe(spec: StageSpec) -> dict[str, int]:
+    """The kubelet's budget from `startupTimeoutSeconds`, two periods past it: the stage enforces the budget
+    itself (`--startup-timeout`: StartupTimeout naming the phase it was in); the probe is the backstop for a
+    process that stops answering altogether."""
+    budget = spec.startup_timeout_seconds
+    period = 5 if budget >= 30 else 1
+    return {"periodSeconds": period, "timeoutSeconds": min(2, period), "failureThreshold": -(-budget // period) + 2}
+
+
+def build_pod_spec(stage: Stage, image_volumes: bool = False) -> dict[str, Any]:
+    """The part every replica shares (the replica index reaches the process through the downward API).
+    `image_volumes`: whether the cluster supports image volumes (what `model.imageVolume: auto` follows)."""
     spec = stage.spec
     assert spec is not None, "build pods only for a valid spec"
     tpl = spec.pod_template
@@ -55,12 +66,10 @@ def build_pod_spec(stage: Stage) -> dict[str, Any]:
                                      {"name": "dshm", "emptyDir": shm}]
     mounts: list[dict[str, Any]] = [{"name": "stage-config", "mountPath": CONFIG_DIR, "readOnly": True},
                                     {"name": "dshm", "mountPath": "/dev/shm"}]
-    init_containers = []
-    if make := make_model_command(spec):
-        volumes.append({"name": "builtin-models", "emptyDir": {}})
-        mounts.append({"name": "builtin-models", "mountPath": BUILTIN_MODEL_DIR})
-        init_containers.append({"name": "make-model", "image": spec.image, "command": make,
-                                "volumeMounts": [{"name": "builtin-models", "mountPath": BUILTIN_MODEL_DIR}]})
+    delivery = model_delivery(spec, image_volumes)
+    volumes += delivery.volumes
+    mounts += delivery.mounts
+    init_containers = delivery.init_containers
     env = [{"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "DIFFSTAGE_STAGE", "value": stage.name},
            {"name": "DIFFSTAGE_REPLICA",
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_REPLICA}']"}}}]
@@ -70,7 +79,7 @@ def build_pod_spec(stage: Stage) -> dict[str, Any]:
                   {"name": "zmq", "containerPort": ZMQ_PORT, "protocol": "TCP"}],
         "env": env + list(tpl.env or []),
         "resources": _resources(stage),
-        "startupProbe": _probe("/ready", STARTUP_PROBE),
+        "startupProbe": _probe("/ready", startup_probe(spec)),
         "readinessProbe": _probe("/ready", READINESS_PROBE),
         "livenessProbe": _probe("/health", LIVENESS_PROBE),
         "terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -94,14 +103,14 @@ def build_pod_spec(stage: Stage) -> dict[str, Any]:
     return pod_spec
 
 
-def template_hash(stage: Stage) -> str:
+def template_hash(stage: Stage, image_volumes: bool = False) -> str:
     """Changes exactly when a replica built now would differ: the pod spec and the stage config it mounts."""
-    payload = json.dumps([build_pod_spec(stage), build_configmap(stage)["data"]], sort_keys=True)
+    payload = json.dumps([build_pod_spec(stage, image_volumes), build_configmap(stage)["data"]], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:10]
 
 
-def build_pod(stage: Stage, index: int, pod_hash: str | None = None) -> dict[str, Any]:
+def build_pod(stage: Stage, index: int, pod_hash: str | None = None, image_volumes: bool = False) -> dict[str, Any]:
     labels = {**stage_labels(stage), LABEL_REPLICA: str(index), LABEL_SERVING: "true",
-              LABEL_TEMPLATE_HASH: pod_hash or template_hash(stage)}
+              LABEL_TEMPLATE_HASH: pod_hash or template_hash(stage, image_volumes)}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": owned_metadata(stage, pod_name(stage, index), labels),
-            "spec": build_pod_spec(stage)}
+            "spec": build_pod_spec(stage, image_volumes)}

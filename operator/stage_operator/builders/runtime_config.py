@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from stage_operator.api.meta import BUILTIN_MODEL_DIR, CONFIG_DIR, CONFIG_FILE, HTTP_PORT, TERMINATION_LOG, ZMQ_PORT
+from stage_operator.api.meta import CONFIG_DIR, CONFIG_FILE, HTTP_PORT, TERMINATION_LOG, ZMQ_PORT
 from stage_operator.api.spec import StageSpec
+from stage_operator.builders.model_delivery import model_delivery
 
 
 def model_dir(spec: StageSpec) -> str:
-    return f"{BUILTIN_MODEL_DIR}/{spec.model.builtin}" if spec.model.builtin else str(spec.model.path)
+    """The folder the stage serves, wherever spec.model puts it (builders.model_delivery)."""
+    return model_delivery(spec).model_dir
 
 
 def device(spec: StageSpec) -> str:
@@ -60,13 +62,6 @@ def serve_command(spec: StageSpec, stage_name: str) -> list[str]:
         cmd += ["--request-batch-max-wait-ms", str(spec.engine.request_batch_max_wait_ms)]
     if spec.engine.max_waiting:
         cmd += ["--max-waiting", str(spec.engine.max_waiting)]
-    cmd += ["--drain-timeout", str(spec.autoscaling.drain_timeout_seconds), "--termination-log", TERMINATION_LOG]
+    cmd += ["--drain-timeout", str(spec.autoscaling.drain_timeout_seconds),
+            "--startup-timeout", str(spec.startup_timeout_seconds), "--termination-log", TERMINATION_LOG]
     return cmd + list(spec.engine.extra_args)
-
-
-def make_model_command(spec: StageSpec) -> list[str] | None:
-    """The init container's command for a built-in model (weights built in the pod, never downloaded)."""
-    if not spec.model.builtin:
-        return None
-    kind = spec.model.builtin.removeprefix("tiny-")
-    return ["stage-runtime", "make-tiny-model", model_dir(spec), "--kind", kind]

@@ -56,6 +56,30 @@ def test_defaults_fill_nested_objects():
     assert spec['autoscaling'] == {'mode': 'None', 'drainTimeoutSeconds': 60}
 
 
+URI = {'url': 'https://models.example/tiny.tar.gz', 'sha256': 'ab' * 32}
+MODEL_CASES = [  # spec.model.source, .cache, .imageVolume (issue 18)
+    ('source-pvc', {'model': {'source': {'pvc': {'claimName': 'models', 'subPath': 'sd/turbo'}}}}, []),
+    ('source-image', {'model': {'source': {'image': {'reference': 'reg.example/sd:1'}}, 'imageVolume': 'never'}}, []),
+    ('source-uri-cached', {'model': {'source': {'uri': URI}, 'cache': {'hostPath': '/var/cache/m', 'maxBytes': 10}}},
+     []),
+    ('two-sources', {'model': {'source': {'uri': URI, 'pvc': {'claimName': 'm'}}}},
+     ['spec.model.source: model.source: set exactly one of pvc, image or uri']),
+    ('no-source', {'model': {'source': {}}}, ['spec.model.source: model.source: set exactly one of pvc, image or uri']),
+    ('source-and-path', {'model': {'path': '/m', 'source': {'uri': URI}}},
+     ['spec.model: model: set exactly one of builtin, path or source']),
+    ('bad-sha256', {'model': {'source': {'uri': {**URI, 'sha256': 'ABC123'}}}},
+     ['spec.model.source.uri: model.source.uri.sha256 must be 64 lowercase hex digits (the SHA-256 of the '
+      'archive), got "ABC123"']),
+    ('bad-url', {'model': {'source': {'uri': {**URI, 'url': 's3://b/m.tgz'}}}},
+     ['spec.model.source.uri: model.source.uri.url must be an http:// or https:// URL, got "s3://b/m.tgz"']),
+    ('cache-without-uri', {'model': {'builtin': 'tiny-sd', 'cache': {'hostPath': '/c', 'maxBytes': 1}}},
+     ['spec.model: model.cache applies to model.source.uri only (it stores downloads)']),
+    ('cache-two-places', {'model': {'source': {'uri': URI}, 'cache': {'hostPath': '/c', 'pvc': {'claimName': 'c'},
+                                                                       'maxBytes': 1}}},
+     ['spec.model.cache: model.cache: set exactly one of hostPath or pvc']),
+    ('pvc-subpath-escapes', {'model': {'source': {'pvc': {'claimName': 'm', 'subPath': 'a/../../etc'}}}},
+     ['spec.model.source.pvc: model.source.pvc.subPath must be a relative path without .. (got a/../../etc)']),
+]
 CEL_CASES = [
     # (name, spec fields, exact messages)
     ('defaults', {}, []),
@@ -66,8 +90,10 @@ CEL_CASES = [
     ('gpus-without-degrees', {'resources': {'gpusPerPod': 8}},
      ['spec: parallel degrees multiply to 1 (tensor 1 x ulysses 1 x ring 1 x cfg 1 x data 1 x pipeline 1) '
       'but resources.gpusPerPod is 8']),
-    ('model-both', {'model': {'builtin': 'tiny-sd', 'path': '/m'}}, ['spec.model: model: set exactly one of builtin or path']),
-    ('model-none', {'model': {'name': 'x'}}, ['spec.model: model: set exactly one of builtin or path']),
+    ('model-both', {'model': {'builtin': 'tiny-sd', 'path': '/m'}},
+     ['spec.model: model: set exactly one of builtin, path or source']),
+    ('model-none', {'model': {'name': 'x'}}, ['spec.model: model: set exactly one of builtin, path or source']),
+] + MODEL_CASES + [
     ('operator-autoscaling', {'autoscaling': {'mode': 'Operator', 'minReplicas': 1, 'maxReplicas': 4}}, []),
     ('min-above-max', {'autoscaling': {'mode': 'Operator', 'minReplicas': 5, 'maxReplicas': 4}},
      ['spec.autoscaling: autoscaling.minReplicas (5) must not exceed maxReplicas (4)']),
@@ -100,7 +126,7 @@ def test_every_cel_rule_is_exercised_by_a_failing_case():
     for path, node in _nodes(version_schema(CRD)):
         rules.update(r['messageExpression'] for r in node.get('x-kubernetes-validations', ()))
     failing = {m.split(': ', 1)[1] for _, spec, msgs in CEL_CASES for m in msgs}
-    assert len(rules) == 7 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
+    assert len(rules) == 13 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
 
 
 def _nodes(node, path=''):
@@ -148,3 +174,28 @@ def test_spec_errors_name_field_and_value():
         StageSpec.model_construct(parallel=StageSpec.model_fields['parallel'].default_factory().model_copy(
             update={'cfg_parallel_size': 2}), resources=StageSpec.model_fields['resources'].default_factory().model_copy(
             update={'gpus_per_pod': 3})).topology()
+
+
+@pytest.mark.parametrize('spec, messages', [c[1:] for c in MODEL_CASES], ids=[c[0] for c in MODEL_CASES])
+def test_the_operator_refuses_what_the_api_server_refuses_with_the_same_words(spec, messages):
+    """The pydantic side of each model rule (a server without CEL, or an object written before the CRD)."""
+    body = stage(**spec)['spec']
+    if not messages:
+        StageSpec.model_validate(body)
+        return
+    with pytest.raises(ValidationError) as info:
+        StageSpec.model_validate(body)
+    assert messages[0].split(': ', 1)[1] in str(info.value)
+
+
+@pytest.mark.parametrize('field, value', [('startupTimeoutSeconds', 0), ('startupTimeoutSeconds', 'ten'),
+                                          ('model', {'source': {'uri': {'url': 'https://x/m.tgz'}}}),
+                                          ('model', {'source': {'image': {'reference': 'r', 'path': 'rel'}}}),
+                                          ('model', {'source': {'uri': URI}, 'cache': {'hostPath': '/c'}}),
+                                          ('model', {'source': {'image': {'reference': 'r'}}, 'imageVolume': 'yes'})])
+def test_schema_rejects_bad_model_delivery_fields(field, value):
+    assert admit(CRD, stage(**{field: value})), f'{field}={value!r} must be rejected'
+
+
+def test_startup_timeout_defaults_to_ten_minutes():
+    assert apply_defaults(version_schema(CRD), stage())['spec']['startupTimeoutSeconds'] == 600

@@ -99,7 +99,8 @@ def test_command_and_configmap_parse_with_the_runtime_cli(spec, tmp_path):
     parser = argparse.ArgumentParser()
     add_engine_flags(parser)
     args, serve_only = parser.parse_known_args(cmd[2:])
-    assert serve_only[::2] == ['--host', '--http-port', '--zmq-port', '--drain-timeout', '--termination-log']
+    assert serve_only[::2] == ['--host', '--http-port', '--zmq-port', '--drain-timeout', '--startup-timeout',
+                              '--termination-log']
     args.config = str(tmp_path / 'stage.yaml')
     from_flags = config_from_args(args)
     assert from_flags == from_configmap
