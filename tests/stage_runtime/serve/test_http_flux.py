@@ -43,7 +43,7 @@ def bare_call(path: str, prompt: str, steps: int, seed: int) -> np.ndarray:
 async def test_two_sse_streams_batched_progress_in_order_images_equal_the_bare_call(flux_stage, tiny_flux_path):
     async def stream(http, rid: str, prompt: str, steps: int, seed: int) -> list[tuple[str, dict]]:
         body = {"prompt": prompt, "num_inference_steps": steps, "seed": seed, "stream": True, "request_id": rid,
-                "size": "64x64"}
+                "size": "64x64", "stream_format": "diffstage"}     # our event names (the default is OpenAI's)
         async with http.stream("POST", "/v1/images/generations", json=body) as resp:
             assert resp.status_code == 200
             return sse_events((await resp.aread()).decode())
