@@ -9,7 +9,7 @@ import httpx
 import pytest
 from stage_process import StageProcess
 from support.live_pods import Generation, events, map_pod, pod_address, replica, wait_in_flight, watch_until
-from support.operator_harness import STAGES_PATH, Cluster, manifest, operator, wait_for
+from support.operator_harness import STAGES_PATH, Cluster, manifest, operator, settle, wait_for
 
 ONE_RANK = {'parallel': {}, 'resources': {'gpusPerPod': 1, 'gpuResourceName': ''},
             'engine': {'executionMode': 'step', 'maxNumSeqs': 4},
@@ -71,7 +71,7 @@ def test_abort_through_the_spec_reaches_every_serving_pod_once(cluster, kube_emu
         aborted = httpx.get(f'{a.http_url}/v1/stats', timeout=5).json()['aborted_total']
         cluster.patch_spec('ab', {'healthCheck': {'timeoutSeconds': 2}})  # another change: the same id is not resent
         wait_for(lambda: cluster.status('ab').get('observedGeneration') == 3, what='the spec change observed')
-        time.sleep(1)
+        settle()  # two more reconciles of the new generation: the same abort id is not sent again
         assert httpx.get(f'{a.http_url}/v1/stats', timeout=5).json()['aborted_total'] == aborted
         assert len(events(kube_emulator, 'ab', 'Aborted')) == 1
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from stage_process import StageProcess
 from support.live_pods import StandIn, events, map_pod, pod_address, pod_uid, replica, watch_until
-from support.operator_harness import Cluster, manifest, operator, wait_for
+from support.operator_harness import Cluster, manifest, operator, settle, wait_for
 
 ONE_RANK = {'parallel': {}, 'resources': {'gpusPerPod': 1, 'gpuResourceName': ''}}
 FAST = {'restartPolicy': {'maxRestarts': 2, 'windowSeconds': 600, 'backoffInitialSeconds': 1, 'backoffMaxSeconds': 1},
@@ -91,7 +91,7 @@ def test_killed_worker_restarts_after_backoff_then_the_budget_stalls(cluster, ku
             kept = cluster.pods('w')['w-0']
             assert kept['status']['phase'] == 'Failed' and kept['metadata']['labels']['diffstage.io/serving'] == 'false'
             creates = pod_creates(kube_emulator)
-            time.sleep(3)  # backoffs are 2 s: a restart would have happened by now
+            settle(past=2)  # backoffs are 1 s: two reconciles after it would have restarted the pod
             assert pod_uid(cluster, 'w', 'w-0') == kept['metadata']['uid'] and pod_creates(kube_emulator) == creates
             assert events(kube_emulator, 'w', 'RestartBudgetExhausted')
 
@@ -126,7 +126,7 @@ def test_exit_code_2_stalls_at_once_with_the_stage_message(cluster, kube_emulato
         assert message.split(': ', 1)[1].strip() in stalled['message']
         assert cluster.status('bad')['phase'] == 'Stalled'
         assert 'backoffUntil' not in replica(cluster, 'bad')
-        time.sleep(2)  # longer than the backoff: never restarted
+        settle(past=2)  # past the backoff, two reconciles: never restarted
         assert pod_uid(cluster, 'bad', 'bad-0') == uid and cluster.status('bad')['restarts']['total'] == 0
     stage.kill()
 

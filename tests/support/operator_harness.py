@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from support.kube_emulator import KubeEmulator
+from support.waiting import wait_until
 
 from e2e.local import kubelet
 from e2e.local.driver import MERGE, ApiDriver  # noqa: F401 (MERGE: re-exported for the tests)
@@ -37,11 +38,24 @@ def manifest(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 20, what: str = 'condition') -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := condition()):
-        assert time.monotonic() < deadline, f'timed out waiting for {what}'
-        time.sleep(0.05)
-    return result
+    """The suite's one wait (support.waiting), polling the emulator every 50 ms."""
+    return wait_until(condition, timeout, what, poll=0.05)
+
+
+def reconciles() -> float:
+    """Reconciles the in-process operator has run so far (its own counter, every outcome)."""
+    from prometheus_client import REGISTRY
+    return sum(REGISTRY.get_sample_value('diffstage_operator_reconciles_total', {'result': r}) or 0.0
+               for r in ('changed', 'unchanged'))
+
+
+def settle(past: float = 0.0, count: int = 2, timeout: float = 30) -> None:
+    """Evidence that nothing more happens: ``count`` reconciles run after ``past`` more seconds (e.g. past a
+    backoff that would have restarted a pod), each of which saw the same world and decided."""
+    due = time.monotonic() + past
+    wait_for(lambda: time.monotonic() >= due, timeout, what=f'{past} s to pass')
+    start = reconciles()
+    wait_for(lambda: reconciles() >= start + count, timeout, what=f'{count} reconciles after {past} s')
 
 
 class _Capture(logging.Handler):

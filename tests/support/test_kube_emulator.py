@@ -4,7 +4,6 @@ from __future__ import annotations
 import datetime
 import json
 import textwrap
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +13,7 @@ import kubernetes
 import pytest
 from kubernetes.client.rest import ApiException
 from support.kube_emulator import KubeEmulator
+from support.waiting import wait_until
 
 STAGES = ('diffstage.io', 'v1alpha1', 'default', 'diffusionstages')
 MERGE = {'Content-Type': 'application/merge-patch+json'}
@@ -54,11 +54,7 @@ def watch(http: httpx.Client, path: str, **params: Any) -> list[tuple[str, str]]
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 15) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := condition()):
-        assert time.monotonic() < deadline, 'timed out'
-        time.sleep(0.05)
-    return result
+    return wait_until(condition, timeout, poll=0.05)
 
 
 def api_status(call: Callable[[], Any]) -> int:

@@ -16,9 +16,9 @@ T = TypeVar("T")
 POLL_S = 0.002
 
 
-def wait_until(predicate: Callable[[], T], timeout: float = 30.0, what: str = "condition") -> T:
-    """Poll ``predicate`` until it returns something truthy; return it. AssertionError naming ``what``
-    once ``timeout`` seconds have passed without it."""
+def wait_until(predicate: Callable[[], T], timeout: float = 30.0, what: str = "condition", poll: float = POLL_S) -> T:
+    """Poll ``predicate`` (every ``poll`` seconds) until it returns something truthy; return it.
+    AssertionError naming ``what`` once ``timeout`` seconds have passed without it."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -26,7 +26,7 @@ def wait_until(predicate: Callable[[], T], timeout: float = 30.0, what: str = "c
             return value
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what} not reached within {timeout} s")
-        time.sleep(POLL_S)
+        time.sleep(poll)
 
 
 async def async_wait_until(predicate: Callable[[], Any | Awaitable[Any]], timeout: float = 30.0,
