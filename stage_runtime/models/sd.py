@@ -66,13 +66,7 @@ class StableDiffusionAdapter(StableDiffusionEditMixin, StepContract, PipelineAda
         noise = self.pipe.unet(torch.cat(rows), timesteps,
                                encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
                                return_dict=False)[0]
-        preds = []
-        for st, pred in zip(states, self.split_rows(noise, rows), strict=True):
-            if st.do_cfg:
-                uncond, text = pred.chunk(2)
-                pred = self.guided(uncond, text, st.request.sampling.guidance_scale)
-            preds.append(pred)
-        return preds
+        return self.guided_per_request(states, noise, rows)
 
     def post_decode(self, state: StepRequestState) -> np.ndarray:
         pipe = self.pipe

@@ -93,13 +93,7 @@ class StableDiffusion3Adapter(StepContract, PipelineAdapter):
             encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
             pooled_projections=torch.cat([st.cond["pooled"] for st in states]), joint_attention_kwargs=None,
             return_dict=False)[0]
-        preds = []
-        for st, pred in zip(states, self.split_rows(noise, rows), strict=True):
-            if st.do_cfg:
-                uncond, text = pred.chunk(2)
-                pred = self.guided(uncond, text, st.request.sampling.guidance_scale)
-            preds.append(pred)
-        return preds
+        return self.guided_per_request(states, noise, rows)
 
     def post_decode(self, state: StepRequestState) -> np.ndarray:
         vae = self.pipe.vae

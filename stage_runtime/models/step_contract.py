@@ -69,3 +69,16 @@ class StepContract:
     @staticmethod
     def split_rows(output: torch.Tensor, rows: list[torch.Tensor]) -> list[torch.Tensor]:
         return list(torch.split(output, [len(r) for r in rows]))
+
+    @classmethod
+    def guided_per_request(cls, states: list[StepRequestState], output: torch.Tensor,
+                           rows: list[torch.Tensor]) -> list[torch.Tensor]:
+        """One fused forward's output → one prediction per state: its rows, guided when it runs CFG
+        (rows ``[uncond; cond]``, each half ``num_outputs`` images)."""
+        preds = []
+        for st, pred in zip(states, cls.split_rows(output, rows), strict=True):
+            if st.do_cfg:
+                uncond, text = pred.chunk(2)
+                pred = cls.guided(uncond, text, st.request.sampling.guidance_scale)
+            preds.append(pred)
+        return preds
