@@ -108,8 +108,8 @@ class DiffusionEngine:
     def generate(self, prompt: str, request_id: str | None = None, timeout: float | None = None,
                  **sampling: Any) -> DiffusionOutput:
         """Sync convenience: one request, wait for its final output (raises on abort / failure)."""
-        request = DiffusionRequest(request_id or uuid.uuid4().hex, prompt, SamplingParams.parse(sampling))
-        return self.add_request(request).result(timeout)
+        return self.add_request(DiffusionRequest(request_id or uuid.uuid4().hex, prompt,
+                                                 SamplingParams.parse(sampling))).result(timeout)
 
     def abort(self, request_ids: str | list[str]) -> list[str]:
         """Abort waiting or running requests; returns the ids that were in flight (others are unknown)."""
@@ -124,8 +124,7 @@ class DiffusionEngine:
 
     def abort_all(self) -> list[str]:
         with self._lock:
-            ids = self.outputs.user_request_ids()
-        return self.abort(ids)
+            return self.abort(self.outputs.user_request_ids())      # (the lock is re-entrant)
 
     def _check_open(self) -> None:
         if self.dead_reason is not None:
@@ -274,11 +273,9 @@ class DiffusionEngine:
     # -- introspection ---------------------------------------------------------------------------------
     @property
     def state(self) -> str:
-        if self.dead_reason is not None:
-            return "dead"
-        if self._closed:
-            return "closed"
-        return "ready" if self.ready else "starting"
+        """dead (fail closed) → closed → ready (after warmup) → starting."""
+        return ("dead" if self.dead_reason is not None else "closed" if self._closed
+                else "ready" if self.ready else "starting")
 
     def stats(self) -> dict[str, int]:
         """Load and outcome counters in one consistent snapshot (``GET /v1/stats``)."""
