@@ -11,6 +11,7 @@ multiprocess executor names segments ``ds-<pid>-…``) — not merely because it
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -175,3 +176,17 @@ class StageProcess:
                 except ProcessLookupError:
                     continue
         self._log.close()
+
+
+@contextlib.contextmanager
+def running_stage(args: list[str], log_path: Path):
+    """A started stage process for a fixture; on exit SIGTERM → exit 0 and nothing left behind (killed
+    whatever happened)."""
+    stage = StageProcess(args, log_path)
+    try:
+        stage.start()
+        yield stage
+        assert stage.stop() == 0, stage.log[-3000:]
+        stage.assert_no_leaks()
+    finally:
+        stage.kill()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from stage_process import StageProcess
+from stage_process import running_stage
 
 UNI = ["--device", "cpu", "--executor", "uni"]
 MP_CFG2 = ["--device", "cpu", "--executor", "mp", "--cfg-parallel-size", "2"]
@@ -35,14 +35,8 @@ def fault_topology(request) -> list[str]:
 def shared_stage(tiny_sd_path, tmp_path_factory, stage_topology):
     """One stage for the HTTP and ZMQ route tests; on teardown: SIGTERM → exit 0, nothing left behind."""
     logs = tmp_path_factory.mktemp("shared-stage")
-    stage = StageProcess(["--model", tiny_sd_path, *SHARED_LIMITS, *stage_topology], logs / "stage.log")
-    try:
-        stage.start()
+    with running_stage(["--model", tiny_sd_path, *SHARED_LIMITS, *stage_topology], logs / "stage.log") as stage:
         yield stage
-        assert stage.stop() == 0, stage.log[-3000:]
-        stage.assert_no_leaks()
-    finally:
-        stage.kill()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 import torch
 from diffusers import DiffusionPipeline
 from serve_probes import decode_png, sse_events
-from stage_process import StageProcess
+from stage_process import running_stage
 
 UNI = ["--device", "cpu", "--executor", "uni"]
 
@@ -21,15 +21,9 @@ UNI = ["--device", "cpu", "--executor", "uni"]
 @pytest.fixture(scope="module")
 def flux_stage(tiny_flux_path, tmp_path_factory):
     logs = tmp_path_factory.mktemp("flux-stage")
-    stage = StageProcess(["--model", tiny_flux_path, "--execution-mode", "step", "--max-num-seqs", "4", *UNI],
-                         logs / "stage.log")
-    try:
-        stage.start()
+    with running_stage(["--model", tiny_flux_path, "--execution-mode", "step", "--max-num-seqs", "4", *UNI],
+                       logs / "stage.log") as stage:
         yield stage
-        assert stage.stop() == 0, stage.log[-3000:]
-        stage.assert_no_leaks()
-    finally:
-        stage.kill()
 
 
 def bare_call(path: str, prompt: str, steps: int, seed: int) -> np.ndarray:

@@ -13,7 +13,7 @@ import numpy as np
 import openai
 import pytest
 from PIL import Image
-from stage_process import StageProcess
+from stage_process import running_stage
 
 KEY = "sk-test-0123456789"
 STEPS = {"num_inference_steps": 4}
@@ -25,16 +25,10 @@ def sdk_stage(tiny_sd_path, tmp_path_factory):
     """One stage for every test of this module: step mode, 2 running, API keys from a file."""
     tmp = tmp_path_factory.mktemp("sdk-stage")
     (tmp / "keys").write_text(f"# keys\n{KEY}\nsk-other\n")
-    stage = StageProcess(["--model", tiny_sd_path, "--served-name", "tiny-sd", "--device", "cpu", "--executor", "uni",
-                          "--execution-mode", "step", "--max-num-seqs", "2", "--max-waiting", "4",
-                          "--api-key-file", str(tmp / "keys"), *LIMITS], tmp / "stage.log")
-    try:
-        stage.start()
+    with running_stage(["--model", tiny_sd_path, "--served-name", "tiny-sd", "--device", "cpu", "--executor", "uni",
+                        "--execution-mode", "step", "--max-num-seqs", "2", "--max-waiting", "4",
+                        "--api-key-file", str(tmp / "keys"), *LIMITS], tmp / "stage.log") as stage:
         yield stage
-        assert stage.stop() == 0, stage.log[-3000:]
-        stage.assert_no_leaks()
-    finally:
-        stage.kill()
 
 
 @pytest.fixture
