@@ -1,8 +1,10 @@
 """Per-request overhead of the engine against the bare diffusers pipeline, measured side by side.
 
 The same requests (prompt, seed, size, steps) run through a bare ``StableDiffusionPipeline.__call__``
-(plain, and under ``torch.inference_mode`` as the runner calls it) and through ``DiffusionEngine`` (uni
-executor, request mode), interleaved in one process, rotating which path goes first. For the engine the
+(plain, and under ``torch.inference_mode`` as the runner calls it), through the bare call on the engine's
+own pipeline object (the same weights in memory: two separately loaded copies differ by their memory
+placement, which is not engine overhead) and through ``DiffusionEngine`` (uni executor, request mode),
+interleaved in one process, rotating which path goes first. For the engine the
 time is split into the pipeline call on the engine thread (``compute_ms``, measured by the runner) and
 everything else (admission, the thread hand-off, scheduling, delivery). Prints medians, min–max spreads,
 per-pair ratios and the number of runs, and what it ran on.
@@ -48,10 +50,11 @@ def main() -> None:
     bare = DiffusionPipeline.from_pretrained(model, local_files_only=True, low_cpu_mem_usage=False)
     bare.set_progress_bar_config(disable=True)
     engine = DiffusionEngine.make_engine(load_config({"model": {"path": model}, "device": "cpu"}))
+    served = engine.executor.worker.model_runner.adapter.pipe    # the engine's own pipeline object
     compute: list[float] = []
 
-    def run_bare(prompt: str, seed: int) -> np.ndarray:
-        images = bare(prompt=[prompt], negative_prompt=[""], height=args.size, width=args.size,
+    def run_bare(prompt: str, seed: int, pipe=bare) -> np.ndarray:
+        images = pipe(prompt=[prompt], negative_prompt=[""], height=args.size, width=args.size,
                       num_inference_steps=args.steps, guidance_scale=7.5,
                       generator=[torch.Generator("cpu").manual_seed(seed)], output_type="np").images
         return (images * 255).round().clip(0, 255).astype(np.uint8)
@@ -60,13 +63,18 @@ def main() -> None:
         with torch.inference_mode():          # what the runner wraps the call in: isolates engine overhead
             return run_bare(prompt, seed)
 
+    def run_bare_same_weights(prompt: str, seed: int) -> np.ndarray:
+        with torch.inference_mode():
+            return run_bare(prompt, seed, pipe=served)
+
     def run_engine(prompt: str, seed: int) -> np.ndarray:
         out = engine.generate(prompt, seed=seed, num_inference_steps=args.steps, height=args.size,
                               width=args.size, guidance_scale=7.5)
         compute.append(out.metrics["compute_ms"] / 1e3)
         return out.images
 
-    paths = {"bare": run_bare, "bare_inference_mode": run_bare_inference_mode, "engine": run_engine}
+    paths = {"bare": run_bare, "bare_inference_mode": run_bare_inference_mode,
+             "bare_same_weights": run_bare_same_weights, "engine": run_engine}
     for i in range(3):                                   # warm every path
         for fn in paths.values():
             fn("warm", i)
@@ -78,7 +86,7 @@ def main() -> None:
         prompt, seed = f"a photo of object {i}", 1000 + i
         order = list(paths.items())
         results = {}
-        for name, fn in order[i % 3:] + order[:i % 3]:   # rotate which path goes first
+        for name, fn in order[i % len(order):] + order[:i % len(order)]:   # rotate which path goes first
             t0, c0 = time.perf_counter(), time.process_time()
             results[name] = fn(prompt, seed)
             times[name].append(time.perf_counter() - t0)
@@ -86,25 +94,27 @@ def main() -> None:
         max_diff = max(max_diff, int(np.abs(results["bare"].astype(int) - results["engine"].astype(int)).max()))
     engine.close()
 
-    eng, im = times["engine"], times["bare_inference_mode"]
+    eng, im, same = times["engine"], times["bare_inference_mode"], times["bare_same_weights"]
     outside = [e - c for e, c in zip(eng, compute, strict=True)]
-    deltas = [e - b for e, b in zip(eng, im, strict=True)]
+    deltas = [e - b for e, b in zip(eng, same, strict=True)]
     print(f"ran on: {machine()}; torch {torch.__version__} ({args.threads} thread)")
     print(f"workload: tiny SD {args.size}x{args.size}, {args.steps} steps, guidance 7.5, {args.requests} requests "
           f"per path, interleaved (order rotated), after 3 warm-up requests per path")
     for name, values in times.items():
         print(f"  {name:20s} {spread(values)}")
     print(f"engine vs bare:                {ratio_summary(eng, times['bare'])}")
-    print(f"engine vs bare inference_mode: {ratio_summary(eng, im)}  <- engine overhead proper")
-    print(f"  per-pair difference: {spread(deltas)}  ({(statistics.median(eng) / statistics.median(im) - 1) * 100:+.2f} % "
+    print(f"engine vs bare inference_mode: {ratio_summary(eng, im)}  (another copy of the weights)")
+    print(f"same weights, two copies:      {ratio_summary(same, im)}  <- memory placement alone")
+    print(f"engine vs bare, same weights:  {ratio_summary(eng, same)}  <- engine overhead proper")
+    print(f"  per-pair difference: {spread(deltas)}  ({(statistics.median(eng) / statistics.median(same) - 1) * 100:+.2f} % "
           f"of the medians)")
     print(f"  split: pipeline call on the engine thread {spread(compute)}; "
           f"outside the call (admission, hand-off, scheduling, delivery) {spread(outside)}")
-    print(f"  pipeline call on the engine thread vs bare inference_mode: {ratio_summary(compute, im)}")
+    print(f"  pipeline call on the engine thread vs bare, same weights: {ratio_summary(compute, same)}")
     print(f"process CPU time per request (all threads; less sensitive to other load than wall time):")
     for name, values in cpu.items():
         print(f"  {name:20s} {spread(values)}")
-    print(f"  engine vs bare inference_mode: {ratio_summary(cpu['engine'], cpu['bare_inference_mode'])}")
+    print(f"  engine vs bare, same weights: {ratio_summary(cpu['engine'], cpu['bare_same_weights'])}")
     print(f"images identical to bare: max |diff| = {max_diff} (uint8)")
 
 
