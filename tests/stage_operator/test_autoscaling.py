@@ -112,7 +112,8 @@ def test_scale_down_plan(desired, pods, loads, expected):
 
 def test_fence_takes_the_pod_out_of_the_service_and_marks_the_time():
     assert fence(NOW) == {'metadata': {'labels': {'diffstage.io/serving': 'false'},
-                                       'annotations': {'diffstage.io/draining-since': format_time(NOW, millis=True)}}}
+                                       'annotations': {'diffstage.io/draining-since': format_time(NOW, millis=True),
+                                                       'diffstage.io/drain-reason': 'ScaleDown'}}}
 
 
 def test_health_book_counts_consecutive_failures_and_reports_changes():
