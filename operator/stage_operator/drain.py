@@ -1,7 +1,7 @@
 """The one way a serving pod leaves (pure), whatever removes it: a rollout, a scale-down in any autoscaling
 mode, a spec change, the stage's deletion. No request is lost to it:
 
-1. **retire**: a pod with no work (not running, or failed) is deleted at once; a running one is fenced
+1. **retire**: a pod with no work (not running, failed, or without a pod IP) is deleted at once; a running one is fenced
    (label serving=false: out of the Service at once; annotations `draining-since` and `drain-reason`);
 2. **finish**: a fenced pod is deleted once a probe taken after the fence sees nothing in flight, or it turns
    unhealthy (a dead engine serves nobody), or `drainTimeoutSeconds` pass (reason DrainTimeout).
@@ -45,9 +45,15 @@ class Drains:
         self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
 
 
+def has_work(pod: PodView) -> bool:
+    """Whether requests can be in flight on it: a running, not failed container at a pod IP (without an IP
+    nothing, the Service included, can reach it)."""
+    return pod.running and pod.failure is None and pod.endpoint is not None
+
+
 def load(pod: PodView, health: PodHealth | None) -> tuple[int, int]:
     """Cheapest to remove first: not serving work at all, then fewest in flight (unknown counts as busy)."""
-    idle = not pod.running or pod.failure is not None
+    idle = not has_work(pod)
     in_flight = health.in_flight if health is not None and health.in_flight is not None else None
     return (0 if idle else 1, in_flight if in_flight is not None else 1 << 30)
 
@@ -58,7 +64,7 @@ def retire(pods: Iterable[PodView], health: Mapping[str, PodHealth], reason: str
     for pod in pods:
         if pod.terminating or pod.draining_since is not None:
             continue
-        if not pod.running or pod.failure is not None:
+        if not has_work(pod):
             out.delete.append((pod.name, reason))  # no work on it: nothing to wait for
             continue
         out.patch.append((pod.name, fence(now, reason)))
@@ -79,7 +85,7 @@ def finish(draining: Iterable[PodView], health: Mapping[str, PodHealth], drain_t
         h = health.get(pod.uid)
         idle = h is not None and h.checked_at > pod.draining_since and h.in_flight == 0
         deadline = pod.draining_since + drain_timeout
-        if not pod.running or idle or (h is not None and h.health == "Unhealthy"):
+        if not has_work(pod) or idle or (h is not None and h.health == "Unhealthy"):
             out.delete.append((pod.name, pod.drain_reason))
         elif now >= deadline:
             out.delete.append((pod.name, "DrainTimeout"))

@@ -72,7 +72,7 @@ def view(index: int, phase: str = 'Running', draining: float | None = None, fail
     return PodView(name=f's-{index}', index=index, phase='Failed' if failed else phase, ready=phase == 'Running',
                    template_hash='h', terminating=False, unschedulable=None, restarts=0, uid=f'u{index}',
                    failure=Failure('WorkerDied', '', 3, None) if failed else None,
-                   serving=draining is None, draining_since=draining)
+                   serving=draining is None, draining_since=draining, pod_ip='127.100.0.9')
 
 
 def load(n: int | None, at: float = NOW - 0.5) -> PodHealth:

@@ -15,6 +15,7 @@ from stage_operator.reconcile import needs_nodes, reconcile
 from stage_operator.stage import parse_stage
 
 T0, T1 = '2026-01-01T00:00:00Z', '2026-01-01T00:05:00Z'
+IP = '127.100.0.9'  # a pod IP: a running pod there can hold requests (the drain waits for them)
 CPU = {'model': {'builtin': 'tiny-sd'}, 'replicas': 2, 'resources': {'gpusPerPod': 1, 'gpuResourceName': ''}}
 GPU = {'model': {'path': '/models/sd'}, 'replicas': 1, 'parallel': {'cfgParallelSize': 2},
        'resources': {'gpusPerPod': 2, 'gpuResourceName': 'nvidia.com/gpu'}}
@@ -29,12 +30,12 @@ def pod(st, index: int, state: str = 'ready', pod_hash: str | None = None) -> di
     obj = build_pod(st, index, pod_hash)
     obj['metadata']['uid'] = f'pod-{index}'
     obj['status'] = {  # what a kubelet (or the scheduler) reports: the pod runner's builders
-        'ready': kubelet.running('stage', True, started=T0),
-        'starting': kubelet.running('stage', False, started=T0),
+        'ready': kubelet.running('stage', True, IP, started=T0),
+        'starting': kubelet.running('stage', False, IP, started=T0),
         'pending': {'phase': 'Pending'},
         'unschedulable': kubelet.unschedulable('0/3 nodes'),
         'failed': kubelet.failed('stage', 3, 'EngineDead: collective timed out', at=T0),
-        'terminating': kubelet.running('stage', True, started=T0),
+        'terminating': kubelet.running('stage', True, IP, started=T0),
     }[state]
     if state == 'terminating':
         obj['metadata']['deletionTimestamp'] = T0

@@ -17,7 +17,7 @@ OLD, NEW, NOW = 'old', 'new', 1000.0
 def view(index: int, pod_hash: str = OLD, ready: bool = True, **kw) -> PodView:
     return PodView(name=f's-{index}', index=index, phase=kw.pop('phase', 'Running'), ready=ready,
                    template_hash=pod_hash, terminating=False, unschedulable=None, failure=None, restarts=0,
-                   uid=f'u{index}', **kw)
+                   uid=f'u{index}', pod_ip=kw.pop('pod_ip', '127.100.0.9'), **kw)
 
 
 def step(pods: dict[int, PodView], policy: Rollout, desired: int, health=None, allow_surge: bool = True):
@@ -98,3 +98,8 @@ def test_scale_down_picks_idle_then_outdated_then_least_loaded():
               'u3': PodHealth('Healthy', NOW, answered=True, waiting=1, running=1)}
     out = scaledown.plan(2, pods, health, 60, NOW, NEW)
     assert [n for n, _ in out.patch] == ['s-2', 's-1'] and out.members == [0, 3]
+
+
+def test_a_pod_without_a_pod_ip_has_no_work_and_goes_at_once():
+    pods = {i: view(i, pod_ip=None) for i in range(3)}  # nothing, not even the Service, can reach it
+    assert step(pods, Rollout(), 3) == ([], [], ['s-0'])
