@@ -141,6 +141,13 @@ class Rollout(ApiModel):
         "seconds without a new replica becoming ready before the rollout is rolled back; "
         "default startupTimeoutSeconds + 60"))
 
+    @model_validator(mode="after")
+    def _can_progress(self) -> Rollout:
+        if self.max_surge + self.max_unavailable < 1:
+            raise ValueError(f"rollout: maxSurge ({self.max_surge}) and maxUnavailable ({self.max_unavailable}) "
+                             "cannot both be 0: the rollout could never replace a pod")
+        return self
+
 
 class Disruption(ApiModel):
     """The stage's PodDisruptionBudget (voluntary disruptions: node drains, evictions)."""
