@@ -55,6 +55,7 @@ BUILTINS = [  # resource, kind, namespaced, subresources, short names
     ('v1/secrets', 'Secret', True, (), ()),
     ('v1/events', 'Event', True, (), ('ev',)),
     ('coordination.k8s.io/v1/leases', 'Lease', True, (), ()),
+    ('policy/v1/poddisruptionbudgets', 'PodDisruptionBudget', True, ('status',), ('pdb',)),
     ('apiextensions.k8s.io/v1/customresourcedefinitions', 'CustomResourceDefinition', False, ('status',), ('crd',)),
     ('kopf.dev/v1/kopfpeerings', 'KopfPeering', True, (), ()),
     ('kopf.dev/v1/clusterkopfpeerings', 'ClusterKopfPeering', False, (), ()),

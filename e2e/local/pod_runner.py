@@ -4,7 +4,8 @@
 in order, then the container; it reports what a kubelet reports into `status` — podIP, Pending with
 initContainerStatuses, Running, the Ready condition from the readiness probe's HTTP GET (polled), and on
 exit phase Failed (or Succeeded) with the exit code and the termination message read from the container's
-termination log. A deleted pod's process gets SIGTERM, SIGKILL after the pod's grace period; processes
+termination log. A deleted pod's process gets SIGTERM after its preStop sleep (the only preStop action
+emulated), SIGKILL at the end of the pod's grace period; processes
 that outlive their container are killed and recorded in `leftovers` (a clean stage leaves none).
 No scheduler: pods run where they are (`nodeName: local`).
 """
@@ -193,6 +194,12 @@ class PodRunner:
         return True
 
 
+def _pre_stop_sleep(pod: Obj) -> float:
+    """The main container's `lifecycle.preStop.sleep.seconds` (the only preStop action emulated), else 0."""
+    container = pod['spec']['containers'][0]
+    return float((((container.get('lifecycle') or {}).get('preStop') or {}).get('sleep') or {}).get('seconds', 0))
+
+
 class _PodThread(threading.Thread):
     """One pod's life: init containers, the container, readiness, exit or deletion."""
 
@@ -216,6 +223,12 @@ class _PodThread(threading.Thread):
         finally:
             if self.local is not None:
                 grace = float(self.pod['spec'].get('terminationGracePeriodSeconds', 30))
+                process = getattr(self.local, 'process', None)
+                deleted = self.deleted.is_set() and not self.runner._closing.is_set()  # not the cluster's teardown
+                if deleted and process is not None and process.poll() is None:
+                    pause = min(grace, _pre_stop_sleep(self.pod))  # gone from the API (and the Service) already,
+                    grace -= pause                                 # still serving: the preStop hook's sleep
+                    time.sleep(pause)
                 if left := self.local.stop(grace):
                     self.runner.leftovers[self.local.name] = left
 

@@ -26,6 +26,7 @@ import yaml
 from e2e import scenario
 from e2e.local.cluster import FAKE_GPUS, LocalCluster
 from e2e.local.kubectl import KUBECTL, KUBECTL_MISSING, Kubectl, KubectlDriver
+from e2e.local.load import Load
 from e2e.local.pod_process import group_members
 
 pytestmark = [
@@ -135,40 +136,6 @@ def test_a_failing_pod_reports_exit_code_and_termination_message(cluster, hands,
 
 def test_a_stage_bigger_than_any_node_is_refused(hands, tiny):
     scenario.refused_for_gpu_capacity(hands, FAKE_GPUS, timeout=30)
-
-
-class Load:
-    """Requests through the Service, one after another, from a thread: what clients see during a change."""
-
-    def __init__(self, cluster, service: str):
-        self.cluster, self.service, self.answers, self.failures = cluster, service, 0, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name='load', daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            url = self.cluster.service_url(self.service)
-            if url is None:
-                self.failures.append('no ready endpoint behind the Service')
-                time.sleep(0.1)
-                continue
-            try:
-                response = httpx.post(f'{url}/v1/images/generations', timeout=60,
-                                      json={'prompt': 'load', 'size': '64x64', 'num_inference_steps': 2})
-            except httpx.HTTPError as exc:
-                self.failures.append(f'{url}: {exc!r}')
-                continue
-            self.answers += 1
-            if response.status_code != 200:
-                self.failures.append(f'{url}: {response.status_code} {response.text[:200]}')
-
-    def __enter__(self) -> Load:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(90)
 
 
 @pytest.fixture(scope='module')

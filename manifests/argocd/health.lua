@@ -67,10 +67,11 @@ if desired == 0 and autoscaling == "None" and (status.replicas or 0) == 0 then
 end
 
 -- 5. A failed replica: Degraded when nothing serves (or Available=False, when reported), else a transient
---    restart that should not page anyone.
+--    restart that should not page anyone. A rolled-back rollout is Degraded even while the old revision
+--    serves: the spec in Git is not what runs.
 local ready = status.readyReplicas or 0
 if is("Degraded", "True") then
-  if ready == 0 or is("Available", "False") then
+  if ready == 0 or is("Available", "False") or condition("Degraded").reason == "RolloutFailed" then
     hs.status = "Degraded"
   else
     hs.status = "Progressing"

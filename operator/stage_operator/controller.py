@@ -142,7 +142,7 @@ class Controller:
 
     def _publish_targets(self, stage: Stage, observed: Observed) -> None:
         memory = self.remember(stage.namespace, stage.name)
-        if stage.spec is None or stage.deleting:
+        if stage.spec is None:  # a deleted stage's pods are still probed: the drain waits for them
             memory.targets = None
             return
         pods = {}

@@ -24,6 +24,7 @@ from stage_operator.triggers import Triggers
 
 log = logging.getLogger(__name__)
 MAX_ERROR_BACKOFF = 60.0
+DRAIN_RETRY = 0.5  # seconds between looks at a deleted stage's draining pods
 
 
 @kopf.on.startup()
@@ -71,6 +72,17 @@ async def stage_prober(name: str, namespace: str, memo: kopf.Memo, stopped: kopf
         if changed:
             memo.triggers.fire(namespace, name)
         await stopped.wait(delay)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def stage_deleted(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """The stage is being deleted: its pods leave through the drain (fenced, deleted once a probe taken after
+    the fence sees nothing in flight); kopf's finalizer holds the stage until then."""
+    plan = await memo.controller.run(namespace, name)
+    if plan is not None and (plan.patch or plan.requeue_after is not None):
+        await memo.controller.probe_round(namespace, name)
+        raise kopf.TemporaryError(f"draining {name}: {plan.summary()}", delay=DRAIN_RETRY)
+    memo.controller.forget(namespace, name)
 
 
 @kopf.on.cleanup()

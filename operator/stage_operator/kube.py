@@ -1,6 +1,6 @@
 """The one module that talks to the Kubernetes API (the official client's transport and auth, plain JSON).
 
-Reads: the stage, its pods (by label), its Service and ConfigMap, the nodes. Writes: `apply(stage, plan)`
+Reads: the stage, its pods (by label), its Service, ConfigMap and PodDisruptionBudget, the nodes. Writes: `apply(stage, plan)`
 in the plan's order (deletes, creates, patches, status, events), and nothing else. Every write is a JSON
 merge patch or a create/delete by name.
 """
@@ -16,6 +16,7 @@ import kubernetes
 
 from stage_operator.api.meta import GROUP, LABEL_STAGE, PLURAL, VERSION
 from stage_operator.builders.children import configmap_name
+from stage_operator.builders.disruption import pdb_name
 from stage_operator.observed import Observed
 from stage_operator.plan import Plan
 from stage_operator.stage import Stage
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"
 IMAGE_VOLUMES_SINCE = (1, 35)  # the ImageVolume feature gate is on by default from here
 _CORE_PLURALS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps"}
+_PATHS = {"PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets")}
 
 
 class ApiError(Exception):
@@ -79,7 +81,9 @@ class Kube:
 
     @staticmethod
     def core_path(kind: str, namespace: str, name: str = "") -> str:
-        return f"/api/v1/namespaces/{namespace}/{_CORE_PLURALS[kind]}" + (f"/{name}" if name else "")
+        """The path of a child kind (core/v1, and policy/v1 for the PodDisruptionBudget)."""
+        prefix, plural = _PATHS.get(kind, ("/api/v1", _CORE_PLURALS.get(kind)))
+        return f"{prefix}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
 
     def read_stage(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.request("GET", self.stage_path(namespace, name))
@@ -107,7 +111,8 @@ class Kube:
         owned = [p for p in pods if any(r.get("uid") == stage.uid for r in p["metadata"].get("ownerReferences") or ())]
         service = self.request("GET", self.core_path("Service", stage.namespace, stage.name))
         configmap = self.request("GET", self.core_path("ConfigMap", stage.namespace, configmap_name(stage)))
-        return Observed(pods=owned, service=service, configmap=configmap, nodes=nodes, now=now)
+        pdb = self.request("GET", self.core_path("PodDisruptionBudget", stage.namespace, pdb_name(stage)))
+        return Observed(pods=owned, service=service, configmap=configmap, pdb=pdb, nodes=nodes, now=now)
 
     # -- writes ------------------------------------------------------------------------------------------
     def apply(self, stage: Stage, plan: Plan) -> None:

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 import re
 
-from stage_operator.api.meta import ANNOTATION_DRAINING, HTTP_PORT, LABEL_REPLICA, LABEL_SERVING, LABEL_TEMPLATE_HASH
+from stage_operator.api.meta import (ANNOTATION_DRAIN_REASON, ANNOTATION_DRAINING, HTTP_PORT, LABEL_REPLICA,
+                                     LABEL_SERVING, LABEL_TEMPLATE_HASH)
 from stage_operator.clock import parse_time
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ class Failure:
     message: str
     exit_code: int | None
     time: str | None
+    disruption: bool = False  # evicted or preempted (DisruptionTarget, reason Evicted): not the stage's fault
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,8 @@ class PodView:
     restarts: int
     uid: str = ""
     serving: bool = True  # the Service selects it (label diffstage.io/serving=true)
-    draining_since: float | None = None  # fenced for a scale-down at this time (annotation)
+    draining_since: float | None = None  # fenced by the drain at this time (annotation)
+    drain_reason: str = "ScaleDown"  # why the drain fenced it (annotation): ScaleDown, Outdated, StageDeleted
     pod_ip: str | None = None
     init_running: str | None = None  # the init container running now (fetch-model, copy-model, make-model)
     init_seconds: Mapping[str, float] = field(default_factory=dict)  # finished init containers: how long each took
@@ -64,9 +67,22 @@ def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None
     return next((c for c in status.get("conditions") or () if c.get("type") == kind), None)
 
 
+def _disruption(status: Mapping[str, Any]) -> Failure | None:
+    """An eviction (kubelet pressure: reason Evicted) or a disruption the cluster announced (condition
+    DisruptionTarget: the eviction API, preemption, a taint): the pod is replaced, never counted as a crash."""
+    target = _condition(status, "DisruptionTarget")
+    if status.get("reason") == "Evicted" or (target and target.get("status") == "True"):
+        reason = status.get("reason") or (target or {}).get("reason") or "Evicted"
+        message = status.get("message") or (target or {}).get("message") or ""
+        return Failure(reason, message, None, (target or {}).get("lastTransitionTime"), disruption=True)
+    return None
+
+
 def _failure(status: Mapping[str, Any]) -> Failure | None:
     if status.get("phase") != "Failed":
         return None
+    if evicted := _disruption(status):
+        return evicted
     failed_init = [cs for cs in status.get("initContainerStatuses") or ()
                    if ((cs.get("state") or {}).get("terminated") or {}).get("exitCode", 0) != 0]
     for cs in failed_init + list(status.get("containerStatuses") or ()):  # a failed init container: its words
@@ -99,6 +115,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         restarts=sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or ()),
         uid=meta.get("uid") or "", serving=labels.get(LABEL_SERVING) == "true",
         draining_since=_time(annotations.get(ANNOTATION_DRAINING)), pod_ip=status.get("podIP"),
+        drain_reason=str(annotations.get(ANNOTATION_DRAIN_REASON) or "ScaleDown"),
         **_init_containers(status))
 
 
@@ -132,6 +149,7 @@ class Observed:
     pods: Sequence[Mapping[str, Any]] = ()
     service: Mapping[str, Any] | None = None
     configmap: Mapping[str, Any] | None = None
+    pdb: Mapping[str, Any] | None = None  # the stage's PodDisruptionBudget
     nodes: Sequence[Mapping[str, Any]] | None = None
     now: str = "1970-01-01T00:00:00Z"  # for lastTransitionTime
     at: float | None = None  # the same moment in epoch seconds (sub-second), for deadlines; default: `now`

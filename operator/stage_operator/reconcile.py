@@ -1,22 +1,26 @@
 """`reconcile(stage, observed) -> Plan`: level-based and pure. Nothing changed → an empty plan (zero writes).
 
-Steps: parse (done: `Stage`) → capacity (`capacity.check`) → which replicas exist (`spec.replicas`, or under
-operator autoscaling `autoscale.decide`; then `scaledown.plan`, which fences and drains removed replicas) → pod
-decisions (`rollout.decide`) → the restart policy on failed pods (`restarts.decide`: fence, backoff,
-recreate or Stalled) → children (ConfigMap, Service) → status (`report.build_status`, with the probe
-results and the abort outcome the controller observed) → Events for what changed. One writer: the plan.
+Steps: parse (done: `Stage`) → capacity (`capacity.check`) → how many replicas (`spec.replicas`, or under
+operator autoscaling `autoscale.decide`) → which revision builds the pods (`rollback.decide`: the spec's, or
+the last Ready one after a failed rollout) → which replicas exist (`rollout.members_wanted`: the surge;
+`scaledown.plan`: least-loaded victims) → pod decisions (`rollout.decide`) → the restart policy on failed pods
+(`restarts.decide`: fence, backoff, recreate or Stalled; evictions at once) → children (ConfigMap, Service,
+PodDisruptionBudget) → status (`report.build_status`, with the probe results and the abort outcome the
+controller observed) → Events for what changed. One writer: the plan. Every pod that leaves goes through
+`drain.py` (fenced, deleted once idle), including when the stage itself is deleted.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from stage_operator import autoscale, capacity, report, restarts, rollout, scaledown
+from stage_operator import autoscale, capacity, drain, report, restarts, rollback, rollout, scaledown
 from stage_operator.api.meta import LABEL_SERVING
 from stage_operator.builders.children import build_configmap, build_service
+from stage_operator.builders.disruption import build_pdb, pdb_name
 from stage_operator.builders.event import build_event
-from stage_operator.builders.pod import build_pod, template_hash
-from stage_operator.observed import Observed
+from stage_operator.builders.pod import build_pod
+from stage_operator.observed import Observed, PodView
 from stage_operator.plan import Delete, Patch, Plan, contains, merge_patch
 from stage_operator.stage import Stage
 
@@ -33,7 +37,10 @@ def needs_nodes(stage: Stage, observed: Observed) -> bool:
         replicas = int((stage.status.get("autoscaling") or {}).get("desiredReplicas", replicas))
     missing = len([p for p in pods.values() if not p.terminating]) < replicas
     accepted = next((c for c in stage.status.get("conditions") or () if c.get("type") == "Accepted"), None)
-    return missing or bool(accepted and accepted.get("status") == "False")
+    rolling = stage.generation != stage.status.get("observedGeneration") or any(
+        p.template_hash != stage.status.get("templateHash") for p in pods.values())
+    surge = stage.spec.rollout.max_surge > 0 and rolling  # a surge pod needs a node that fits
+    return missing or surge or bool(accepted and accepted.get("status") == "False")
 
 
 def _child(kind: str, desired: dict[str, Any], observed: Any, owned: tuple[str, ...], plan: Plan) -> None:
@@ -52,9 +59,9 @@ def _soonest(*delays: float | None) -> float | None:
 
 def reconcile(stage: Stage, observed: Observed) -> Plan:
     plan = Plan()
-    if stage.deleting:  # the children carry ownerReferences: garbage collection removes them
-        return plan
     pods, now = observed.pod_views(), observed.epoch
+    if stage.deleting:  # drain every pod first; garbage collection then removes the other children
+        return _deleting(stage, observed, pods, now)
     spec, desired_hash = stage.spec, None
     fit = capacity.Fit(True)
     decisions = rollout.Decisions()
@@ -62,35 +69,42 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
     events: list[tuple[str, str, str]] = []
     requeue = None
     if spec is not None:
-        desired_hash = template_hash(stage, observed.image_volumes)
         fit = capacity.check(spec.resources, observed.nodes)
         desired, autoscaling = spec.replicas, None
         if spec.autoscaling.mode == "Operator":  # the operator's own decision instead of spec.replicas
             desired, autoscaling, event = autoscale.decide(spec, stage.status.get("autoscaling"),
                                                            observed.load_samples, now)
             events += [event] if event else []
-        # Every scale-down (kubectl scale, an HPA, the operator's autoscaler) fences and drains the removed
-        # replicas before deleting them: no request is lost to it.
-        scaled = scaledown.plan(desired, pods, observed.health, spec.autoscaling.drain_timeout_seconds, now)
-        members, kept, requeue = scaled.members, scaled.kept, scaled.requeue_after
-        plan.patch.extend(Patch("Pod", name, body) for name, body in scaled.patch)
-        plan.delete.extend(Delete("Pod", name, why) for name, why in scaled.delete)
-        events += scaled.events
-        decisions = rollout.decide(members, kept, desired_hash, allow_create=fit.ok)
+        # Which revision the pods are built from: the spec's, or the last Ready one after a failed rollout.
+        target = rollback.decide(stage, pods, desired, now, observed.image_volumes)
+        template, desired_hash = target.template, target.desired_hash
+        drain_timeout = spec.autoscaling.drain_timeout_seconds
+        # Every removal (kubectl scale, an HPA, the operator's autoscaler, a rollout) goes through the one drain:
+        # fenced, deleted once idle. No request is lost to it.
+        count = rollout.members_wanted(desired, pods, desired_hash, spec.rollout, allow_surge=fit.ok)
+        scaled = scaledown.plan(count, pods, observed.health, drain_timeout, now, desired_hash)
+        members, kept = scaled.members, scaled.kept
+        decisions = rollout.decide(members, kept, desired_hash, allow_create=fit.ok, policy=spec.rollout,
+                                   desired=desired, health=observed.health, now=now, drain_timeout=drain_timeout)
+        for drained in (scaled, decisions.drains):
+            plan.patch.extend(Patch("Pod", name, body) for name, body in drained.patch)
+            plan.delete.extend(Delete("Pod", name, why) for name, why in drained.delete)
+            events += drained.events
         rs = restarts.decide(spec.restart_policy, stage.status, stage.generation, kept, observed.health,
                              spec.health_check.failure_threshold, desired_hash, now)
-        extras = report.Extras(members, rs, observed.health, observed.abort, autoscaling)
-        requeue = _soonest(requeue, rs.requeue_after)
+        extras = report.Extras(members, rs, observed.health, observed.abort, autoscaling, target.status, target.failed)
+        requeue = _soonest(scaled.requeue_after, decisions.drains.requeue_after, rs.requeue_after,
+                           target.requeue_after)
         if fit.ok or observed.configmap is not None:
-            _child("ConfigMap", build_configmap(stage), observed.configmap, ("data",), plan)
+            _child("ConfigMap", build_configmap(template), observed.configmap, ("data",), plan)
         if fit.ok or observed.service is not None:
             _child("Service", build_service(stage), observed.service, ("spec",), plan)
-        plan.create.extend(build_pod(stage, i, desired_hash, observed.image_volumes) for i in decisions.create)
-        plan.delete.extend(Delete("Pod", name, decisions.reasons[name]) for name in decisions.delete)
+        _pdb(stage, desired, observed.pdb, plan)
+        plan.create.extend(build_pod(template, i, desired_hash, observed.image_volumes) for i in decisions.create)
         plan.patch.extend(Patch("Pod", name, FENCE) for name in rs.fence)
         plan.delete.extend(Delete("Pod", name, "Restart") for _, name in rs.recreate)
-        plan.create.extend(build_pod(stage, i, desired_hash, observed.image_volumes) for i, _ in rs.recreate)
-        events += rs.events
+        plan.create.extend(build_pod(template, i, desired_hash, observed.image_volumes) for i, _ in rs.recreate)
+        events += rs.events + target.events
     status = report.build_status(stage, pods, fit, decisions, desired_hash, observed.now, extras)
     events = _decisions_explained(stage, plan, status) + events
     if observed.abort is not None:
@@ -98,6 +112,27 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
     return Plan(plan.create, plan.patch, plan.delete,
                 merge_patch(stage.status, status) if status != dict(stage.status) else None,
                 [build_event(stage, *e, observed.now) for e in events], requeue)
+
+
+def _pdb(stage: Stage, replicas: int, observed: Any, plan: Plan) -> None:
+    desired = build_pdb(stage, replicas)
+    if desired is not None:
+        _child("PodDisruptionBudget", desired, observed, ("spec",), plan)
+    elif observed is not None:
+        plan.delete.append(Delete("PodDisruptionBudget", pdb_name(stage), "NotNeeded"))
+
+
+def _deleting(stage: Stage, observed: Observed, pods: dict[int, PodView], now: float) -> Plan:
+    """The stage is being deleted: every pod leaves through the drain; the plan says how long to wait."""
+    timeout = stage.spec.autoscaling.drain_timeout_seconds if stage.spec is not None else 0
+    out = drain.Drains()
+    live = [p for p in pods.values() if not p.terminating]
+    drain.retire((p for p in live if p.draining_since is None), observed.health, "StageDeleted", now, timeout, out)
+    drain.finish((p for p in live if p.draining_since is not None), observed.health, timeout, now, out)
+    plan = Plan(patch=[Patch("Pod", n, b) for n, b in out.patch], delete=[Delete("Pod", n, w) for n, w in out.delete])
+    events = _decisions_explained(stage, plan, None) + out.events
+    return Plan(plan.create, plan.patch, plan.delete, None, [build_event(stage, *e, observed.now) for e in events],
+                out.requeue_after)
 
 
 def _abort_event(result: dict[str, Any]) -> tuple[str, str, str]:
@@ -112,13 +147,15 @@ def _abort_event(result: dict[str, Any]) -> tuple[str, str, str]:
 _BAD = {"Accepted": "False", "Degraded": "True", "Stalled": "True"}
 
 
-def _decisions_explained(stage: Stage, plan: Plan, status: dict[str, Any]) -> list[tuple[str, str, str]]:
+def _decisions_explained(stage: Stage, plan: Plan, status: dict[str, Any] | None) -> list[tuple[str, str, str]]:
     """(type, reason, message) per decision: what was created or deleted, and conditions that turned bad."""
     out = []
     if pods := [o["metadata"]["name"] for o in plan.create if o["kind"] == "Pod"]:
         out.append(("Normal", "CreatedPods", f"created {', '.join(pods)}"))
-    if plan.delete:
-        out.append(("Normal", "DeletedPods", "deleted " + ", ".join(f"{d.name} ({d.reason})" for d in plan.delete)))
+    if gone := [d for d in plan.delete if d.kind == "Pod"]:
+        out.append(("Normal", "DeletedPods", "deleted " + ", ".join(f"{d.name} ({d.reason})" for d in gone)))
+    if status is None:
+        return out
     before = {c.get("type"): (c.get("status"), c.get("reason")) for c in stage.status.get("conditions") or ()}
     for cond in status["conditions"]:
         bad = _BAD.get(cond["type"]) == cond["status"]

@@ -27,6 +27,8 @@ class Extras:
     health: Mapping[str, PodHealth] = field(default_factory=dict)  # by pod uid
     abort: dict[str, Any] | None = None  # the new status.abort, None: keep the last
     autoscaling: dict[str, Any] | None = None  # the new status.autoscaling, None: keep the last
+    rollout: dict[str, Any] | None = None  # the new status.rollout (revisions), None: keep the last
+    rollout_failed: tuple[str, str] | None = None  # (reason, message): rolled back from a failed revision
 
 
 INIT_PHASES = {"fetch-model": ("Fetching", "fetching"), "copy-model": ("CopyingModel", "copyingModel"),
@@ -145,14 +147,18 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
                    if fit.ok else conditions.condition("Accepted", False, "InsufficientGPUCapacity", fit.message))
         new.append(conditions.condition("Stalled", True, *stalled) if stalled else
                    conditions.condition("Stalled", False, "NotStalled", ""))
-        new.append(_progressing(extras.members, pods, desired_hash, decisions) if fit.ok else conditions.condition(
-            "Progressing", False, "InsufficientGPUCapacity", "waiting for a node that fits"))
+        progressing = _progressing(extras.members, pods, desired_hash, decisions) if fit.ok else \
+            conditions.condition("Progressing", False, "InsufficientGPUCapacity", "waiting for a node that fits")
+        if extras.rollout_failed and progressing["reason"] == "Complete":  # halted: the old revision serves
+            progressing = conditions.condition("Progressing", False, *extras.rollout_failed)
+        new.append(progressing)
     all_ready = stage.spec is not None and ready == replicas and all(
         p.template_hash == desired_hash for p in live) and len(live) == replicas
     new.append(conditions.condition("Ready", all_ready, "ScaledToZero" if all_ready and not replicas else
                                     "AllReplicasReady" if all_ready else "ReplicasNotReady",
                                     f"{ready}/{replicas} replicas ready"))
-    new.append(conditions.condition("Degraded", bool(failed), "ReplicaFailed" if failed else "NoFailures",
+    new.append(conditions.condition("Degraded", True, *extras.rollout_failed) if extras.rollout_failed else
+               conditions.condition("Degraded", bool(failed), "ReplicaFailed" if failed else "NoFailures",
                                     "; ".join(_failure_line(name, f) for name, f in failed if f)))
     by_type = {c["type"]: c["status"] == "True" for c in new}
     phase = ("Stalled" if by_type["Stalled"] else "Pending" if not by_type["Accepted"] else
@@ -178,7 +184,7 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
     if stage.spec is not None:
         status["topology"] = _topology(stage)
         status["model"] = _model_status(stage, pods, desired_hash, extras.health)
-    for key, value in (("abort", extras.abort), ("autoscaling", extras.autoscaling)):
+    for key, value in (("abort", extras.abort), ("autoscaling", extras.autoscaling), ("rollout", extras.rollout)):
         if value is not None or key in previous:
             status[key] = value if value is not None else previous[key]
     return StageStatus.model_validate(status).wire()  # the typed status is the contract: fail here, not in the API

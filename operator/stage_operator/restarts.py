@@ -8,8 +8,9 @@ fence (label serving=false: out of the Service) → lastFailure → Event → re
 (initial·2ⁿ, capped; n = restarts inside the window) has passed → when the restarts inside
 `windowSeconds` reach `maxRestarts`: stop, keep the failed pod, Stalled/RestartBudgetExhausted (sticky
 until the spec changes). Exit code 2 is a configuration error: Stalled/InvalidConfiguration at once, never
-restarted. A new generation resets the budget. Pending pods are never restarted; outdated or draining
-pods are the rollout's and the scale-down's.
+restarted. An evicted or preempted pod (reason Evicted, condition DisruptionTarget) is replaced at once,
+without backoff and without counting against the budget; its lastFailure says why. A new generation resets
+the budget. Pending pods are never restarted; outdated or draining pods are the rollout's and the drain's.
 """
 
 from __future__ import annotations
@@ -119,6 +120,12 @@ def decide(policy: RestartPolicy, status: Mapping[str, Any], generation: int, po
         out.failing.add(index)
         record = ReplicaRecord(record.restarts, recent, failure_wire(failure))
         what = _describe(pod.name, failure)
+        if failure.disruption:  # evicted or preempted: not the stage's fault, so no backoff and no budget
+            out.recreate.append((index, pod.name))
+            out.events.append(("Normal", "ReplicaEvicted", f"{what}; replaced at once "
+                               "(not counted against the restart budget)"))
+            out.records[index] = record
+            continue
         if failure.exit_code == INVALID_CONFIG_EXIT:
             stalls.append(("InvalidConfiguration", f"{what} (a configuration error: not restarted)"))
         elif prev.exhausted or (len(recent) >= policy.max_restarts and prev.backoff_until is None):

@@ -30,6 +30,9 @@ POD_STATES = {
     'failed': {'phase': 'Failed', 'containerStatuses': [{'name': 'stage', 'restartCount': 0, 'state': {'terminated': {
         'exitCode': 3, 'reason': 'Error', 'message': 'WorkerDied: rank 1 (pid 4242) killed by signal 9',
         'finishedAt': T0}}}]},
+    'invalid': {'phase': 'Failed', 'containerStatuses': [{'name': 'stage', 'restartCount': 0, 'state': {'terminated': {
+        'exitCode': 2, 'reason': 'Error', 'message': 'ConfigError: unrecognized arguments: --bad',
+        'finishedAt': T0}}}]},
 }
 # name: spec changes, pod states by index ('old:' = built from the sample's spec), nodes, a spec change after the
 # status was written (bump), and the health Argo CD must show (message None: checked in the test)
@@ -55,6 +58,8 @@ CASES: dict[str, dict[str, Any]] = {
         'spec': {'resources': {'gpusPerPod': 2, 'gpuResourceName': 'nvidia.com/gpu'}},
         'nodes': [{'metadata': {'name': 'n1'}, 'status': {'allocatable': {'nvidia.com/gpu': '1'}}}],
         'expect': ('Degraded', None)},
+    'rollout-failed': {'spec': {'engine': {'executionMode': 'step', 'maxNumSeqs': 4, 'extraArgs': ['--bad']}},
+                       'from_ready': True, 'pods': ['old:ready', 'invalid'], 'expect': ('Degraded', None)},
     'scaled-to-zero': {'spec': {'replicas': 0}, 'expect': ('Suspended', 'scaled to zero (spec.replicas: 0)')},
     'scaled-to-zero-by-autoscaler': {'spec': {'replicas': 0, 'autoscaling': {'mode': 'External'}},
                                      'expect': ('Healthy', 'scaled to zero by the autoscaler')},
@@ -79,6 +84,10 @@ def record(name: str) -> dict[str, Any]:
         return _stage(spec)
     stage = parse_stage(_stage(spec))
     old = parse_stage(_stage(_spec({})))
+    if case.get('from_ready'):  # a rollout from the sample, Ready on both replicas (its stable revision)
+        ready = [build_pod(old, i) | {'status': copy.deepcopy(POD_STATES['ready'])} for i in range(2)]
+        before = reconcile(old, Observed(pods=ready, now=T0)).status
+        stage = parse_stage(_stage(spec, generation=2, status=before))
     pods = []
     for index, state in enumerate(case.get('pods', ())):
         built = build_pod(old if state.startswith('old:') else stage, index)
@@ -86,7 +95,10 @@ def record(name: str) -> dict[str, Any]:
         built['status'] = copy.deepcopy(POD_STATES[state.removeprefix('old:')])
         pods.append(built)
     plan = reconcile(stage, Observed(pods=pods, nodes=case.get('nodes'), now=T0))
-    obj = _stage(spec, status=plan.status)
+    status = plan.status
+    if case.get('from_ready'):
+        status = {**before, **plan.status}
+    obj = _stage(spec, generation=stage.generation, status=status)
     if bump := case.get('bump'):  # a sync after the status was written
         obj['spec'].update(bump)
         obj['metadata']['generation'] += 1

@@ -38,6 +38,9 @@ def test_every_outcome_is_covered():
     gpus = yaml.safe_load((ARGOCD / 'testdata' / 'accepted-false-insufficient-gpus.yaml').read_text())
     assert health(gpus)['message'].startswith('InsufficientGPUCapacity: ')
     assert set(by_file) == set(CASES)
+    failed = health(yaml.safe_load((ARGOCD / 'testdata' / 'rollout-failed.yaml').read_text()))
+    assert failed['message'].startswith('RolloutFailed: revision ') and 'ConfigError (exit code 2)' in failed['message']
+    assert failed['message'].endswith('(1/2 replicas ready)'), 'Degraded though the old revision serves'
 
 
 def test_a_stale_healthy_status_is_not_healthy():

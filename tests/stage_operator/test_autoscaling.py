@@ -72,7 +72,7 @@ def view(index: int, phase: str = 'Running', draining: float | None = None, fail
     return PodView(name=f's-{index}', index=index, phase='Failed' if failed else phase, ready=phase == 'Running',
                    template_hash='h', terminating=False, unschedulable=None, restarts=0, uid=f'u{index}',
                    failure=Failure('WorkerDied', '', 3, None) if failed else None,
-                   serving=draining is None, draining_since=draining)
+                   serving=draining is None, draining_since=draining, pod_ip='127.100.0.9')
 
 
 def load(n: int | None, at: float = NOW - 0.5) -> PodHealth:
@@ -112,7 +112,8 @@ def test_scale_down_plan(desired, pods, loads, expected):
 
 def test_fence_takes_the_pod_out_of_the_service_and_marks_the_time():
     assert fence(NOW) == {'metadata': {'labels': {'diffstage.io/serving': 'false'},
-                                       'annotations': {'diffstage.io/draining-since': format_time(NOW, millis=True)}}}
+                                       'annotations': {'diffstage.io/draining-since': format_time(NOW, millis=True),
+                                                       'diffstage.io/drain-reason': 'ScaleDown'}}}
 
 
 def test_health_book_counts_consecutive_failures_and_reports_changes():

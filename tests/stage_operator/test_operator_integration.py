@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.operator_harness import STAGES_PATH, Cluster, manifest, operator, wait_for
+from support.live_pods import StandIn, map_pod
 from support.rbac import allowed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,23 +62,25 @@ def resyncs(count: int, timeout: float = 20) -> None:
 
 
 def test_scale_up_and_down(cluster, kube_emulator):
-    with operator(kube_emulator):
-        # nothing answers the probes of these kubelet-played pods: a fenced replica leaves at its drain deadline
-        cluster.apply(manifest('tiny', autoscaling={'drainTimeoutSeconds': 2}))
+    with operator(kube_emulator), StandIn() as zero, StandIn() as one, StandIn() as two:
+        # the pods answer the operator's probes (idle) at their pod IPs: fenced, then deleted once a probe
+        # after the fence saw nothing in flight
+        cluster.apply(manifest('tiny', healthCheck={'periodSeconds': 0.25}))
         wait_for(lambda: len(cluster.pods('tiny')) == 2, what='two pods')
-        cluster.all_ready('tiny')
+        map_pod(cluster, 'tiny-0', zero.url)
+        map_pod(cluster, 'tiny-1', one.url)
         wait_for(lambda: ready(cluster, 'tiny', 2), what='Ready 2/2')
         cluster.scale('tiny', 3)
         wait_for(lambda: set(cluster.pods('tiny')) == {'tiny-0', 'tiny-1', 'tiny-2'}, what='a third pod')
         wait_for(lambda: cluster.condition('tiny', 'Progressing').get('status') == 'True', what='Progressing')
         assert cluster.status('tiny')['phase'] == 'Progressing'
-        cluster.kubelet_ready('tiny-2')
+        map_pod(cluster, 'tiny-2', two.url)
         wait_for(lambda: ready(cluster, 'tiny', 3, generation=2), what='Ready 3/3')
         cluster.scale('tiny', 1)
-        serving = lambda: {n: p['metadata']['labels'].get('diffstage.io/serving') for n, p in cluster.pods('tiny').items()}
-        wait_for(lambda: serving() == {'tiny-0': 'true', 'tiny-1': 'false', 'tiny-2': 'false'},
-                 what='the removed replicas fenced (out of the Service) before they are deleted')
         wait_for(lambda: set(cluster.pods('tiny')) == {'tiny-0'}, what='one pod left')
+        writes = [(verb, name) for verb, plural, _, name, sub in kube_emulator.mutations if plural == 'pods' and not sub]
+        for name in ('tiny-1', 'tiny-2'):  # out of the Service (the fence is a patch) before it was deleted
+            assert writes.index(('patch', name)) < writes.index(('delete', name)), writes
         wait_for(lambda: ready(cluster, 'tiny', 1, generation=3), what='Ready 1/1')
         assert [r['index'] for r in cluster.status('tiny')['replicaStatuses']] == [0]
 
@@ -168,6 +171,42 @@ def test_delete_leaves_nothing_behind(cluster, kube_emulator):
         wait_for(lambda: cluster.stage('tiny') is None, what='the stage to go')
         assert cluster.pods('tiny') == {}
         assert kube_emulator.get('services', 'tiny') is None and kube_emulator.get('configmaps', 'tiny-config') is None
+        assert kube_emulator.get('poddisruptionbudgets', 'tiny') is None, 'the PDB goes with its stage'
+
+
+def test_the_stage_owns_a_pod_disruption_budget(cluster, kube_emulator):
+    with operator(kube_emulator):
+        uid = cluster.apply(manifest('tiny', replicas=3))['metadata']['uid']
+        pdb = wait_for(lambda: kube_emulator.get('poddisruptionbudgets', 'tiny'), what='the PDB')
+        assert pdb['metadata']['ownerReferences'][0]['uid'] == uid and pdb['metadata']['ownerReferences'][0]['controller']
+        assert pdb['spec']['maxUnavailable'] == 1
+        assert pdb['spec']['selector'] == {'matchLabels': {'diffstage.io/stage': 'tiny', 'diffstage.io/serving': 'true'}}
+        cluster.patch_spec('tiny', {'disruption': {'maxUnavailable': 2}})
+        wait_for(lambda: kube_emulator.get('poddisruptionbudgets', 'tiny')['spec']['maxUnavailable'] == 2,
+                 what='the budget follows the spec')
+        cluster.patch_spec('tiny', {'replicas': 1, 'disruption': None})  # one replica: a budget would block drains
+        wait_for(lambda: kube_emulator.get('poddisruptionbudgets', 'tiny') is None, what='the PDB removed')
+
+
+def test_an_evicted_pod_is_replaced_at_once_without_a_restart(cluster, kube_emulator):
+    with operator(kube_emulator):
+        cluster.apply(manifest('tiny', restartPolicy={'backoffInitialSeconds': 300, 'backoffMaxSeconds': 300}))
+        wait_for(lambda: len(cluster.pods('tiny')) == 2, what='two pods')
+        cluster.all_ready('tiny')
+        wait_for(lambda: ready(cluster, 'tiny', 2), what='Ready 2/2')
+        old_uid = cluster.pods('tiny')['tiny-0']['metadata']['uid']
+        cluster.pod_status('tiny-0', {  # the kubelet evicts it under memory pressure
+            'phase': 'Failed', 'reason': 'Evicted', 'message': 'The node was low on resource: memory.',
+            'conditions': [{'type': 'DisruptionTarget', 'status': 'True', 'reason': 'TerminationByKubelet',
+                            'message': 'The node was low on resource: memory.'}]})
+        wait_for(lambda: cluster.pods('tiny').get('tiny-0', {}).get('metadata', {}).get('uid') not in (None, old_uid),
+                 what='a new tiny-0 (no 300 s backoff)')
+        replica = wait_for(lambda: next((r for r in cluster.status('tiny')['replicaStatuses']
+                                         if r['index'] == 0 and r.get('lastFailure')), None), what='why, in status')
+        assert replica['lastFailure']['reason'] == 'Evicted' and replica['restarts'] == 0
+        assert cluster.status('tiny')['restarts'] == {'total': 0}
+        wait_for(lambda: [e for e in kube_emulator.objects('events') if e['reason'] == 'ReplicaEvicted'],
+                 what='the ReplicaEvicted Event')  # posted after the status write
 
 
 def test_invalid_topology_is_refused_by_the_api_and_not_accepted_by_the_operator(cluster, kube_emulator):
@@ -191,8 +230,10 @@ def test_resync_after_ready_makes_zero_mutating_calls(cluster, kube_emulator, st
     names = [f's{i}' for i in range(stages)]
     with operator(kube_emulator, '--namespace=default', '--standalone', f'--resync-seconds={resync}'):
         for name in names:
-            cluster.apply(manifest(name, replicas=1, parallel={}, resources={'gpusPerPod': 1, 'gpuResourceName': ''}))
+            cluster.apply(manifest(name, replicas=1, parallel={}, resources={'gpusPerPod': 1, 'gpuResourceName': ''},
+                                   disruption={'maxUnavailable': 1}))  # asked for: a PDB on one replica
         wait_for(lambda: len(kube_emulator.objects('pods')) == stages, timeout=60, what='all pods')
+        wait_for(lambda: len(kube_emulator.objects('poddisruptionbudgets')) == stages, timeout=60, what='all PDBs')
         for name in names:
             cluster.kubelet_ready(f'{name}-0')
         wait_for(lambda: all(ready(cluster, n, 1) for n in names), timeout=60, what='every stage Ready')

@@ -8,12 +8,14 @@ import pytest
 
 from e2e.local import kubelet
 from stage_operator.builders.children import build_configmap, build_service
+from stage_operator.builders.disruption import build_pdb
 from stage_operator.builders.pod import build_pod, template_hash
 from stage_operator.observed import Observed
 from stage_operator.reconcile import needs_nodes, reconcile
 from stage_operator.stage import parse_stage
 
 T0, T1 = '2026-01-01T00:00:00Z', '2026-01-01T00:05:00Z'
+IP = '127.100.0.9'  # a pod IP: a running pod there can hold requests (the drain waits for them)
 CPU = {'model': {'builtin': 'tiny-sd'}, 'replicas': 2, 'resources': {'gpusPerPod': 1, 'gpuResourceName': ''}}
 GPU = {'model': {'path': '/models/sd'}, 'replicas': 1, 'parallel': {'cfgParallelSize': 2},
        'resources': {'gpusPerPod': 2, 'gpuResourceName': 'nvidia.com/gpu'}}
@@ -28,12 +30,12 @@ def pod(st, index: int, state: str = 'ready', pod_hash: str | None = None) -> di
     obj = build_pod(st, index, pod_hash)
     obj['metadata']['uid'] = f'pod-{index}'
     obj['status'] = {  # what a kubelet (or the scheduler) reports: the pod runner's builders
-        'ready': kubelet.running('stage', True, started=T0),
-        'starting': kubelet.running('stage', False, started=T0),
+        'ready': kubelet.running('stage', True, IP, started=T0),
+        'starting': kubelet.running('stage', False, IP, started=T0),
         'pending': {'phase': 'Pending'},
         'unschedulable': kubelet.unschedulable('0/3 nodes'),
         'failed': kubelet.failed('stage', 3, 'EngineDead: collective timed out', at=T0),
-        'terminating': kubelet.running('stage', True, started=T0),
+        'terminating': kubelet.running('stage', True, IP, started=T0),
     }[state]
     if state == 'terminating':
         obj['metadata']['deletionTimestamp'] = T0
@@ -42,7 +44,8 @@ def pod(st, index: int, state: str = 'ready', pod_hash: str | None = None) -> di
 
 def world(st, pods=(), *, children: bool = True, nodes=None, now: str = T1) -> Observed:
     return Observed(pods=list(pods), service=build_service(st) if children else None,
-                    configmap=build_configmap(st) if children else None, nodes=nodes, now=now)
+                    configmap=build_configmap(st) if children else None,
+                    pdb=build_pdb(st, st.spec.replicas) if children else None, nodes=nodes, now=now)
 
 
 def node(name: str, gpus: int, unschedulable: bool = False) -> dict[str, Any]:
@@ -82,13 +85,13 @@ def cond(status: dict, kind: str) -> dict:
 
 # ---- the table: (case, spec, pods as (index, state, outdated?), expected creates, deletes, conditions) ----
 CASES = [
-    ('create', CPU, [], False, ['ConfigMap/s-config', 'Service/s', 'Pod/s-0', 'Pod/s-1'], [],
+    ('create', CPU, [], False, ['ConfigMap/s-config', 'Service/s', 'PodDisruptionBudget/s', 'Pod/s-0', 'Pod/s-1'], [],
      {'Accepted': 'True', 'Progressing': 'ReplicasStarting', 'Ready': 'False'}, 'Progressing'),
     ('steady', CPU, [(0, 'ready', False), (1, 'ready', False)], True, [], [],
      {'Ready': 'True', 'Progressing': 'Complete', 'Degraded': 'False'}, 'Ready'),
     ('scale-up', {**CPU, 'replicas': 3}, [(0, 'ready', False), (1, 'ready', False)], True, ['Pod/s-2'], [],
      {'Progressing': 'ReplicasStarting', 'Ready': 'False'}, 'Progressing'),
-    ('rollout-first-step', CPU, [(0, 'ready', True), (1, 'ready', True)], True, [], ['s-0'],
+    ('rollout-first-step', CPU, [(0, 'ready', True), (1, 'ready', True)], True, [], [],  # s-0 drained first
      {'Progressing': 'RollingUpdate', 'Ready': 'False'}, 'Progressing'),
     ('rollout-waits-for-replacement', CPU, [(0, 'starting', False), (1, 'ready', True)], True, [], [],
      {'Progressing': 'RollingUpdate'}, 'Progressing'),
@@ -106,6 +109,13 @@ CASES = [
 ]
 
 
+DRAINED = {'rollout-first-step': [('Pod', 's-0')]}
+
+
+def plan_case(spec, pods) -> str:
+    return next(c[0] for c in CASES if c[1] == spec and c[2] == pods)
+
+
 @pytest.mark.parametrize('spec, pods, children, creates, deletes, conditions, phase', [c[1:] for c in CASES],
                          ids=[c[0] for c in CASES])
 def test_reconcile_table(spec, pods, children, creates, deletes, conditions, phase):
@@ -116,7 +126,10 @@ def test_reconcile_table(spec, pods, children, creates, deletes, conditions, pha
     assert created(plan) == creates
     assert deleted(plan) == deletes
     fenced = [('Pod', f's-{i}') for i, state, outdated in pods if state == 'failed' and not outdated]
-    assert [(p.kind, p.name) for p in plan.patch] == fenced  # a failed replica leaves the Service at once
+    drained = [(p.kind, p.name) for p in plan.patch if 'diffstage.io/drain-reason' in p.body['metadata'].get(
+        'annotations', {})]
+    assert [(p.kind, p.name) for p in plan.patch if (p.kind, p.name) not in drained] == fenced  # failed: out at once
+    assert drained == DRAINED.get(plan_case(spec, pods), [])  # an outdated ready pod leaves through the drain
     for kind, expected in conditions.items():
         c = cond(plan.status, kind)
         column = 'status' if expected in ('True', 'False', 'Unknown') else 'reason'   # a status or a reason
@@ -182,10 +195,27 @@ def test_nodes_are_read_only_when_gpus_must_be_placed():
     assert needs_nodes(rejected, world(rejected, [pod(rejected, 0)]))  # re-check a failed check
 
 
-def test_deleting_stage_plans_nothing():
+def test_a_deleted_stage_drains_every_pod_before_it_goes():
+    """CR deletion is one more removal through the drain: running pods are fenced, a pod with no work is
+    deleted at once, a fenced pod once a probe after the fence sees nothing in flight; no status write."""
+    from stage_operator.health import PodHealth
+    from stage_operator.scaledown import fence
+
     st = stage(CPU, deletionTimestamp=T0)
-    plan = reconcile(st, world(st, [pod(st, 0), pod(st, 1)]))
-    assert plan.writes == 0
+    t1 = 1767225900.0
+    pods = [pod(st, 0), pod(st, 1, 'pending')]
+    first = reconcile(st, world(st, pods))
+    assert [(p.name, p.body) for p in first.patch] == [('s-0', fence(t1, 'StageDeleted'))]
+    assert [(d.name, d.reason) for d in first.delete] == [('s-1', 'StageDeleted')] and first.status is None
+    assert first.requeue_after is not None and first.create == []
+    _apply_merge(pods[0]['metadata'], fence(t1, 'StageDeleted')['metadata'])
+    busy = {'pod-0': PodHealth('Healthy', t1 + 1, answered=True, waiting=0, running=1)}
+    waiting = reconcile(st, Observed(pods=pods[:1], now='2026-01-01T00:05:02Z', health=busy))
+    assert waiting.delete == [] and waiting.patch == [] and waiting.requeue_after is not None
+    idle = {'pod-0': PodHealth('Healthy', t1 + 2, answered=True, waiting=0, running=0)}
+    done = reconcile(st, Observed(pods=pods[:1], now='2026-01-01T00:05:03Z', health=idle))
+    assert [(d.name, d.reason) for d in done.delete] == [('s-0', 'StageDeleted')] and done.requeue_after is None
+    assert [e['reason'] for e in done.events] == ['DeletedPods']
 
 
 def test_invalid_spec_creates_nothing_and_stalls():
@@ -218,8 +248,9 @@ def test_spec_change_moves_the_generation_and_the_hash():
     assert template_hash(changed) != template_hash(st)
     assert template_hash(stage({**CPU, 'replicas': 5})) == template_hash(st), 'scaling is not a rollout'
     plan = reconcile(changed, world(st, [pod(st, 0), pod(st, 1)]))  # children built from the old spec
-    assert deleted(plan) == ['s-0'] and plan.status['observedGeneration'] == 2
-    assert plan.patch[0].kind == 'ConfigMap', 'the stage config follows the spec'
+    assert deleted(plan) == [] and plan.status['observedGeneration'] == 2
+    assert [(p.kind, p.name) for p in plan.patch] == [('Pod', 's-0'), ('ConfigMap', 's-config')]
+    assert plan.patch[0].body['metadata']['annotations']['diffstage.io/drain-reason'] == 'Outdated', 'drained'
 
 
 def test_failed_pod_is_reported_with_its_termination_message():

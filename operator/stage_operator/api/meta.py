@@ -12,7 +12,8 @@ LABEL_STAGE = f"{GROUP}/stage"
 LABEL_REPLICA = f"{GROUP}/replica"
 LABEL_SERVING = f"{GROUP}/serving"
 LABEL_TEMPLATE_HASH = f"{GROUP}/template-hash"
-ANNOTATION_DRAINING = f"{GROUP}/draining-since"  # set when a scale-down fences the pod
+ANNOTATION_DRAINING = f"{GROUP}/draining-since"  # set when the drain fences the pod (every deletion)
+ANNOTATION_DRAIN_REASON = f"{GROUP}/drain-reason"  # why it leaves: ScaleDown, Outdated, StageDeleted
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "diffstage-operator"
 

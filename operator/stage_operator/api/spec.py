@@ -126,6 +126,36 @@ class Autoscaling(ApiModel):
     drain_timeout_seconds: int = Field(60, ge=0, description="how long a removed replica may finish its work")
 
 
+class Rollout(ApiModel):
+    """How a pod-template change rolls out: up to `maxSurge` extra pods (GPUs permitting) and at most
+    `maxUnavailable` replicas below `replicas`; a revision that makes no progress for
+    `progressDeadlineSeconds` (or exits 2, or crash-loops) is rolled back to the last Ready one."""
+
+    model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [cel(
+        "self.maxSurge + self.maxUnavailable >= 1",
+        "'rollout: maxSurge (' + string(self.maxSurge) + ') and maxUnavailable (' + string(self.maxUnavailable)"
+        " + ') cannot both be 0: the rollout could never replace a pod'")]})
+    max_surge: int = Field(0, ge=0, description="extra pods during a rollout (each needs gpusPerPod free GPUs)")
+    max_unavailable: int = Field(1, ge=0, description="replicas that may be unavailable during a rollout")
+    progress_deadline_seconds: int | None = Field(None, ge=1, description=(
+        "seconds without a new replica becoming ready before the rollout is rolled back; "
+        "default startupTimeoutSeconds + 60"))
+
+    @model_validator(mode="after")
+    def _can_progress(self) -> Rollout:
+        if self.max_surge + self.max_unavailable < 1:
+            raise ValueError(f"rollout: maxSurge ({self.max_surge}) and maxUnavailable ({self.max_unavailable}) "
+                             "cannot both be 0: the rollout could never replace a pod")
+        return self
+
+
+class Disruption(ApiModel):
+    """The stage's PodDisruptionBudget (voluntary disruptions: node drains, evictions)."""
+
+    max_unavailable: int | None = Field(None, ge=0, description=(
+        "replicas a voluntary disruption may take at once; default 1 when replicas >= 2, else no budget"))
+
+
 class LocalObjectReference(ApiModel):
     name: str = Field(min_length=1)
 
@@ -175,6 +205,8 @@ class StageSpec(ApiModel):
     abort: Abort | None = None
     autoscaling: Autoscaling = Field(default_factory=Autoscaling)
     pod_template: PodTemplate = Field(default_factory=PodTemplate)
+    rollout: Rollout = Field(default_factory=Rollout)
+    disruption: Disruption = Field(default_factory=Disruption)
 
     @model_validator(mode="after")
     def _topology_fits(self) -> StageSpec:

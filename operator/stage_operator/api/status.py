@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -60,7 +60,7 @@ class ReplicaStatus(ApiModel):
     last_failure: Failure | None = None
     backoff_until: str | None = None
     budget_exhausted: bool | None = None  # restarts stopped (Stalled) until the spec changes
-    draining: bool | None = None  # fenced for a scale-down, waiting for its in-flight requests
+    draining: bool | None = None  # fenced (scale-down, rollout, deletion), waiting for its in-flight requests
     message: str | None = None
     startup_seconds: dict[str, float] | None = Field(
         None, description="how long each startup phase took (fetching, loadingWeights, warmup), once ready")
@@ -94,6 +94,34 @@ class ModelStatus(ApiModel):
     load_seconds: float | None = Field(None, description="loading weights + warmup of the replica that measured it")
 
 
+class Revision(ApiModel):
+    revision: str = Field(description="the pod-template hash")
+    digest: str = Field(description="sha256 of the spec that built it (first 16 hex digits)")
+    generation: int
+    ready_time: str | None = Field(None, description="when every replica first ran it ready")
+    failed: str | None = Field(None, description="why it was rolled back")
+
+
+class FailedRevision(ApiModel):
+    revision: str
+    reason: str
+    message: str = ""
+    time: str | None = None
+
+
+class RolloutStatus(ApiModel):
+    """Pod-template revisions: the one served now, the last that was Ready (and its spec, so a rollback
+    never depends on Git), a failed one, and a short history."""
+
+    current_revision: str | None = None
+    stable_revision: str | None = None
+    stable_spec: dict[str, Any] | None = Field(None, description="the spec of stableRevision")
+    progress_time: str | None = Field(None, description="the rollout's start or last progress (a new replica ready)")
+    updated_ready: int | None = Field(None, description="ready replicas of currentRevision at progressTime")
+    failed_revision: FailedRevision | None = None
+    revisions: list[Revision] = Field(default_factory=list)
+
+
 class StageStatus(ApiModel):
     observed_generation: int | None = None
     phase: Phase | None = None
@@ -109,3 +137,4 @@ class StageStatus(ApiModel):
     abort: AbortStatus | None = None
     autoscaling: AutoscalingStatus | None = None
     model: ModelStatus | None = None
+    rollout: RolloutStatus | None = None

@@ -18,6 +18,9 @@ from stage_operator.stage import Stage
 CONTAINER = "stage"
 READINESS_PROBE = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2}
 LIVENESS_PROBE = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}
+# A deletion the operator did not drain (an eviction, `kubectl delete pod`): the pod stays in the Service's
+# endpoints until they catch up, so the stage gets SIGTERM only after this pause, then drains itself.
+PRE_STOP_SECONDS = 5
 
 
 def pod_name(stage: Stage, index: int) -> str:
@@ -83,11 +86,12 @@ def build_pod_spec(stage: Stage, image_volumes: bool = False) -> dict[str, Any]:
         "readinessProbe": _probe("/ready", READINESS_PROBE),
         "livenessProbe": _probe("/health", LIVENESS_PROBE),
         "terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "FallbackToLogsOnError",
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
         "volumeMounts": mounts + list(tpl.volume_mounts or []),
     }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": spec.autoscaling.drain_timeout_seconds + 10,
+        "terminationGracePeriodSeconds": PRE_STOP_SECONDS + spec.autoscaling.drain_timeout_seconds + 10,
         "containers": [container],
         "volumes": volumes + list(tpl.volumes or []),
     }

@@ -113,6 +113,11 @@ CEL_CASES = [
     ('abort-neither', {'abort': {'id': 'a1'}}, ['spec.abort: abort: set exactly one of requestIds or all: true']),
     ('abort-both', {'abort': {'id': 'a1', 'all': True, 'requestIds': ['r']}},
      ['spec.abort: abort: set exactly one of requestIds or all: true']),
+    ('rollout-surge', {'rollout': {'maxSurge': 1, 'maxUnavailable': 0, 'progressDeadlineSeconds': 120}}, []),
+    ('rollout-stuck', {'rollout': {'maxSurge': 0, 'maxUnavailable': 0}},
+     ['spec.rollout: rollout: maxSurge (0) and maxUnavailable (0) cannot both be 0: the rollout could never '
+      'replace a pod']),
+    ('disruption', {'disruption': {'maxUnavailable': 0}}, []),
 ]
 
 
@@ -126,7 +131,7 @@ def test_every_cel_rule_is_exercised_by_a_failing_case():
     for path, node in _nodes(version_schema(CRD)):
         rules.update(r['messageExpression'] for r in node.get('x-kubernetes-validations', ()))
     failing = {m.split(': ', 1)[1] for _, spec, msgs in CEL_CASES for m in msgs}
-    assert len(rules) == 13 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
+    assert len(rules) == 14 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
 
 
 def _nodes(node, path=''):
