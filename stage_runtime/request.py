@@ -242,3 +242,17 @@ class DiffusionRequest:
             "guidance_scale": info.default_guidance if s.guidance_scale is None else s.guidance_scale,
         })
         return replace(self, sampling=resolved, key_fields=(info.request_key, info.step_key))
+
+
+def adapter_identity(request: "DiffusionRequest") -> list[tuple[str, float]]:
+    """The request's LoRA adapters and scales, sorted (the ``loras`` field: a list of name + scale).
+
+    The hook every cache key takes adapters from; empty while the stage serves no adapters.
+    """
+    loras = getattr(request, "loras", None) or getattr(request.sampling, "loras", None) or ()
+    pairs = []
+    for lora in loras:
+        name = lora.get("name") if isinstance(lora, dict) else getattr(lora, "name", lora)
+        scale = lora.get("scale", 1.0) if isinstance(lora, dict) else getattr(lora, "scale", 1.0)
+        pairs.append((str(name), float(scale)))
+    return sorted(pairs)

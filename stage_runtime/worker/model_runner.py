@@ -18,6 +18,7 @@ pipeline call ends (request mode), when no step state is left (step mode), and a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -26,13 +27,13 @@ import torch
 
 from stage_runtime.config import StageConfig
 from stage_runtime.errors import ConfigError, InvalidRequestError, WorkerFatalError
-from stage_runtime.models import block_cache
+from stage_runtime.models import block_cache, prompt_cache
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.models.registry import resolve_adapter_class
 from stage_runtime.offload import build_offloader
 from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, ProgressHook, RunnerOutput
-from stage_runtime.request import DiffusionRequest
+from stage_runtime.request import DiffusionRequest, adapter_identity
 from stage_runtime.scheduler_output import SchedulerOutput
 from stage_runtime.models.step_state import StepRequestState
 
@@ -73,6 +74,7 @@ class DiffusionModelRunner:
         self.step_states: dict[str, StepRequestState] = {}    # step mode: request id → its step state
         self.parked: dict[str, int] = {}      # preempted request id → its bytes on the host (0: left in place)
         self.offloader = None                                  # weight residency owner (offload mode != none)
+        self.prompt_cache = None                               # cache.prompt_max_bytes > 0 and a text encoder
 
     def load_model(self) -> ModelInfo:
         adapter_cls = resolve_adapter_class(self.config.model)
@@ -80,6 +82,7 @@ class DiffusionModelRunner:
         self.model_info = dataclasses.replace(self.adapter.info(), block_cache_refusal=block_cache.block_cache_refusal(
             self.adapter, self.config))
         self.offloader = build_offloader(self.config.offload, self.adapter, self.device)
+        self.prompt_cache = prompt_cache.install(self.adapter.pipe, self.config.cache.prompt_max_bytes)
         return self.model_info
 
     def execute_model(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
@@ -129,8 +132,8 @@ class DiffusionModelRunner:
         caches = {r.request_id: c for r in requests if (c := self._new_cache(r)) is not None}
         start = time.perf_counter()
         try:
-            with torch.inference_mode(), block_cache.session(self.adapter,
-                                                             block_cache.wave_rows(self.adapter, requests, caches)):
+            with torch.inference_mode(), self._adapters(*requests), block_cache.session(
+                    self.adapter, block_cache.wave_rows(self.adapter, requests, caches)):
                 images = self.adapter.run_batch(requests)
         except _Interrupted:
             images = {}
@@ -174,7 +177,8 @@ class DiffusionModelRunner:
             for new in sched_out.scheduled_new_reqs:
                 try:
                     self.adapter.check_request(new.request)
-                    state = self.adapter.prepare_encode(new.request)
+                    with self._adapters(new.request):
+                        state = self.adapter.prepare_encode(new.request)
                     state.cache = self._new_cache(new.request)
                     self.step_states[new.request_id] = state
                 except Exception as exc:
@@ -220,6 +224,12 @@ class DiffusionModelRunner:
             except Exception as exc:
                 results[rid] = self._step_error(rid, exc)
         return results
+
+    def _adapters(self, *requests: DiffusionRequest):
+        """The prompt cache's key gets the LoRA adapters of the requests being encoded."""
+        if self.prompt_cache is None:
+            return contextlib.nullcontext()
+        return self.prompt_cache.adapters(tuple(tuple(adapter_identity(r)) for r in requests))
 
     def _new_cache(self, request: DiffusionRequest):
         return block_cache.new_cache(self.config.cache, request, self.model_info.block_cache_refusal)
@@ -272,7 +282,7 @@ class DiffusionModelRunner:
         if self.offloader is not None:
             self.offloader.close()
             self.offloader = None
-        self.adapter = None
+        self.adapter = self.prompt_cache = None
         self._active = None
         self.step_states.clear()
         self.parked.clear()
