@@ -299,7 +299,8 @@ class DiffusionEngine:
             states = [self.scheduler.get_request_state(rid) for rid in self.outputs.streams]
         return [{"request_id": s.request_id, "state": s.status.name.lower(), "step": s.step_index,
                  "num_steps": s.request.num_steps, "priority": s.request.sampling.priority,
-                 "preempted": s.status == RequestStatus.PREEMPTED, "preemptions": s.preemptions}
+                 "preempted": s.status == RequestStatus.PREEMPTED, "preemptions": s.preemptions,
+                 **((s.result and s.result.cache) or {})}           # steps_computed, steps_skipped (block cache)
                 for s in states if s is not None]
 
     def num_request_states(self) -> int:

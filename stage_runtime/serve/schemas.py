@@ -189,6 +189,14 @@ def error_body(error_type: str, message: str, param: str | None = None) -> dict[
     return {"error": error}
 
 
+def cache_report(metrics: dict[str, float]) -> dict[str, Any]:
+    """The response's ``cache`` member: steps computed/skipped (block cache), whether the result cache answered."""
+    report: dict[str, Any] = {k: int(metrics[k]) for k in ("steps_computed", "steps_skipped") if k in metrics}
+    if metrics.get("result_cache_hit"):
+        report["result_cache_hit"] = True
+    return {"cache": report} if report else {}
+
+
 def images_body(request_id: str, b64_images: list[str], **extra: Any) -> dict[str, Any]:
     """OpenAI's ImagesResponse (+ our ``id``); ``extra``: output_format, size, quality, background."""
     return {"id": request_id, "created": int(time.time()), "data": [{"b64_json": b} for b in b64_images], **extra}
