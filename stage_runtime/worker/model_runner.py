@@ -149,7 +149,8 @@ class DiffusionModelRunner:
                 outputs[rid] = RunnerOutput(rid, aborted=True, step_index=tracker.step_index)
             elif rid in images:
                 outputs[rid] = RunnerOutput(rid, images=images[rid], step_index=tracker.step_index,
-                                            compute_ms=compute_ms, cache=caches[rid].counts() if rid in caches else None)
+                                            compute_ms=compute_ms,
+                                            cache=caches[rid].counts() if rid in caches else None)
             # A missing id is left out on purpose: the scheduler ends it FINISHED_ERROR ("No output result").
         return outputs
 
@@ -266,7 +267,7 @@ class DiffusionModelRunner:
         if isinstance(exc, WorkerFatalError):
             raise exc
         self._drop_state(request_id)
-        log.warning("request %s failed: %s: %s", request_id, type(exc).__name__, exc)
+        log.warning("request %s failed: %s: %s", request_id, type(exc).__name__, str(exc))   # (a str: no tensors kept)
         return RunnerOutput(request_id, error=f"{type(exc).__name__}: {exc}")
 
     # -- bookkeeping -----------------------------------------------------------------------------------
