@@ -58,9 +58,8 @@ class DiffusionEngine:
             raise
         self.outputs = OutputTable(self._lock, self.executor, config.scheduler.streaming_output)
         self.counters = self.outputs.counters
-        self.result_cache = ResultCache.from_config(config)      # None unless cache.result_max_bytes > 0
-        if self.result_cache is not None:
-            self.outputs.on_final = self.result_cache.on_delivered
+        self.result_cache = ResultCache.from_config(config)      # off (never hits) unless result_max_bytes > 0
+        self.outputs.on_final = self.result_cache.on_delivered
         self.executor.set_progress_hook(self._on_progress)
         self.executor.set_output_hook(self.outputs.on_output_ready)
         self.executor.register_failure_callback(self._on_executor_failure)
@@ -100,7 +99,7 @@ class DiffusionEngine:
         if resolved.sampling.preview_every is not None and self.scheduler.mode != "step":
             raise InvalidRequestError("preview_every", resolved.sampling.preview_every,
                                       "previews need execution_mode=step (or streaming_output)")
-        key, hit = (None, None) if self.result_cache is None else self.result_cache.lookup(resolved)
+        key, hit = self.result_cache.lookup(resolved)
         with self._lock:
             self._check_open()
             if hit is not None:               # an exact repeat: the stored images, nothing runs
@@ -109,8 +108,7 @@ class DiffusionEngine:
             if request.request_id in self.outputs:
                 raise DuplicateRequestError(f"request_id={request.request_id!r} is already in flight")
             self.scheduler.add_request(resolved)
-            if self.result_cache is not None:
-                self.result_cache.expect(request.request_id, key)
+            self.result_cache.expect(request.request_id, key)
             stream = self.outputs.open(request.request_id)
             self._lock.notify_all()
         return stream

@@ -69,9 +69,14 @@ class ResultCache:
         self.hits = self.misses = self.evictions = 0
 
     @classmethod
-    def from_config(cls, config: StageConfig) -> "ResultCache | None":
+    def from_config(cls, config: StageConfig) -> "ResultCache":
+        """The stage's cache; with ``result_max_bytes`` 0 it is off: every lookup misses, nothing is kept."""
         size = config.cache.result_max_bytes
-        return cls(size, model_revision(config)) if size > 0 else None
+        return cls(size, model_revision(config) if size > 0 else "")
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -80,7 +85,7 @@ class ResultCache:
     def lookup(self, request: DiffusionRequest) -> tuple[str | None, RequestStream | None]:
         """(the request's key, a finished stream on a hit); a miss is stored when ``expect`` was called."""
         started = time.monotonic()
-        key = result_key(request, self.revision)
+        key = result_key(request, self.revision) if self.enabled else None
         if key is None:
             return None, None
         with self._lock:
@@ -105,6 +110,8 @@ class ResultCache:
 
     def on_delivered(self, output: DiffusionOutput) -> None:
         """Every final output of the engine: a completed expected request is stored; any other forgotten."""
+        if not self._expected:
+            return
         with self._lock:
             key = self._expected.pop(output.request_id, None)
         if key is not None and output.ok:
