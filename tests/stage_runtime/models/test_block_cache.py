@@ -130,6 +130,50 @@ def test_one_tick_mixes_a_cached_an_off_and_another_threshold_request_each_equal
         engine.close()
 
 
+@pytest.mark.parametrize("family", ["dit", "qwen-image"])       # CFG halves stacked per wave / true CFG per request
+def test_one_request_mode_wave_of_mixed_policies_and_two_images_each_equals_its_solo_runs(request, family):
+    path = request.getfixturevalue(FAMILIES[family][0])
+    config = load_config({"model": {"path": path}, "device": "cpu", "warmup": False,
+                          "scheduler": {"execution_mode": "request", "max_num_seqs": 3}})
+    engine = DiffusionEngine(config)
+    try:
+        batch = [req("huge", family, seed=1, num_outputs=2, cache={"threshold": 10.0}),
+                 req("off", family, seed=2, cache="off"), req("mid", family, seed=3, num_outputs=2,
+                                                              cache={"threshold": 0.3})]
+        calls = [0]
+        handle = runner_of(engine).adapter.denoiser.register_forward_pre_hook(
+            lambda _m, _a: calls.__setitem__(0, calls[0] + 1))
+        together = run_together(engine, batch)
+        handle.remove()
+        assert calls[0] == STEPS                                          # one fused pipeline call
+        assert together["huge"].metrics["steps_skipped"] == STEPS - 2
+        for r in batch:
+            solo = run_together(engine, [r])[r.request_id]
+            assert max_diff(together[r.request_id].images, solo.images) <= 2, r.request_id
+            assert solo.metrics.get("steps_skipped") == together[r.request_id].metrics.get("steps_skipped")
+    finally:
+        engine.close()
+
+
+def test_parallel_topologies_and_layerwise_offload_refuse_the_block_cache(tiny_dit_path):
+    from stage_runtime.models.block_cache import block_cache_refusal
+    from stage_runtime.models.dit import DiTAdapter
+
+    adapter = DiTAdapter.load(tiny_dit_path, torch_cpu())
+    base = {"model": {"path": tiny_dit_path}}
+    assert block_cache_refusal(adapter, load_config(base)) is None
+    for extra, named in (({"parallel": {"cfg_parallel_size": 2}}, "cfg_parallel_size=2"),
+                         ({"parallel": {"ulysses_degree": 2}}, "ulysses_degree=2"),
+                         ({"offload": {"mode": "layerwise"}}, "offload.mode=layerwise")):
+        assert named in block_cache_refusal(adapter, load_config({**base, **extra}))
+
+
+def torch_cpu():
+    import torch
+
+    return torch.device("cpu")
+
+
 def test_terminal_paths_drop_the_cache_state(tiny_dit_path):
     config = load_config({"model": {"path": tiny_dit_path, "adapter": "adapters_for_tests:StepFaultDiTAdapter"},
                           "device": "cpu", "warmup": False, "cache": {"mode": "block", "threshold": 10.0},
