@@ -206,9 +206,11 @@ def test_terminal_paths_drop_the_cache_state(tiny_dit_path):
     assert closed.finished
 
 
-def test_a_unet_family_refuses_the_block_cache_at_startup_and_per_request(tiny_sd_path):
-    config = {"model": {"path": tiny_sd_path}, "device": "cpu", "warmup": False}
-    with pytest.raises(ConfigError, match="cache.mode='block': StableDiffusionPipeline has no block cache"):
+@pytest.mark.parametrize("fixture, pipeline", [("tiny_sd_path", "StableDiffusionPipeline"),           # a UNet family
+                                               ("tiny_pag_path", "StableDiffusionPAGPipeline")])    # the generic adapter
+def test_unsupported_families_refuse_the_block_cache_at_startup_and_per_request(request, fixture, pipeline):
+    config = {"model": {"path": request.getfixturevalue(fixture)}, "device": "cpu", "warmup": False}
+    with pytest.raises(ConfigError, match=f"cache.mode='block': {pipeline} has no block cache"):
         DiffusionEngine(load_config({**config, "cache": {"mode": "block"}}))
     engine = DiffusionEngine(load_config(config))
     try:
