@@ -37,6 +37,9 @@ ENGINE_FLAGS = {
     "api_key_file": ("server", "api_key_file"), "max_upload_bytes": ("server", "max_upload_bytes"),
     "max_image_pixels": ("server", "max_image_pixels"),
     "startup_timeout": ("server", "startup_timeout"),
+    "cache_mode": ("cache", "mode"), "cache_threshold": ("cache", "threshold"),
+    "cache_warmup_steps": ("cache", "warmup_steps"), "cache_final_steps": ("cache", "final_steps"),
+    "result_cache_bytes": ("cache", "result_max_bytes"), "prompt_cache_bytes": ("cache", "prompt_max_bytes"),
 }
 
 
@@ -54,6 +57,10 @@ def add_engine_flags(p: argparse.ArgumentParser, model_required: bool = False) -
     p.add_argument("--request-batch-max-wait-ms", type=float)
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority", "srpt"])
     p.add_argument("--default-timeout-s", type=float)
+    p.add_argument("--cache-mode", choices=["none", "block"], help="block: per-request first-block residual cache")
+    p.add_argument("--cache-threshold", type=float, help="block cache: skip while the relative change is under it")
+    for flag in ("cache-warmup-steps", "cache-final-steps", "result-cache-bytes", "prompt-cache-bytes"):
+        p.add_argument(f"--{flag}", type=int)
 
 
 def config_from_args(args: argparse.Namespace, defaults: dict | None = None) -> StageConfig:

@@ -22,13 +22,15 @@ from stage_runtime.errors import ConfigError
 __all__ = [
     "ConfigError", "ExecutionMode", "ParallelDim", "ModelConfig", "OffloadConfig", "OffloadMode", "ParallelConfig",
     "SchedulerConfig", "ServerConfig", "StageConfig", "RankCoords", "load_config", "load_config_file", "read_config_file",
-    "merge_overrides",
+    "merge_overrides", "CacheConfig", "MAX_CACHE_THRESHOLD",
 ]
 
 ExecutionMode = Literal["request", "step"]
 SchedulingPolicyName = Literal["fcfs", "priority", "srpt"]
 ParallelDim = Literal["tp", "sp", "pp", "cfg", "dp"]
 OffloadMode = Literal["none", "model", "layerwise"]
+CacheMode = Literal["none", "block"]
+MAX_CACHE_THRESHOLD = 10.0          # a relative L1 change; 10 (1000 %) already means "skip whenever allowed"
 # Rank layout order, fastest-varying first (Megatron-style orthogonal groups): tp-sp-pp-cfg-dp.
 _LAYOUT: tuple[str, ...] = ("tp", "sp", "pp", "cfg", "dp")
 _IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
@@ -263,6 +265,28 @@ class OffloadConfig(BaseModel):
         return self
 
 
+class CacheConfig(BaseModel):
+    """Cache acceleration (``stage_runtime.models.block_cache``, ``engine.result_cache``, ``models.prompt_cache``).
+
+    ``mode: block`` is the default policy of every request on a transformer family (a request may send
+    ``cache: "off"`` or its own ``{threshold}``): each step runs the first block, and when the relative L1
+    change of its residual against the request's last computed step is under ``threshold`` the other blocks
+    are skipped and their cached residual is reused. The first ``warmup_steps`` and the last ``final_steps``
+    steps are always computed; ``max_consecutive_skips`` (0: no limit) forces a computed step after that many
+    skips. ``result_max_bytes`` > 0 turns on the exact-hit result cache (requests with an explicit seed);
+    ``prompt_max_bytes`` > 0 the prompt-embedding cache. Both are LRUs bounded by those bytes.
+    """
+
+    model_config = _FROZEN
+    mode: CacheMode = "none"
+    threshold: float = Field(0.1, ge=0.0, le=MAX_CACHE_THRESHOLD, allow_inf_nan=False)
+    warmup_steps: int = Field(1, ge=1, le=1000)
+    final_steps: int = Field(1, ge=0, le=1000)
+    max_consecutive_skips: int = Field(0, ge=0, le=1000)
+    result_max_bytes: int = Field(0, ge=0)
+    prompt_max_bytes: int = Field(0, ge=0)
+
+
 class StageConfig(BaseModel):
     """Everything one stage process needs; the top level of ``stage.yaml``."""
 
@@ -272,6 +296,7 @@ class StageConfig(BaseModel):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     offload: OffloadConfig = Field(default_factory=OffloadConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
     executor: str | None = None  # "uni" | "mp" | "package.module:ClassName"; None → resolved_executor
     warmup: bool = True
     worker_startup_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)  # mp: every rank loaded and ready

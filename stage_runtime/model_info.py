@@ -28,6 +28,9 @@ class ModelInfo:
     request_key: tuple[str, ...] = ("height", "width", "num_inference_steps", "guidance_scale")
     step_key: tuple[str, ...] = ("height", "width", "guidance_scale")
     edit_tasks: tuple[str, ...] = ()         # what POST /v1/images/edits can run: "img2img", "inpaint"
+    # Why this stage cannot run the block cache (a UNet family, the generic adapter, a parallel topology),
+    # or None when it can (stage_runtime.models.block_cache).
+    block_cache_refusal: str | None = "this model family has no block cache"
 
     @property
     def supports_edits(self) -> bool:

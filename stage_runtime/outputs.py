@@ -24,6 +24,7 @@ class RunnerOutput:
     finished: bool = True
     async_output_id: str | None = None       # mp request mode: images follow as OUTPUT_READY under this id
     compute_ms: float | None = None          # request mode: wall time of the pipeline call that produced it
+    cache: dict[str, int] | None = None      # block cache on: {"steps_computed", "steps_skipped"} so far
 
 
 @dataclass

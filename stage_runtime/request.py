@@ -16,11 +16,12 @@ import enum
 import secrets
 import time
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import Annotated, Literal, NamedTuple
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from stage_runtime.config import MAX_CACHE_THRESHOLD
 from stage_runtime.errors import InvalidRequestError
 from stage_runtime.model_info import ModelInfo
 
@@ -40,6 +41,28 @@ class RequestStatus(enum.IntEnum):
         return RequestStatus.FINISHED_COMPLETED <= self <= RequestStatus.FINISHED_ERROR
 
 
+class RequestCache(BaseModel):
+    """A request's own block-cache policy: ``{"threshold": x}`` (the stage's other cache settings apply)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    threshold: float = Field(ge=0.0, le=MAX_CACHE_THRESHOLD, allow_inf_nan=False)
+
+
+def _cache_policy(value: object) -> object:
+    """``"off"``, ``{"threshold": x}`` or None, with one clear message for anything else."""
+    if value is None or value == "off" or isinstance(value, RequestCache):
+        return value
+    if isinstance(value, dict) and set(value) == {"threshold"}:
+        threshold = value["threshold"]
+        if (isinstance(threshold, (int, float)) and not isinstance(threshold, bool)
+                and 0 <= threshold <= MAX_CACHE_THRESHOLD):
+            return RequestCache(threshold=float(threshold))
+    raise ValueError(f'must be "off" or {{"threshold": x}} with 0 <= x <= {MAX_CACHE_THRESHOLD:g}')
+
+
+CachePolicyField = Annotated[Literal["off"] | RequestCache | None, BeforeValidator(_cache_policy)]
+
+
 class SamplingParams(BaseModel):
     """Per-request knobs. ``None`` means "the model's default", filled in once at admission."""
 
@@ -57,6 +80,7 @@ class SamplingParams(BaseModel):
     priority: int = Field(0, ge=-1000, le=1000)   # higher runs first (--scheduling-policy priority)
     timeout_s: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False)   # deadline from arrival
     partial_images: int = Field(0, ge=0, le=3)    # OpenAI's: this many previews, evenly spaced (step mode)
+    cache: CachePolicyField = None   # block cache: None = the stage's cache.mode
 
     @classmethod
     def parse(cls, data: dict) -> "SamplingParams":
@@ -134,6 +158,7 @@ class DiffusionRequest:
     # default RequestBatchKey / StepBatchKey.
     key_fields: tuple[tuple[str, ...], tuple[str, ...]] | None = None
     edit: EditInput | None = None                 # set for POST /v1/images/edits
+    seed_given: bool | None = None                # the client chose the seed (None: decided at creation)
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -143,6 +168,8 @@ class DiffusionRequest:
         if len(self.prompt) > MAX_PROMPT_CHARS:
             raise InvalidRequestError("prompt", f"<{len(self.prompt)} chars>",
                                       f"longer than {MAX_PROMPT_CHARS} characters")
+        if self.seed_given is None:
+            self.seed_given = self.sampling.seed is not None
         if self.sampling.seed is None:
             # Assigned at creation so every rank (and a retry) derives the same generator.
             self.sampling = self.sampling.model_copy(update={"seed": secrets.randbits(63)})
@@ -203,6 +230,8 @@ class DiffusionRequest:
         if info.max_steps is not None and steps > info.max_steps:
             raise InvalidRequestError("num_inference_steps", steps,
                                       f"{info.pipeline_class}'s noise scheduler places at most {info.max_steps} steps")
+        if isinstance(s.cache, RequestCache) and info.block_cache_refusal:
+            raise InvalidRequestError("cache", s.cache.model_dump(), info.block_cache_refusal)
         if edit is not None and edit.denoise_steps(steps) < 1:
             raise InvalidRequestError("strength", edit.strength,
                                       f"int(num_inference_steps={steps} × strength) is 0: no step would run")
@@ -213,3 +242,17 @@ class DiffusionRequest:
             "guidance_scale": info.default_guidance if s.guidance_scale is None else s.guidance_scale,
         })
         return replace(self, sampling=resolved, key_fields=(info.request_key, info.step_key))
+
+
+def adapter_identity(request: "DiffusionRequest") -> list[tuple[str, float]]:
+    """The request's LoRA adapters and scales, sorted (the ``loras`` field: a list of name + scale).
+
+    The hook every cache key takes adapters from; empty while the stage serves no adapters.
+    """
+    loras = getattr(request, "loras", None) or getattr(request.sampling, "loras", None) or ()
+    pairs = []
+    for lora in loras:
+        name = lora.get("name") if isinstance(lora, dict) else getattr(lora, "name", lora)
+        scale = lora.get("scale", 1.0) if isinstance(lora, dict) else getattr(lora, "scale", 1.0)
+        pairs.append((str(name), float(scale)))
+    return sorted(pairs)

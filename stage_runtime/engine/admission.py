@@ -1,4 +1,4 @@
-"""Startup checks: can this model run in the configured execution mode?"""
+"""Startup checks: can this model run in the configured execution mode (and cache mode)?"""
 
 from __future__ import annotations
 
@@ -17,3 +17,5 @@ def check_execution_mode(config: StageConfig, info: ModelInfo) -> None:
     if sched.execution_mode == "request" and sched.max_num_seqs > 1 and not info.supports_request_batch:
         raise ConfigError(f"scheduler.max_num_seqs={sched.max_num_seqs}: pipeline {info.pipeline_class} cannot "
                           f"fuse requests into one call; use max_num_seqs=1")
+    if config.cache.mode == "block" and info.block_cache_refusal:
+        raise ConfigError(f"cache.mode='block': {info.block_cache_refusal}; use cache.mode='none'")

@@ -25,6 +25,8 @@ def terminal_output(state: RequestState) -> DiffusionOutput:
         metrics["preemptions"] = state.preemptions
     if state.result is not None and state.result.compute_ms is not None:
         metrics["compute_ms"] = state.result.compute_ms       # the pipeline call alone, on the rank
+    if state.result is not None and state.result.cache is not None:
+        metrics.update(state.result.cache)                    # steps_computed, steps_skipped (block cache)
     out = DiffusionOutput(rid, step_index=state.step_index, num_steps=state.request.num_steps, metrics=metrics)
     if state.status == RequestStatus.FINISHED_COMPLETED:
         out.images = state.result.images

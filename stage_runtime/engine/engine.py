@@ -19,6 +19,7 @@ from stage_runtime.config import StageConfig
 from stage_runtime.engine.admission import check_execution_mode
 from stage_runtime.engine.observers import ExecuteObservers
 from stage_runtime.engine.output_table import WARMUP_PREFIX, OutputTable
+from stage_runtime.engine.result_cache import ResultCache
 from stage_runtime.engine.rpc_queue import ControlRpcQueue
 from stage_runtime.engine.stream import RequestStream
 from stage_runtime.errors import (DuplicateRequestError, EngineClosedError, EngineDeadError, EngineStartupError,
@@ -57,6 +58,8 @@ class DiffusionEngine:
             raise
         self.outputs = OutputTable(self._lock, self.executor, config.scheduler.streaming_output)
         self.counters = self.outputs.counters
+        self.result_cache = ResultCache.from_config(config)      # off (never hits) unless result_max_bytes > 0
+        self.outputs.on_final = self.result_cache.on_delivered
         self.executor.set_progress_hook(self._on_progress)
         self.executor.set_output_hook(self.outputs.on_output_ready)
         self.executor.register_failure_callback(self._on_executor_failure)
@@ -96,11 +99,16 @@ class DiffusionEngine:
         if resolved.sampling.preview_every is not None and self.scheduler.mode != "step":
             raise InvalidRequestError("preview_every", resolved.sampling.preview_every,
                                       "previews need execution_mode=step (or streaming_output)")
+        key, hit = self.result_cache.lookup(resolved)
         with self._lock:
             self._check_open()
+            if hit is not None:               # an exact repeat: the stored images, nothing runs
+                self.counters["finished_total"] += 1
+                return hit
             if request.request_id in self.outputs:
                 raise DuplicateRequestError(f"request_id={request.request_id!r} is already in flight")
             self.scheduler.add_request(resolved)
+            self.result_cache.expect(request.request_id, key)
             stream = self.outputs.open(request.request_id)
             self._lock.notify_all()
         return stream
@@ -289,7 +297,8 @@ class DiffusionEngine:
             states = [self.scheduler.get_request_state(rid) for rid in self.outputs.streams]
         return [{"request_id": s.request_id, "state": s.status.name.lower(), "step": s.step_index,
                  "num_steps": s.request.num_steps, "priority": s.request.sampling.priority,
-                 "preempted": s.status == RequestStatus.PREEMPTED, "preemptions": s.preemptions}
+                 "preempted": s.status == RequestStatus.PREEMPTED, "preemptions": s.preemptions,
+                 **((s.result and s.result.cache) or {})}           # steps_computed, steps_skipped (block cache)
                 for s in states if s is not None]
 
     def num_request_states(self) -> int:

@@ -15,6 +15,7 @@ re-entrant: a claim whose images already arrived delivers on the caller's thread
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -37,6 +38,7 @@ class OutputTable:
         self._late: dict[str, str] = {}                  # request id → async output id (images not here yet)
         self._pending: dict[str, DiffusionOutput] = {}   # async output id → the output waiting for its images
         self.counters = {"finished_total": 0, "aborted_total": 0, "failed_total": 0}
+        self.on_final: Callable[[DiffusionOutput], None] | None = None   # every final output (the result cache)
 
     def open(self, request_id: str) -> RequestStream:
         stream = self.streams[request_id] = RequestStream(request_id)
@@ -104,6 +106,8 @@ class OutputTable:
         if not rid.startswith(WARMUP_PREFIX):
             self.counters[OUTCOME_COUNTERS.get(output.error_type, "failed_total")] += 1
         stream = self.streams.pop(rid, None)
+        if self.on_final is not None:
+            self.on_final(output)
         if stream is not None:
             stream.put(output)
 
@@ -113,4 +117,7 @@ class OutputTable:
         self._late.clear()
         self._pending.clear()
         for rid, stream in streams.items():
-            stream.put(DiffusionOutput(rid, error=message, error_type=error_type))
+            output = DiffusionOutput(rid, error=message, error_type=error_type)
+            if self.on_final is not None:
+                self.on_final(output)
+            stream.put(output)

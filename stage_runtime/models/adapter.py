@@ -37,6 +37,8 @@ class PipelineAdapter(ABC):
     # The denoiser's block lists in execution order, for layerwise offload (None: found by attribute name,
     # offload.plan.BLOCK_ATTRS).
     block_lists: ClassVar[tuple[str, ...] | None] = None
+    # The per-request block cache (models.block_cache) can skip this denoiser's blocks after the first.
+    supports_block_cache: ClassVar[bool] = False
 
     def __init__(self, pipeline: DiffusionPipeline, device: torch.device):
         self.pipe = pipeline

@@ -26,6 +26,7 @@ class DiTAdapter(StepContract, PipelineAdapter):
     default_guidance = 4.0
     parallel_kinds = frozenset({"cfg", "ulysses"})
     fixed_size = True
+    supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
 
     @property
     def denoiser(self) -> torch.nn.Module:

@@ -34,6 +34,7 @@ class FluxAdapter(StepContract, PipelineAdapter):
     guidance = "distilled"
     parallel_kinds = frozenset({"ulysses"})
     block_lists = ("transformer_blocks", "single_transformer_blocks")
+    supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale")
     step_key_fields = ("height", "width")
 

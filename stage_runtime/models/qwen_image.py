@@ -48,6 +48,10 @@ class QwenImageAdapter(StepContract, PipelineAdapter):
     block_lists = ("transformer_blocks",)                          # the dual-stream MMDiT blocks
 
     @property
+    def supports_block_cache(self) -> bool:        # zero_cond_t doubles the modulation rows: not per-row
+        return not getattr(self.pipe.transformer.config, "zero_cond_t", False)
+
+    @property
     def denoiser(self) -> torch.nn.Module:
         return self.pipe.transformer
 

@@ -29,6 +29,7 @@ class StableDiffusion3Adapter(StepContract, PipelineAdapter):
     default_guidance = 7.0
     parallel_kinds = frozenset({"cfg", "ulysses"})
     block_lists = ("transformer_blocks",)
+    supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale")
     step_key_fields = ("height", "width")
 

@@ -21,6 +21,7 @@ class StepRequestState:
     step_index: int = 0                 # steps completed; advanced only by step_scheduler()
     t_start: int = 0                    # an edit skips the first t_start timesteps (strength < 1)
     edit: dict[str, Any] = field(default_factory=dict)            # edit tensors (inpaint: mask, image latents, noise)
+    cache: Any = None                   # its BlockCacheState (models.block_cache) when the block cache is on
 
     @property
     def request_id(self) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from stage_runtime.outputs import DiffusionOutput
-from stage_runtime.serve.schemas import ImageOptions, error_body, images_body
+from stage_runtime.serve.schemas import ImageOptions, cache_report, error_body, images_body
 
 _USAGE = {"input_tokens": 0, "input_tokens_details": {"image_tokens": 0, "text_tokens": 0}, "output_tokens": 0,
           "total_tokens": 0}
@@ -63,7 +63,8 @@ class EventWriter:
         elif item.error is None:
             fields = self._image_fields(item)
             for b64 in await self.encode(item.images):
-                await send(self.response, f"{p}.completed", {"id": rid, "b64_json": b64, "usage": _USAGE, **fields})
+                await send(self.response, f"{p}.completed", {"id": rid, "b64_json": b64, "usage": _USAGE, **fields,
+                                                             **cache_report(item.metrics)})
         else:
             await send(self.response, "error", {"id": rid, **error_body(item.error_type or "request_failed",
                                                                         item.error)})
@@ -77,7 +78,8 @@ class EventWriter:
                                                             "data": [{"b64_json": b} for b in
                                                                      await self.encode(item.images)]})
         elif item.error is None:
-            await send(self.response, "completed", images_body(rid, await self.encode(item.images)))
+            await send(self.response, "completed", images_body(rid, await self.encode(item.images),
+                                                                **cache_report(item.metrics)))
         else:
             await send(self.response, "error", {"id": rid, **error_body(item.error_type or "request_failed",
                                                                         item.error)})

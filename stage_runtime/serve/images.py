@@ -21,7 +21,8 @@ from stage_runtime.imageio import encode_image
 from stage_runtime.request import DiffusionRequest
 from stage_runtime.serve.bodies import read_edit_form, read_json
 from stage_runtime.serve.events import EventWriter
-from stage_runtime.serve.schemas import ImageGenerationRequest, ImageOptions, error_body, images_body, parse_body
+from stage_runtime.serve.schemas import (ImageGenerationRequest, ImageOptions, cache_report, error_body, images_body,
+                                        parse_body)
 from stage_runtime.serve.service import StageService
 
 SERVICE = web.AppKey("service", StageService)
@@ -91,7 +92,8 @@ async def run_request(request: web.Request, service: StageService, body: ImageOp
     height, width = final.images.shape[1:3]
     return web.json_response(images_body(final.request_id, await encode(final.images),
                                          output_format=body.output_format, size=f"{width}x{height}",
-                                         quality=body.quality or "auto", background=body.background or "opaque"))
+                                         quality=body.quality or "auto", background=body.background or "opaque",
+                                         **cache_report(final.metrics)))
 
 
 async def _stream_events(request, service, stream, writer_cls, body, prefix, encode) -> web.StreamResponse:

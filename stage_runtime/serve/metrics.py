@@ -39,6 +39,12 @@ class StageMetrics:
                                                 registry=r)
         self.preemptions = Counter(f"{PREFIX}preemptions", "Step-boundary preemptions of finished requests",
                                    registry=r)
+        self.cache_steps = Counter(f"{PREFIX}cache_steps", "Denoising steps of block-cached requests, computed or "
+                                   "skipped (the rest of the blocks reused from the cache)", ["outcome"], registry=r)
+        for outcome in ("computed", "skipped"):
+            self.cache_steps.labels(outcome)
+        self.result_cache_hits = Counter(f"{PREFIX}result_cache_hits", "Requests answered by the exact-hit result "
+                                         "cache", registry=r)
         self.exec_seconds = Histogram(f"{PREFIX}request_exec_seconds", "First execution to the terminal output",
                                       buckets=SECONDS, registry=r)
         self.e2e_seconds = Histogram(f"{PREFIX}request_e2e_seconds", "Admission to the terminal output",
@@ -72,6 +78,11 @@ class StageMetrics:
         self.count(outcome)
         if num_images:
             self.images.inc(num_images)
+        if "steps_computed" in timings:
+            self.cache_steps.labels("computed").inc(timings["steps_computed"])
+            self.cache_steps.labels("skipped").inc(timings["steps_skipped"])
+        if timings.get("result_cache_hit"):
+            self.result_cache_hits.inc()
         if timings.get("preemptions"):
             self.preemptions.inc(timings["preemptions"])
         if outcome == "deadline_exceeded" and timings.get("exec_ms") == 0 and "queue_ms" in timings:

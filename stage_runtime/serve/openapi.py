@@ -37,6 +37,7 @@ class ImagesResponse(BaseModel):
     size: str
     quality: str
     background: str
+    cache: dict[str, int | bool] | None = None   # steps_computed, steps_skipped, result_cache_hit (when used)
 
 
 class AbortResult(BaseModel):
@@ -49,6 +50,8 @@ class RequestInfo(BaseModel):
     state: str
     step: int
     num_steps: int
+    steps_computed: int | None = None       # block cache on (step mode: so far)
+    steps_skipped: int | None = None
 
 
 class RequestsList(BaseModel):

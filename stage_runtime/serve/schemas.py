@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from stage_runtime.errors import InvalidRequestError
-from stage_runtime.request import MAX_PROMPT_CHARS, DiffusionRequest, EditInput, SamplingParams
+from stage_runtime.request import MAX_PROMPT_CHARS, CachePolicyField, DiffusionRequest, EditInput, SamplingParams
 
 _EDGE = ConfigDict(extra="forbid", strict=True, frozen=True)
 _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
@@ -61,6 +61,7 @@ class ImageOptions(BaseModel):
     preview_every: int | None = Field(None, ge=1, le=1000)   # stream a decoded preview every k steps
     priority: int = Field(0, ge=-1000, le=1000)             # higher first (--scheduling-policy priority)
     timeout_s: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False)   # 504 deadline_exceeded after
+    cache: CachePolicyField = None                # "off" | {"threshold": x}; None: the stage's cache.mode
 
     @field_validator("size", check_fields=False)
     @classmethod
@@ -108,7 +109,8 @@ class ImageOptions(BaseModel):
             num_inference_steps=self.num_inference_steps, width=width, height=height,
             guidance_scale=self.guidance_scale, negative_prompt=self.negative_prompt, seed=self.seed,
             num_outputs=self.n, stream=self.stream, preview_every=self.preview_every,
-            partial_images=self.partial_images or 0, priority=self.priority, timeout_s=self.timeout_s)
+            partial_images=self.partial_images or 0, priority=self.priority, timeout_s=self.timeout_s,
+            cache=self.cache)
 
     def new_request_id(self) -> str:
         return self.request_id or f"img-{uuid.uuid4().hex}"
@@ -185,6 +187,14 @@ def error_body(error_type: str, message: str, param: str | None = None) -> dict[
     if param is not None:
         error["param"] = param
     return {"error": error}
+
+
+def cache_report(metrics: dict[str, float]) -> dict[str, Any]:
+    """The response's ``cache`` member: steps computed/skipped (block cache), whether the result cache answered."""
+    report: dict[str, Any] = {k: int(metrics[k]) for k in ("steps_computed", "steps_skipped") if k in metrics}
+    if metrics.get("result_cache_hit"):
+        report["result_cache_hit"] = True
+    return {"cache": report} if report else {}
 
 
 def images_body(request_id: str, b64_images: list[str], **extra: Any) -> dict[str, Any]:

@@ -18,6 +18,8 @@ pipeline call ends (request mode), when no step state is left (step mode), and a
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import time
 
@@ -25,12 +27,13 @@ import torch
 
 from stage_runtime.config import StageConfig
 from stage_runtime.errors import ConfigError, InvalidRequestError, WorkerFatalError
+from stage_runtime.models import block_cache, prompt_cache
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.models.registry import resolve_adapter_class
 from stage_runtime.offload import build_offloader
 from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, ProgressHook, RunnerOutput
-from stage_runtime.request import DiffusionRequest
+from stage_runtime.request import DiffusionRequest, adapter_identity
 from stage_runtime.scheduler_output import SchedulerOutput
 from stage_runtime.models.step_state import StepRequestState
 
@@ -71,12 +74,15 @@ class DiffusionModelRunner:
         self.step_states: dict[str, StepRequestState] = {}    # step mode: request id → its step state
         self.parked: dict[str, int] = {}      # preempted request id → its bytes on the host (0: left in place)
         self.offloader = None                                  # weight residency owner (offload mode != none)
+        self.prompt_cache = None                               # cache.prompt_max_bytes > 0 and a text encoder
 
     def load_model(self) -> ModelInfo:
         adapter_cls = resolve_adapter_class(self.config.model)
         self.adapter = adapter_cls.load(self.config.model.path, self.device, self.config.model.dtype)
-        self.model_info = self.adapter.info()
+        self.model_info = dataclasses.replace(self.adapter.info(), block_cache_refusal=block_cache.block_cache_refusal(
+            self.adapter, self.config))
         self.offloader = build_offloader(self.config.offload, self.adapter, self.device)
+        self.prompt_cache = prompt_cache.install(self.adapter.pipe, self.config.cache.prompt_max_bytes)
         return self.model_info
 
     def execute_model(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
@@ -123,9 +129,11 @@ class DiffusionModelRunner:
         tracker = StepTracker(ids, requests[0].num_steps, self.progress_hook)
         handle = self.adapter.denoiser.register_forward_pre_hook(tracker)
         self._active = tracker
+        caches = {r.request_id: c for r in requests if (c := self._new_cache(r)) is not None}
         start = time.perf_counter()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), self._adapters(*requests), block_cache.session(
+                    self.adapter, block_cache.wave_rows(self.adapter, requests, caches)):
                 images = self.adapter.run_batch(requests)
         except _Interrupted:
             images = {}
@@ -141,7 +149,8 @@ class DiffusionModelRunner:
                 outputs[rid] = RunnerOutput(rid, aborted=True, step_index=tracker.step_index)
             elif rid in images:
                 outputs[rid] = RunnerOutput(rid, images=images[rid], step_index=tracker.step_index,
-                                            compute_ms=compute_ms)
+                                            compute_ms=compute_ms,
+                                            cache=caches[rid].counts() if rid in caches else None)
             # A missing id is left out on purpose: the scheduler ends it FINISHED_ERROR ("No output result").
         return outputs
 
@@ -169,7 +178,10 @@ class DiffusionModelRunner:
             for new in sched_out.scheduled_new_reqs:
                 try:
                     self.adapter.check_request(new.request)
-                    self.step_states[new.request_id] = self.adapter.prepare_encode(new.request)
+                    with self._adapters(new.request):
+                        state = self.adapter.prepare_encode(new.request)
+                    state.cache = self._new_cache(new.request)
+                    self.step_states[new.request_id] = state
                 except Exception as exc:
                     out.outputs[new.request_id] = self._step_error(new.request_id, exc)   # (re-raises fatal)
             states = []
@@ -184,7 +196,8 @@ class DiffusionModelRunner:
 
     def _tick(self, states: list[StepRequestState]) -> dict[str, RunnerOutput]:
         try:
-            preds = self.adapter.denoise_step(states)
+            with block_cache.session(self.adapter, block_cache.step_rows(states)):
+                preds = self.adapter.denoise_step(states)
         except Exception as exc:
             if isinstance(exc, WorkerFatalError):
                 raise
@@ -205,12 +218,26 @@ class DiffusionModelRunner:
                     images = self.adapter.post_decode(state)          # a preview (preview_every, partial_images)
                 else:
                     images = None
-                results[rid] = RunnerOutput(rid, images=images, step_index=state.step_index, finished=state.finished)
+                results[rid] = RunnerOutput(rid, images=images, step_index=state.step_index, finished=state.finished,
+                                            cache=None if state.cache is None else state.cache.counts())
                 if state.finished:
                     del self.step_states[rid]
             except Exception as exc:
                 results[rid] = self._step_error(rid, exc)
         return results
+
+    def _adapters(self, *requests: DiffusionRequest):
+        """The prompt cache's key gets the LoRA adapters of the requests being encoded."""
+        if self.prompt_cache is None:
+            return contextlib.nullcontext()
+        return self.prompt_cache.adapters(tuple(tuple(adapter_identity(r)) for r in requests))
+
+    def _new_cache(self, request: DiffusionRequest):
+        return block_cache.new_cache(self.config.cache, request, self.model_info.block_cache_refusal)
+
+    def num_cache_states(self) -> int:
+        """Block-cache states held right now (step states with a cache; 0 between request-mode calls)."""
+        return sum(1 for st in self.step_states.values() if st.cache is not None)
 
     # -- preempted step states -----------------------------------------------------------------------
     def _park(self, request_id: str) -> None:
@@ -240,7 +267,7 @@ class DiffusionModelRunner:
         if isinstance(exc, WorkerFatalError):
             raise exc
         self._drop_state(request_id)
-        log.warning("request %s failed: %s: %s", request_id, type(exc).__name__, exc)
+        log.warning("request %s failed: %s: %s", request_id, type(exc).__name__, str(exc))   # (a str: no tensors kept)
         return RunnerOutput(request_id, error=f"{type(exc).__name__}: {exc}")
 
     # -- bookkeeping -----------------------------------------------------------------------------------
@@ -256,7 +283,7 @@ class DiffusionModelRunner:
         if self.offloader is not None:
             self.offloader.close()
             self.offloader = None
-        self.adapter = None
+        self.adapter = self.prompt_cache = None
         self._active = None
         self.step_states.clear()
         self.parked.clear()

@@ -10,6 +10,7 @@ import json
 import os
 import time
 
+from stage_runtime.models.dit import DiTAdapter
 from stage_runtime.models.sd import StableDiffusionAdapter
 
 
@@ -81,3 +82,12 @@ class StallOnRankOneSDAdapter(StableDiffusionAdapter):
         if any("stall" in r.prompt for r in requests) and dist.is_initialized() and dist.get_rank() == 1:
             time.sleep(60)
         return super().run_batch(requests)
+
+
+class StepFaultDiTAdapter(DiTAdapter):
+    """Step mode, DiT (block cache): prompt "late-boom" fails in its third scheduler step."""
+
+    def step_scheduler(self, state, noise_pred):
+        if state.request.prompt == "late-boom" and state.step_index == 2:
+            raise RuntimeError("boom in step 3")
+        super().step_scheduler(state, noise_pred)

@@ -1,0 +1,289 @@
+"""Per-request block cache for transformer denoisers (First-Block-Cache / TeaCache family).
+
+Each denoising step runs the denoiser's first block for every row; then, per request, the relative L1
+change of that block's residual (output − input, image stream) against the request's last *computed*
+step decides: under the threshold the other blocks are skipped for the request's rows and the cached
+residual of those blocks (last block output − first block output) is added instead; otherwise they run
+and the cache is refreshed. The first ``warmup_steps`` and last ``final_steps`` steps always run.
+
+The state lives with the request (``StepRequestState.cache`` in step mode, one call's table in request
+mode), one entry per CFG branch (the rows of one guidance half never see the other's residual), so
+requests with different thresholds, steps and cache on/off share one fused forward:
+
+    rows of the fused forward     [ request A: branch 0 | branch 1 ][ request B ][ request C (cache off) ]
+    first block                   every row
+    decide                        A skips, B computes, C always computes
+    blocks 1..N−1                 only the rows that compute (index_select of every per-row tensor)
+    after the last block          skipped rows = first-block output + their cached residual
+
+The session overrides each block's ``forward`` for one call and restores it after, so the transformer's
+own ``forward`` (diffusers' code) runs unchanged around the blocks, hooks on the blocks still fire, and
+when every row computes every block gets exactly its usual arguments: threshold 0 is bitwise no cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from stage_runtime.config import CacheConfig, StageConfig
+from stage_runtime.request import DiffusionRequest, RequestCache
+
+
+@dataclass(frozen=True)
+class BlockCachePolicy:
+    threshold: float
+    warmup_steps: int = 1
+    final_steps: int = 1
+    max_consecutive_skips: int = 0          # 0: no limit
+
+
+def request_policy(defaults: CacheConfig, request: DiffusionRequest) -> BlockCachePolicy | None:
+    """The request's effective policy: its own ``cache`` field over the stage's ``cache`` section."""
+    asked = request.sampling.cache
+    if asked == "off" or (asked is None and defaults.mode != "block"):
+        return None
+    threshold = asked.threshold if isinstance(asked, RequestCache) else defaults.threshold
+    return BlockCachePolicy(threshold, defaults.warmup_steps, defaults.final_steps, defaults.max_consecutive_skips)
+
+
+def block_cache_refusal(adapter, config: StageConfig) -> str | None:
+    """Why this stage cannot run the block cache (said at startup or in a 400), or None."""
+    family = type(adapter.pipe).__name__
+    if not getattr(adapter, "supports_block_cache", False):
+        return f"{family} has no block cache (it is served for transformer families: DiT, SD3, FLUX, Qwen-Image)"
+    if len(cache_blocks(adapter)) < 2:
+        return f"{family}'s denoiser has fewer than 2 blocks: nothing to skip"
+    p = config.parallel
+    for name, degree in (("cfg_parallel_size", p.cfg_parallel_size), ("ulysses_degree", p.ulysses_degree),
+                         ("ring_degree", p.ring_degree), ("tensor_parallel_size", p.tensor_parallel_size)):
+        if degree > 1:
+            return f"the block cache runs on one rank per model copy, not with {name}={degree}"
+    if config.offload.mode == "layerwise":
+        return "the block cache is not supported with offload.mode=layerwise"
+    return None
+
+
+def cache_blocks(adapter) -> list[torch.nn.Module]:
+    """The denoiser's blocks in execution order (the family's ``block_lists``, else ``transformer_blocks``)."""
+    denoiser = adapter.denoiser
+    blocks: list[torch.nn.Module] = []
+    for name in adapter.block_lists or ("transformer_blocks",):
+        blocks.extend(getattr(denoiser, name, None) or ())
+    return blocks
+
+
+@dataclass(eq=False)
+class BlockCacheState:
+    """One request's block cache: per CFG branch the last computed step's signal and residual."""
+
+    policy: BlockCachePolicy
+    num_steps: int
+    step: int = 0                            # forwards this request took part in
+    computed: int = 0
+    skipped: int = 0
+    consecutive: int = 0                     # skips since the last computed step
+    last_distance: float | None = None
+    reference: dict[int, torch.Tensor] = field(default_factory=dict)   # branch → first-block residual
+    residual: dict[int, torch.Tensor] = field(default_factory=dict)    # branch → rest-of-blocks residual
+
+    def decide(self, signals: dict[int, torch.Tensor]) -> bool:
+        """This step's choice for the request (True: skip the rest of the blocks); counts it."""
+        p, step = self.policy, self.step
+        self.step += 1
+        forced = (step < p.warmup_steps or step >= self.num_steps - p.final_steps
+                  or set(signals) != set(self.residual)
+                  or (p.max_consecutive_skips and self.consecutive >= p.max_consecutive_skips))
+        self.last_distance = None if forced else max(relative_l1(signals[b], self.reference[b]) for b in signals)
+        skip = self.last_distance is not None and self.last_distance < p.threshold
+        if skip:
+            self.skipped += 1
+            self.consecutive += 1
+        else:
+            self.computed += 1
+            self.consecutive = 0
+            self.reference = {b: t.clone() for b, t in signals.items()}
+        return skip
+
+    def counts(self) -> dict[str, int]:
+        return {"steps_computed": self.computed, "steps_skipped": self.skipped}
+
+    def snapshot(self) -> tuple:
+        return (self.step, self.computed, self.skipped, self.consecutive, self.last_distance,
+                dict(self.reference), dict(self.residual))
+
+    def restore(self, snap: tuple) -> None:
+        (self.step, self.computed, self.skipped, self.consecutive, self.last_distance,
+         self.reference, self.residual) = snap
+
+
+def relative_l1(current: torch.Tensor, reference: torch.Tensor) -> float:
+    scale = reference.abs().mean()
+    return float((current - reference).abs().mean() / scale) if float(scale) else float("inf")
+
+
+@dataclass(frozen=True, eq=False)
+class RowSegment:
+    """Rows [start, start + count) of the fused forward: one CFG branch of one request (cache None: off)."""
+
+    cache: BlockCacheState | None
+    branch: int
+    start: int
+    count: int
+
+
+def segments(entries: list[tuple[BlockCacheState | None, int, int]]) -> list[RowSegment]:
+    """(cache, branch, rows) in row order → segments with their offsets."""
+    out, start = [], 0
+    for cache, branch, count in entries:
+        out.append(RowSegment(cache, branch, start, count))
+        start += count
+    return out
+
+
+def step_rows(states) -> list[RowSegment]:
+    """Step mode: every family puts a request's rows together, its CFG halves one after the other."""
+    entries = []
+    for st in states:
+        n = len(st.latents)
+        entries.extend([(st.cache, 0, n), (st.cache, 1, n)] if st.do_cfg else [(st.cache, 0, n)])
+    return segments(entries)
+
+
+def wave_rows(adapter, requests: list[DiffusionRequest], caches: dict[str, BlockCacheState]) -> list[RowSegment]:
+    """Request mode: a diffusers CFG pipeline stacks one guidance half of every image, then the other
+    (``torch.cat([latents] * 2)``); a true-CFG family running its own step loop (Qwen-Image) keeps each
+    request's halves together; a distilled or unguided one has one row per image."""
+    guided = requests[0].sampling.guidance_scale > 1
+    if adapter.guidance == "cfg" and guided:
+        return segments([(caches.get(r.request_id), b, r.sampling.num_outputs) for b in (0, 1) for r in requests])
+    halves = (0, 1) if adapter.guidance == "true_cfg" and guided else (0,)
+    return segments([(caches.get(r.request_id), b, r.sampling.num_outputs) for r in requests for b in halves])
+
+
+def new_cache(defaults: CacheConfig, request: DiffusionRequest, refusal: str | None) -> BlockCacheState | None:
+    """A request's cache state, or None when its policy is off (or the stage cannot run the cache)."""
+    policy = request_policy(defaults, request)
+    return None if policy is None or refusal else BlockCacheState(policy, request.num_steps)
+
+
+def session(adapter, rows: list[RowSegment]):
+    """The block-cache session for one call, or a no-op when no row has a cache."""
+    if all(s.cache is None for s in rows):
+        return contextlib.nullcontext()
+    return BlockCacheSession(cache_blocks(adapter), rows)
+
+
+def _image(out: Any) -> torch.Tensor:
+    """A block's image stream: the tensor itself, or the second of (encoder, image) (MMDiT blocks)."""
+    return out[1] if isinstance(out, tuple) else out
+
+
+def _image_input(args: tuple, kwargs: dict) -> torch.Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+class BlockCacheSession:
+    """Installs the per-row skip on the denoiser's blocks for one call (a tick, or a whole wave)."""
+
+    def __init__(self, blocks: list[torch.nn.Module], rows: list[RowSegment]):
+        self.blocks = blocks
+        self.rows = rows
+        self.total = sum(s.count for s in rows)
+        self.caches = list({id(s.cache): s.cache for s in rows if s.cache is not None}.values())
+        self._snapshots: list[tuple] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self.compute: torch.Tensor | None = None   # rows that run blocks 1..N−1 (None: all of them)
+        self.skipping: list[RowSegment] = []
+        self.first: torch.Tensor | None = None     # the first block's image output, every row
+        self.pairs = False                          # blocks return (encoder, image) rather than the image
+
+    def __enter__(self) -> "BlockCacheSession":
+        self._snapshots = [c.snapshot() for c in self.caches]
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            original = block.forward
+            if i == 0:
+                block.forward = lambda *a, _f=original, **k: self._first(_f, a, k)
+            else:
+                block.forward = lambda *a, _f=original, _last=(i == last), **k: self._rest(_f, _last, a, k)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for block in self.blocks:
+            block.__dict__.pop("forward", None)
+        if exc_type is not None:               # a failed call changes no request's cache
+            for cache, snap in zip(self.caches, self._snapshots, strict=True):
+                cache.restore(snap)
+        self._reset()
+
+    # -- the block overrides -------------------------------------------------------------------------------
+    def _first(self, forward, args: tuple, kwargs: dict) -> Any:
+        before = _image_input(args, kwargs)
+        out = forward(*args, **kwargs)
+        after = _image(out)
+        if len(after) != self.total:
+            raise RuntimeError(f"block cache: the forward has {len(after)} rows, the row plan {self.total}")
+        signal = after - before
+        skip_ids: set[int] = set()
+        for cache in self.caches:
+            mine = [s for s in self.rows if s.cache is cache]
+            if cache.decide({s.branch: signal[s.start:s.start + s.count] for s in mine}):
+                skip_ids.add(id(cache))
+        self.skipping = [s for s in self.rows if s.cache is not None and id(s.cache) in skip_ids]
+        self.first, self.pairs = after, isinstance(out, tuple)
+        if self.skipping:
+            keep = torch.ones(self.total, dtype=torch.bool)
+            for s in self.skipping:
+                keep[s.start:s.start + s.count] = False
+            self.compute = keep.nonzero().flatten().to(after.device)
+        else:
+            self.compute = None
+        return out
+
+    def _rest(self, forward, last: bool, args: tuple, kwargs: dict) -> Any:
+        if self.compute is None:
+            out = forward(*args, **kwargs)
+        else:
+            args = tuple(self._take(a) for a in args)
+            kwargs = {k: self._take(v) for k, v in kwargs.items()}
+            if len(self.compute):
+                out = forward(*args, **kwargs)
+            else:                              # every row skips: the block's output shape, no work
+                image = _image_input(args, kwargs)
+                out = (kwargs.get("encoder_hidden_states"), image) if self.pairs else image
+        return self._finish(out) if last else out
+
+    def _take(self, value: Any) -> Any:
+        """The computing rows of a per-row tensor (dim 0 = the forward's rows); anything else as it is."""
+        if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == self.total:
+            return value.index_select(0, self.compute)
+        return value
+
+    def _finish(self, out: Any) -> Any:
+        """After the last block: refresh computed rows' residuals, rebuild skipped rows, every row back."""
+        image = _image(out)
+        full = image
+        if self.compute is not None:
+            full = self.first.clone()
+            full.index_copy_(0, self.compute, image)
+            for s in self.skipping:
+                rows = slice(s.start, s.start + s.count)
+                full[rows] = self.first[rows] + s.cache.residual[s.branch]
+        for s in self.rows:
+            if s.cache is not None and s not in self.skipping:
+                at = s.start if self.compute is None else int((self.compute < s.start).sum())
+                s.cache.residual[s.branch] = image[at:at + s.count] - self.first[s.start:s.start + s.count]
+        if not isinstance(out, tuple):
+            return full
+        encoder = out[0]
+        if encoder is not None and self.compute is not None:
+            whole = encoder.new_zeros((self.total, *encoder.shape[1:]))   # skipped rows' text stream is unused
+            whole.index_copy_(0, self.compute, encoder)
+            encoder = whole
+        return (encoder, full, *out[2:])
