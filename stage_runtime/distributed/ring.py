@@ -1,0 +1,78 @@
+"""Ring attention: every rank keeps its queries; the key/value blocks travel around the ring group.
+
+With R ranks, rank r holds the q, k, v of its own token block. In R steps each rank attends its queries
+to one key/value block and passes that block on (send to r+1, receive from r-1, overlapped with the
+block's compute); after R steps every query has seen every key exactly once::
+
+    step      0        1        2   ...          rank r computes softmax(q_r · k_j) v_j for block j = r - step
+    rank 0   kv0      kv3      kv2               and sends kv_j to rank r+1 while it computes
+    rank 1   kv1      kv0      kv3
+    rank 2   kv2      kv1      kv0
+
+The partial results are merged with the online-softmax rule in float32: per query a running max m,
+a running sum l of exp(s - m) and an accumulator acc of exp(s - m) · v; a block with new max m' rescales
+the old l and acc by exp(m - m'). The result acc / l is the exact softmax attention over all keys (up to
+float32 rounding), so key order does not matter and blocks may have different lengths: ``counts[j]`` is
+rank j's key count, which every rank derives from shapes they all share (no size exchange).
+
+One send/recv pair per step (``batch_isend_irecv``: gloo here, NCCL on GPUs) carries k and v stacked.
+Failures surface as CollectiveError (comm.guarded): a dead ring is fatal for the worker group.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from stage_runtime.distributed.comm import count_bytes, group_rank, group_size, guarded
+
+
+def _start_exchange(block: torch.Tensor, incoming: torch.Tensor, group, send_to: int, recv_from: int) -> list:
+    count_bytes("ring_send", block)
+    ops = [dist.P2POp(dist.isend, block, send_to, group), dist.P2POp(dist.irecv, incoming, recv_from, group)]
+    return guarded("batch_isend_irecv", group, lambda: dist.batch_isend_irecv(ops))
+
+
+def _finish_exchange(requests: list, group) -> None:
+    for request in requests:
+        guarded("batch_isend_irecv (wait)", group, request.wait)
+
+
+def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group,
+                   counts: list[int]) -> torch.Tensor:
+    """Softmax attention of local ``query`` (B, H, S_q, D) over the keys of every rank of ``group``.
+
+    ``key``/``value`` (B, H, counts[rank], D) are this rank's block; ``counts[j]`` is rank j's. No mask,
+    default scale 1/sqrt(D). Returns (B, H, S_q, D) in ``query``'s dtype.
+    """
+    size, rank = group_size(group), group_rank(group)
+    if len(counts) != size or counts[rank] != key.shape[2]:
+        raise RuntimeError(f"ring attention: {key.shape[2]} local keys do not match the plan {counts} (rank {rank})")
+    send_to = guarded("get_global_rank", group, lambda: dist.get_global_rank(group, (rank + 1) % size))
+    recv_from = guarded("get_global_rank", group, lambda: dist.get_global_rank(group, (rank - 1) % size))
+    scale = query.shape[-1] ** -0.5
+    q = query.float()
+    shape = (*query.shape[:-1], 1)
+    running_max = torch.full(shape, float("-inf"), dtype=torch.float32, device=query.device)
+    running_sum = torch.zeros(shape, dtype=torch.float32, device=query.device)
+    acc = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
+    block = torch.stack([key, value]).contiguous()                   # (2, B, H, S_k, D): one message
+    for step in range(size):
+        pending, incoming = [], None
+        if step < size - 1:
+            source = (rank - step - 1) % size                         # whose block arrives next
+            incoming = block.new_empty((2, *key.shape[:2], counts[source], key.shape[-1]))
+            pending = _start_exchange(block, incoming, group, send_to, recv_from)
+        k, v = block.float().unbind(0)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * scale        # (B, H, S_q, S_k) float32
+        new_max = torch.maximum(running_max, scores.amax(dim=-1, keepdim=True))
+        weights = torch.exp(scores - new_max)
+        correction = torch.exp(running_max - new_max)
+        running_sum = running_sum * correction + weights.sum(dim=-1, keepdim=True)
+        acc = acc * correction + torch.matmul(weights, v)
+        running_max = new_max
+        if pending:
+            _finish_exchange(pending, group)
+            block = incoming
+    return (acc / running_sum).to(query.dtype)
+
