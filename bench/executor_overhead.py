@@ -13,6 +13,7 @@
    counted by distributed.comm on 2 spawned gloo ranks running one step of one guided request.
 
     .venv/bin/python bench/executor_overhead.py [--requests 30] [--large-requests 3] [--steps 8] [--threads 1]
+                                                [--parts 1,2,3]
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main() -> None:
     ap.add_argument("--large-requests", type=int, default=3, help="requests per engine at 512x512 (slow on CPU)")
     ap.add_argument("--steps", type=int, default=8, help="denoising steps for the parallel step-time part")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--parts", default="1,2,3", help="which parts to run (comma-separated)")
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)            # inherited by the spawned ranks
 
@@ -57,7 +59,17 @@ def main() -> None:
     print(f"# executor overhead — {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"torch {torch.__version__}, {args.threads} thread(s) per rank, tiny SD")
 
-    # -- 1. uni vs mp (1 rank) per-request overhead ----------------------------------------------------
+    parts = {int(p) for p in args.parts.split(",")}
+    if 1 in parts:
+        per_request_overhead(engine, args)
+    if 2 in parts:
+        cfg_and_ulysses(engine, args)
+    if 3 in parts:
+        ring_and_tp(engine, args)
+
+
+def per_request_overhead(engine, args) -> None:
+    """Part 1: uni vs mp (1 rank) per-request overhead."""
     engines = {"uni": engine("uni"), "mp": engine("mp")}
     print("\n## per-request overhead (wall − compute), ms")
     print(f"{'output':>14} {'n':>3} {'uni p50':>8} {'mp p50':>8} {'mp p90':>8} {'extra p50':>10} "
@@ -82,7 +94,9 @@ def main() -> None:
     for eng in engines.values():
         eng.close()
 
-    # -- 2. step time: one rank vs CFG-parallel vs Ulysses ---------------------------------------------
+
+def cfg_and_ulysses(engine, args) -> None:
+    """Part 2: step time, one rank vs CFG-parallel vs Ulysses (tiny SD)."""
     plans = {"1 rank (uni)": ("uni", {}), "cfg_parallel_size=2": ("mp", {"cfg_parallel_size": 2}),
              "ulysses_degree=2": ("mp", {"ulysses_degree": 2})}
     engines = {name: engine(executor, **parallel) for name, (executor, parallel) in plans.items()}
@@ -100,7 +114,6 @@ def main() -> None:
     print("(on CPU cores this is the collectives' and the extra process's cost, not a GPU speedup)")
     for eng in engines.values():
         eng.close()
-    ring_and_tp(engine, args)
 
 
 PARALLEL_PLANS = {"ring_degree=2": {"ring_degree": 2}, "tensor_parallel_size=2": {"tensor_parallel_size": 2},

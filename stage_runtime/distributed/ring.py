@@ -9,11 +9,12 @@ block's compute); after R steps every query has seen every key exactly once::
     rank 1   kv1      kv0      kv3
     rank 2   kv2      kv1      kv0
 
-The partial results are merged with the online-softmax rule in float32: per query a running max m,
-a running sum l of exp(s - m) and an accumulator acc of exp(s - m) · v; a block with new max m' rescales
-the old l and acc by exp(m - m'). The result acc / l is the exact softmax attention over all keys (up to
-float32 rounding), so key order does not matter and blocks may have different lengths: ``counts[j]`` is
-rank j's key count, which every rank derives from shapes they all share (no size exchange).
+The partial results are merged with the online-softmax rule in float32, in its log-sum-exp form: each
+block gives its normalised output o_j and the log-sum-exp L_j of its scores (the block's max plus the log
+of its sum); the running pair (o, L) becomes L' = log(e^L + e^L_j), o' = o·e^(L - L') + o_j·e^(L_j - L').
+The result is the exact softmax attention over all keys (up to float32 rounding), so key order does not
+matter and blocks may have different lengths: ``counts[j]`` is rank j's key count, which every rank
+derives from shapes they all share (no size exchange).
 
 One send/recv pair per step (``batch_isend_irecv``: gloo here, NCCL on GPUs) carries k and v stacked.
 Failures surface as CollectiveError (comm.guarded): a dead ring is fatal for the worker group.
@@ -50,11 +51,8 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         raise RuntimeError(f"ring attention: {key.shape[2]} local keys do not match the plan {counts} (rank {rank})")
     send_to = guarded("get_global_rank", group, lambda: dist.get_global_rank(group, (rank + 1) % size))
     recv_from = guarded("get_global_rank", group, lambda: dist.get_global_rank(group, (rank - 1) % size))
-    scale = query.shape[-1] ** -0.5
-    q = query.float()
     shape = (*query.shape[:-1], 1)
-    running_max = torch.full(shape, float("-inf"), dtype=torch.float32, device=query.device)
-    running_sum = torch.zeros(shape, dtype=torch.float32, device=query.device)
+    lse = torch.full(shape, float("-inf"), dtype=torch.float32, device=query.device)
     acc = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
     block = torch.stack([key, value]).contiguous()                   # (2, B, H, S_k, D): one message
     for step in range(size):
@@ -63,16 +61,24 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             source = (rank - step - 1) % size                         # whose block arrives next
             incoming = block.new_empty((2, *key.shape[:2], counts[source], key.shape[-1]))
             pending = _start_exchange(block, incoming, group, send_to, recv_from)
-        k, v = block.float().unbind(0)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * scale        # (B, H, S_q, S_k) float32
-        new_max = torch.maximum(running_max, scores.amax(dim=-1, keepdim=True))
-        weights = torch.exp(scores - new_max)
-        correction = torch.exp(running_max - new_max)
-        running_sum = running_sum * correction + weights.sum(dim=-1, keepdim=True)
-        acc = acc * correction + torch.matmul(weights, v)
-        running_max = new_max
+        out, block_lse = block_attention(query, block[0], block[1])
+        new_lse = torch.logaddexp(lse, block_lse)
+        acc = acc * torch.exp(lse - new_lse) + out * torch.exp(block_lse - new_lse)
+        lse = new_lse
         if pending:
             _finish_exchange(pending, group)
             block = incoming
-    return (acc / running_sum).to(query.dtype)
+    return acc.to(query.dtype)
+
+
+def block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of ``query`` over one key block: (output, log-sum-exp of the scores (B, H, S_q, 1)),
+    both float32. CPU: torch's fused flash kernel, which returns the log-sum-exp; elsewhere the scores
+    are formed explicitly in float32."""
+    if query.device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value)[:2]
+        return out.float(), lse.float().unsqueeze(-1)
+    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * query.shape[-1] ** -0.5
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    return torch.matmul(torch.exp(scores - lse), value.float()), lse
 
