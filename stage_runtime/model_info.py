@@ -19,7 +19,7 @@ class ModelInfo:
     supports_step_execution: bool    # the four-method step contract (step mode)
     num_attention_heads: int         # of the denoiser; topology checks (Ulysses degree must divide it)
     max_steps: int | None = None     # the noise scheduler's limit on num_inference_steps (None: unknown)
-    parallel_kinds: tuple[str, ...] = ()   # in-model parallelism the family runs: "cfg", "ulysses" (DP: always)
+    parallel_kinds: tuple[str, ...] = ()   # in-model parallelism the family runs: "cfg", "ulysses", "ring", "tp" (DP: always)
     guidance: str = "cfg"            # "cfg" (uncond+cond rows), "true_cfg" (a negative pass), "distilled"
                                      # (a guidance embedding, no negative pass) or "none"
     max_sequence_length: int | None = None   # text tokens the prompt encoder keeps (None: not text-conditioned)

@@ -12,6 +12,7 @@ the same shape (callers make shape decisions from data every rank shares).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -21,6 +22,14 @@ import torch.distributed as dist
 from stage_runtime.errors import WorkerFatalError
 
 T = TypeVar("T")
+
+# Bytes this process has sent per kind of collective (all_gather, all_to_all, all_reduce, ring send):
+# the benchmark reads it per denoising step. Only the helpers below (and ring.py) count.
+BYTES_SENT: Counter[str] = Counter()
+
+
+def count_bytes(kind: str, tensor: torch.Tensor, times: int = 1) -> None:
+    BYTES_SENT[kind] += tensor.numel() * tensor.element_size() * times
 
 
 class CollectiveError(WorkerFatalError):
@@ -64,6 +73,7 @@ def all_gather_cat(tensor: torch.Tensor, group, dim: int = 0) -> torch.Tensor:
     """Concatenate every rank's equally-shaped ``tensor`` along ``dim``, in group-rank order."""
     tensor = tensor.contiguous()
     parts = [torch.empty_like(tensor) for _ in range(group_size(group))]
+    count_bytes("all_gather", tensor, len(parts) - 1)
     guarded("all_gather", group, lambda: dist.all_gather(parts, tensor, group=group))
     return torch.cat(parts, dim=dim)
 
@@ -72,5 +82,22 @@ def all_to_all_dim0(tensor: torch.Tensor, group) -> torch.Tensor:
     """Exchange equal slices of dim 0: slice j goes to group rank j; result slice j came from rank j."""
     tensor = tensor.contiguous()
     out = torch.empty_like(tensor)
+    count_bytes("all_to_all", tensor)
     guarded("all_to_all_single", group, lambda: dist.all_to_all_single(out, tensor, group=group))
     return out
+
+
+def all_to_all_rows(tensor: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
+    """Rows ``send[j]`` of dim 0 (in order) go to group rank j; ``recv[j]`` rows arrive from rank j, in rank order."""
+    out = tensor.new_empty((sum(recv), *tensor.shape[1:]))
+    tensor = tensor.contiguous()
+    count_bytes("all_to_all", tensor)
+    guarded("all_to_all_single", group, lambda: dist.all_to_all_single(out, tensor, recv, send, group=group))
+    return out
+
+
+def all_reduce_sum(tensor: torch.Tensor, group) -> torch.Tensor:
+    """Sum ``tensor`` over ``group`` in place (every rank ends with the same sum) and return it."""
+    count_bytes("all_reduce", tensor)
+    guarded("all_reduce", group, lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group))
+    return tensor

@@ -40,7 +40,12 @@ class ParallelGroups:
     world_size: int
     coords: RankCoords
     cfg_group: ProcessGroup | None = None      # ranks differing only in the cfg coordinate
-    sp_group: ProcessGroup | None = None       # Ulysses group: ranks differing only in the sp coordinate
+    sp_group: ProcessGroup | None = None       # sequence-parallel group: ranks differing only in the sp coordinate
+    tp_group: ProcessGroup | None = None       # tensor-parallel group: ranks differing only in the tp coordinate
+    # Inside the sp group (sp = u + ulysses_degree·r): Ulysses over u (same r), ring over r (same u).
+    # With ring_degree 1 the Ulysses group IS the sp group; with ulysses_degree 1 the ring group is.
+    ulysses_group: ProcessGroup | None = None
+    ring_group: ProcessGroup | None = None
     replica_group: ProcessGroup | None = None  # all ranks sharing my dp coordinate (one model copy)
     replica_ranks: list[int] = field(default_factory=list)  # my replica's global ranks, ascending (leader first)
     num_replicas: int = 1                      # the DP size
@@ -79,7 +84,7 @@ def _replicas(parallel: ParallelConfig) -> list[list[int]]:
 
 def init_distributed(parallel: ParallelConfig, rank: int, init_method: str, device: torch.device,
                      timeout_s: float) -> ParallelGroups:
-    """Join the world (gloo on CPU, NCCL on CUDA) and create the cfg, sp and replica groups.
+    """Join the world (gloo on CPU, NCCL on CUDA) and create the cfg, sp, replica, tp, ulysses and ring groups.
 
     Collective: every rank of the world must call it with the same ``parallel`` and ``init_method``.
     Failures (a peer that never shows up within ``timeout_s``, a refused rendezvous) raise
@@ -114,13 +119,38 @@ def init_distributed(parallel: ParallelConfig, rank: int, init_method: str, devi
         sp_group = mine(parallel.group_ranks("sp"), "sp")
         replicas = _replicas(parallel)
         replica_group = mine(replicas, "replica")
+        tp_group = mine(parallel.group_ranks("tp"), "tp")
+        ulysses_group, ring_group = _sp_subgroups(parallel, sp_group, mine)
     except BaseException:
         destroy_distributed()
         raise
     coords = parallel.rank_layout()[rank]
     return ParallelGroups(rank=rank, world_size=world, coords=coords, cfg_group=cfg_group, sp_group=sp_group,
                           replica_group=replica_group, replica_ranks=list(replicas[coords.dp]),
-                          num_replicas=parallel.dp_size)
+                          num_replicas=parallel.dp_size, tp_group=tp_group, ulysses_group=ulysses_group,
+                          ring_group=ring_group)
+
+
+def sp_subgroup_ranks(parallel: ParallelConfig) -> tuple[list[list[int]], list[list[int]]]:
+    """(Ulysses groups, ring groups): each sp group (ranks in sp order) cut into runs of ``ulysses_degree``
+    consecutive members (Ulysses inside) and strided by it (ring across). E.g. ulysses 2 × ring 2::
+
+        sp group [0, 1, 2, 3]    ulysses [0, 1] [2, 3]    ring [0, 2] [1, 3]
+    """
+    u, ulysses, ring = parallel.ulysses_degree, [], []
+    for ranks in parallel.group_ranks("sp"):
+        ulysses += [ranks[i:i + u] for i in range(0, len(ranks), u)]
+        ring += [ranks[j::u] for j in range(u)]
+    return ulysses, ring
+
+
+def _sp_subgroups(parallel: ParallelConfig, sp_group, mine):
+    if parallel.ring_degree == 1:
+        return sp_group, None
+    if parallel.ulysses_degree == 1:
+        return None, sp_group
+    ulysses, ring = sp_subgroup_ranks(parallel)
+    return mine(ulysses, "ulysses"), mine(ring, "ring")
 
 
 def destroy_distributed() -> None:

@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from diffusers.models.attention import BasicTransformerBlock
 from diffusers.models.attention_processor import Attention
 
-from stage_runtime.distributed.comm import all_gather_cat, all_to_all_dim0, group_rank, group_size
+from stage_runtime.distributed.comm import all_gather_cat
+from stage_runtime.distributed.usp import SequenceMesh
 from stage_runtime.errors import ConfigError
 
 _MARK = "_diffstage_ulysses"
@@ -52,10 +53,11 @@ class _ShardState:
 
 
 class UlyssesAttnProcessor:
-    """Self-attention over the full sequence from a token shard (see the module docstring)."""
+    """Self-attention over the full sequence from a token shard (see the module docstring); with a ring
+    in the mesh, Ulysses × ring (distributed.usp)."""
 
-    def __init__(self, group, degree: int, state: _ShardState):
-        self.group, self.degree, self.state = group, degree, state
+    def __init__(self, mesh: SequenceMesh, state: _ShardState):
+        self.mesh, self.state = mesh, state
 
     def __call__(self, attn: Attention, hidden_states: torch.Tensor,
                  encoder_hidden_states: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -72,21 +74,13 @@ class UlyssesAttnProcessor:
             attention_mask = attention_mask.view(batch, attn.heads, -1, attention_mask.shape[-1])
         query, key, value = attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
         head_dim = key.shape[-1] // attn.heads
-        heads = attn.heads // self.degree if shard else attn.heads
-        if shard:   # (B, S/P, H·D) ×3 → (3, B, S, H/P, D): all tokens, my head group
-            qkv = torch.stack([query, key, value]).view(3, batch, tokens, self.degree, heads, head_dim)
-            qkv = all_to_all_dim0(qkv.permute(3, 0, 1, 2, 4, 5), self.group)       # (P, 3, B, S/P, H/P, D)
-            qkv = qkv.permute(1, 2, 0, 3, 4, 5).reshape(3, batch, self.degree * tokens, heads, head_dim)
-            query, key, value = (t.transpose(1, 2) for t in qkv.unbind(0))        # (B, H/P, S, D)
+        if shard:   # (B, S/P, H·D) ×3 → attention of my tokens over all S tokens (usp: Ulysses / ring)
+            q, k, v = (t.view(batch, tokens, attn.heads, head_dim) for t in (query, key, value))
+            out = self.mesh.attention(q, k, v, [tokens] * self.mesh.sp_size).reshape(batch, tokens, -1)
         else:
-            query, key, value = (t.view(batch, -1, heads, head_dim).transpose(1, 2) for t in (query, key, value))
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
-                                             is_causal=False)                        # (B, h, S_q, D)
-        if shard:   # (B, H/P, S, D) → (P, B, S/P, H/P, D) → all_to_all → my tokens, all heads
-            out = out.transpose(1, 2).reshape(batch, self.degree, tokens, heads, head_dim).transpose(0, 1)
-            out = all_to_all_dim0(out, self.group)                                 # slice j: head group j
-            out = out.permute(1, 2, 0, 3, 4).reshape(batch, tokens, attn.heads * head_dim)
-        else:
+            query, key, value = (t.view(batch, -1, attn.heads, head_dim).transpose(1, 2) for t in (query, key, value))
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
+                                                 is_causal=False)                    # (B, H, S_q, D)
             out = out.transpose(1, 2).reshape(batch, -1, attn.heads * head_dim)
         out = attn.to_out[0](out.to(query.dtype))
         return attn.to_out[1](out)
@@ -121,12 +115,12 @@ def _check_block(block: torch.nn.Module, where: str, degree: int) -> list[Attent
     return selfs
 
 
-def _install(transformer: torch.nn.Module, name: str, group, degree: int) -> None:
+def _install(transformer: torch.nn.Module, name: str, mesh: SequenceMesh) -> None:
     blocks = list(transformer.transformer_blocks)
     state = _ShardState()
-    processors = [(attn, UlyssesAttnProcessor(group, degree, state)) for i, block in enumerate(blocks)
-                  for attn in _check_block(block, f"{name}.transformer_blocks.{i}", degree)]
-    rank = group_rank(group)
+    processors = [(attn, UlyssesAttnProcessor(mesh, state)) for i, block in enumerate(blocks)
+                  for attn in _check_block(block, f"{name}.transformer_blocks.{i}", mesh.ulysses_size)]
+    rank, group, degree = mesh.sp_rank, mesh.sp_group, mesh.sp_size
 
     def shard(_module, args, kwargs):
         for attn, processor in processors:   # e.g. set_attn_processor() after install: sharding would be wrong
@@ -162,6 +156,13 @@ def enable_ulysses(denoiser: torch.nn.Module, group, degree: int) -> None:
     """
     if degree == 1:
         return
+    enable_sequence_parallel(denoiser, degree, lambda: SequenceMesh.ulysses(group, degree))
+
+
+def enable_sequence_parallel(denoiser: torch.nn.Module, ulysses_degree: int, make_mesh) -> None:
+    """Shard as :func:`enable_ulysses` does, over the mesh ``make_mesh()`` builds once everything is
+    validated (Ulysses × ring; ``ulysses_degree`` is what the heads must be divisible by)."""
+    degree = ulysses_degree
     if getattr(denoiser, _MARK, False):
         raise ConfigError(f"Ulysses is already enabled on this {type(denoiser).__name__}")
     targets = [(name or type(denoiser).__name__, m) for name, m in denoiser.named_modules()
@@ -172,8 +173,7 @@ def enable_ulysses(denoiser: torch.nn.Module, group, degree: int) -> None:
     for name, _m in targets:   # validate everything before installing anything
         for i, block in enumerate(_m.transformer_blocks):
             _check_block(block, f"{name}.transformer_blocks.{i}", degree)
-    if group is None or group_size(group) != degree:
-        raise ConfigError(f"ulysses_degree={degree} needs a sequence-parallel group of {degree} ranks")
+    mesh = make_mesh()
     for name, transformer in targets:
-        _install(transformer, name, group, degree)
+        _install(transformer, name, mesh)
     setattr(denoiser, _MARK, True)

@@ -27,8 +27,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from stage_runtime.distributed.comm import group_rank, group_size, guarded
+from stage_runtime.distributed.comm import count_bytes, guarded
 from stage_runtime.distributed.ulysses import check_ulysses_heads
+from stage_runtime.distributed.usp import SequenceMesh
 from stage_runtime.errors import ConfigError
 
 _MARK = "_diffstage_ulysses_joint"
@@ -56,35 +57,17 @@ class _ShardState:
         self.rotary: tuple[torch.Tensor, ...] | None = None     # FLUX: my rows of the rotary table
 
 
-def _all_to_all_rows(tensor: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
-    """Rows ``send[j]`` of dim 0 (in order) go to group rank j; ``recv[j]`` rows arrive from rank j, in rank order."""
-    out = tensor.new_empty((sum(recv), *tensor.shape[1:]))
-    tensor = tensor.contiguous()
-    guarded("all_to_all_single", group, lambda: dist.all_to_all_single(out, tensor, recv, send, group=group))
-    return out
-
-
 def ulysses_attention(query, key, value, counts: list[int], rank: int, group) -> torch.Tensor:
     """SDPA over every rank's tokens from local (B, S_r, H, D) q/k/v (rank j holds ``counts[j]`` tokens)."""
-    degree = len(counts)
-    batch, tokens, heads, head_dim = query.shape
-    per = heads // degree
-    qkv = torch.stack([query, key, value]).view(3, batch, tokens, degree, per, head_dim)
-    rows = qkv.permute(3, 2, 0, 1, 4, 5).reshape(degree * tokens, 3, batch, per, head_dim)   # head group j → rank j
-    full = _all_to_all_rows(rows, [tokens] * degree, counts, group)                        # (S, 3, B, H/P, D)
-    q, k, v = full.permute(1, 2, 3, 0, 4).unbind(0)                                       # (B, H/P, S, D)
-    out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=False)        # (B, H/P, S, D)
-    back = _all_to_all_rows(out.permute(2, 0, 1, 3), counts, [tokens] * degree, group)   # (P·S_r, B, H/P, D)
-    return back.view(degree, tokens, batch, per, head_dim).permute(2, 1, 0, 3, 4).reshape(batch, tokens, heads,
-                                                                                          head_dim)
+    return SequenceMesh(group, len(counts), rank, group, len(counts)).attention(query, key, value, counts)
 
 
 class JointUlyssesProcessor:
     """The attention of one SD3 ``Attention`` / FLUX ``FluxAttention``; unsharded calls go to the original."""
 
-    def __init__(self, original, family: str, state: _ShardState, group, degree: int):
-        self.original, self.family, self.state, self.group, self.degree = original, family, state, group, degree
-        self.rank = group_rank(group)
+    def __init__(self, original, family: str, state: _ShardState, mesh: SequenceMesh):
+        self.original, self.family, self.state, self.mesh = original, family, state, mesh
+        self.rank = mesh.sp_rank
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
                  *args, **kwargs):
@@ -115,7 +98,7 @@ class JointUlyssesProcessor:
             query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
             key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
         counts = self._counts(joint, hidden_states.shape[1])
-        out = ulysses_attention(query, key, value, counts, self.rank, self.group).flatten(2, 3).to(query.dtype)
+        out = self.mesh.attention(query, key, value, counts).flatten(2, 3).to(query.dtype)
         if not joint:
             if self.family == "flux":                                # single-stream block: pre_only
                 return out
@@ -165,6 +148,13 @@ def enable_joint_ulysses(transformer: torch.nn.Module, group, degree: int) -> No
     """
     if degree == 1:
         return
+    enable_joint_sequence_parallel(transformer, degree, lambda: SequenceMesh.ulysses(group, degree))
+
+
+def enable_joint_sequence_parallel(transformer: torch.nn.Module, ulysses_degree: int, make_mesh) -> None:
+    """Shard the joint sequence across the mesh ``make_mesh()`` builds once everything is validated
+    (Ulysses × ring; ``ulysses_degree`` is what the heads must be divisible by)."""
+    degree = ulysses_degree
     if getattr(transformer, _MARK, False):
         raise ConfigError(f"joint Ulysses is already enabled on this {type(transformer).__name__}")
     blocks = [*getattr(transformer, "transformer_blocks", ()), *getattr(transformer, "single_transformer_blocks", ())]
@@ -175,10 +165,9 @@ def enable_joint_ulysses(transformer: torch.nn.Module, group, degree: int) -> No
     kinds = {_check_attention(name, attn, degree) for name, attn in attentions}
     if len(kinds) != 1:
         raise ConfigError(f"Ulysses: {type(transformer).__name__} mixes attention kinds {sorted(kinds)}")
-    if group is None or group_size(group) != degree:
-        raise ConfigError(f"ulysses_degree={degree} needs a sequence-parallel group of {degree} ranks")
-    family, state, rank = kinds.pop(), _ShardState(), group_rank(group)
-    processors = [(attn, JointUlyssesProcessor(attn.processor, family, state, group, degree)) for _, attn in attentions]
+    mesh = make_mesh()
+    family, state, rank, group, degree = kinds.pop(), _ShardState(), mesh.sp_rank, mesh.sp_group, mesh.sp_size
+    processors = [(attn, JointUlyssesProcessor(attn.processor, family, state, mesh)) for _, attn in attentions]
 
     def shard(_module, args, kwargs):
         for attn, processor in processors:
@@ -213,6 +202,7 @@ def enable_joint_ulysses(transformer: torch.nn.Module, group, degree: int) -> No
         width = max(state.image)
         padded = F.pad(output, (0, 0, 0, width - output.shape[1])).contiguous()
         parts = [torch.empty_like(padded) for _ in range(degree)]
+        count_bytes("all_gather", padded, degree - 1)
         guarded("all_gather", group, lambda: dist.all_gather(parts, padded, group=group))
         return torch.cat([p[:, :n] for p, n in zip(parts, state.image, strict=True)], dim=1)
 

@@ -31,7 +31,7 @@ class PipelineAdapter(ABC):
     default_steps: ClassVar[int] = 20
     default_guidance: ClassVar[float] = 7.5
     # The family's facts (served in ModelInfo). parallel_kinds: what apply_parallelism may install through the
-    # hooks below ("cfg", "ulysses"); guidance: how guidance_scale acts (see ModelInfo.guidance).
+    # hooks below ("cfg", "ulysses", "ring", "tp"); guidance: how guidance_scale acts (see ModelInfo.guidance).
     parallel_kinds: ClassVar[frozenset[str]] = frozenset()
     guidance: ClassVar[str] = "cfg"
     # The denoiser's block lists in execution order, for layerwise offload (None: found by attribute name,
@@ -126,6 +126,18 @@ class PipelineAdapter(ABC):
         from stage_runtime.distributed.ulysses import enable_ulysses
 
         enable_ulysses(self.denoiser, group, degree)
+
+    def enable_sequence_parallel(self, ulysses_degree: int, make_mesh) -> None:
+        """Ulysses × ring over the mesh ``make_mesh()`` returns (a distributed.usp.SequenceMesh)."""
+        from stage_runtime.distributed.ulysses import enable_sequence_parallel
+
+        enable_sequence_parallel(self.denoiser, ulysses_degree, make_mesh)
+
+    def enable_tensor_parallel(self, group, degree: int) -> None:
+        """Split the heads and MLP hidden units of the denoiser's blocks across ``group`` (weights sharded)."""
+        from stage_runtime.distributed.tensor_parallel import enable_tensor_parallel
+
+        enable_tensor_parallel(self.denoiser, group, degree)
 
     # -- serving ---------------------------------------------------------------------------------------
     def check_request(self, request: DiffusionRequest) -> None:

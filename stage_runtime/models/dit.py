@@ -24,7 +24,7 @@ NULL_CLASS = 1000         # DiTPipeline's unconditional class id for guidance
 
 class DiTAdapter(StepContract, PipelineAdapter):
     default_guidance = 4.0
-    parallel_kinds = frozenset({"cfg", "ulysses"})
+    parallel_kinds = frozenset({"cfg", "ulysses", "ring", "tp"})
     fixed_size = True
     supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
 

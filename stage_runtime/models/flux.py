@@ -32,7 +32,7 @@ class FluxAdapter(StepContract, PipelineAdapter):
     default_steps = 28
     default_guidance = 3.5
     guidance = "distilled"
-    parallel_kinds = frozenset({"ulysses"})
+    parallel_kinds = frozenset({"ulysses", "ring"})
     block_lists = ("transformer_blocks", "single_transformer_blocks")
     supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale")
@@ -62,6 +62,9 @@ class FluxAdapter(StepContract, PipelineAdapter):
         if kind == "cfg":
             return ("FLUX.1 is guidance-distilled: guidance_scale is an embedding inside the single transformer "
                     "pass of each step, there is no unconditional pass to put on another rank")
+        if kind == "tp":
+            return ("tensor parallel shards DiT and SD3 attention; FLUX's single-stream blocks (one proj_out over "
+                    "[attention ‖ MLP]) are not sharded")
         return None
 
     def num_attention_heads(self) -> int:
@@ -73,6 +76,11 @@ class FluxAdapter(StepContract, PipelineAdapter):
         from stage_runtime.distributed.ulysses_joint import enable_joint_ulysses
 
         enable_joint_ulysses(self.denoiser, group, degree)
+
+    def enable_sequence_parallel(self, ulysses_degree: int, make_mesh) -> None:
+        from stage_runtime.distributed.ulysses_joint import enable_joint_sequence_parallel
+
+        enable_joint_sequence_parallel(self.denoiser, ulysses_degree, make_mesh)
 
     def check_request(self, request: DiffusionRequest) -> None:
         if request.sampling.negative_prompt:

@@ -27,7 +27,7 @@ SD3_MAX_SHIFT = 1.16
 class StableDiffusion3Adapter(StepContract, PipelineAdapter):
     default_steps = 28
     default_guidance = 7.0
-    parallel_kinds = frozenset({"cfg", "ulysses"})
+    parallel_kinds = frozenset({"cfg", "ulysses", "ring", "tp"})
     block_lists = ("transformer_blocks",)
     supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale")
@@ -57,6 +57,11 @@ class StableDiffusion3Adapter(StepContract, PipelineAdapter):
         from stage_runtime.distributed.ulysses_joint import enable_joint_ulysses
 
         enable_joint_ulysses(self.denoiser, group, degree)
+
+    def enable_sequence_parallel(self, ulysses_degree: int, make_mesh) -> None:
+        from stage_runtime.distributed.ulysses_joint import enable_joint_sequence_parallel
+
+        enable_joint_sequence_parallel(self.denoiser, ulysses_degree, make_mesh)
 
     # -- request mode ----------------------------------------------------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:

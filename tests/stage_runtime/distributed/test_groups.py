@@ -73,14 +73,21 @@ def test_apply_refuses_parallel_kinds_the_family_does_not_list(sd, monkeypatch, 
         apply_parallelism(sd, single_rank_groups(), ParallelConfig(**{field: 2}))
 
 
-@pytest.mark.parametrize("field", ["tensor_parallel_size", "ring_degree", "pipeline_parallel_size"])
-def test_apply_rejects_unsupported_dimensions(sd, field):
+@pytest.mark.parametrize(("field", "kind"), [("tensor_parallel_size", "tp"), ("ring_degree", "ring")])
+def test_apply_refuses_tp_and_ring_for_a_family_that_does_not_list_them(sd, field, kind):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tp without ulysses warns; not the point here
         parallel = ParallelConfig(**{field: 2})
-    expected = rf"^{field}=2 is not supported by this runtime yet \(StableDiffusionPipeline\)$"
+    assert kind not in type(sd).parallel_kinds
+    expected = rf"^{field}=2 is not supported by StableDiffusionPipeline \(it runs: cfg, ulysses\)$"
     with pytest.raises(ConfigError, match=expected):
         apply_parallelism(sd, single_rank_groups(), parallel)
+
+
+def test_apply_refuses_pipeline_parallel_with_the_reason(sd):
+    with pytest.raises(ConfigError, match=r"^pipeline_parallel_size=2 is not supported \(StableDiffusionPipeline\): "
+                                          r"this runtime does not run pipeline parallelism \(PipeFusion"):
+        apply_parallelism(sd, single_rank_groups(), ParallelConfig(pipeline_parallel_size=2))
 
 
 def test_ulysses_rejects_attention_features_it_does_not_implement(tiny_dit_path):

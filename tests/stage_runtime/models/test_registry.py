@@ -117,7 +117,7 @@ def test_dit_model_info(dit_adapter):
         pipeline_class="DiTPipeline", adapter="stage_runtime.models.dit:DiTAdapter",
         default_height=64, default_width=64, default_steps=20, default_guidance=4.0, size_multiple=8,
         fixed_size=True, supports_request_batch=True, num_attention_heads=4, max_steps=999,
-        supports_step_execution=type(dit_adapter).supports_step_execution, parallel_kinds=("cfg", "ulysses"),
+        supports_step_execution=type(dit_adapter).supports_step_execution, parallel_kinds=("cfg", "ring", "tp", "ulysses"),
         guidance="cfg", max_sequence_length=None)
     assert dit_adapter.denoiser is dit_adapter.pipe.transformer
     assert dit_adapter.num_classes == 1000

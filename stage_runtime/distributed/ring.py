@@ -1,0 +1,84 @@
+"""Ring attention: every rank keeps its queries; the key/value blocks travel around the ring group.
+
+With R ranks, rank r holds the q, k, v of its own token block. In R steps each rank attends its queries
+to one key/value block and passes that block on (send to r+1, receive from r-1, overlapped with the
+block's compute); after R steps every query has seen every key exactly once::
+
+    step      0        1        2   ...          rank r computes softmax(q_r · k_j) v_j for block j = r - step
+    rank 0   kv0      kv3      kv2               and sends kv_j to rank r+1 while it computes
+    rank 1   kv1      kv0      kv3
+    rank 2   kv2      kv1      kv0
+
+The partial results are merged with the online-softmax rule in float32, in its log-sum-exp form: each
+block gives its normalised output o_j and the log-sum-exp L_j of its scores (the block's max plus the log
+of its sum); the running pair (o, L) becomes L' = log(e^L + e^L_j), o' = o·e^(L - L') + o_j·e^(L_j - L').
+The result is the exact softmax attention over all keys (up to float32 rounding), so key order does not
+matter and blocks may have different lengths: ``counts[j]`` is rank j's key count, which every rank
+derives from shapes they all share (no size exchange).
+
+One send/recv pair per step (``batch_isend_irecv``: gloo here, NCCL on GPUs) carries k and v stacked.
+Failures surface as CollectiveError (comm.guarded): a dead ring is fatal for the worker group.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from stage_runtime.distributed.comm import count_bytes, group_rank, group_size, guarded
+
+
+def _start_exchange(block: torch.Tensor, incoming: torch.Tensor, group, send_to: int, recv_from: int) -> list:
+    count_bytes("ring_send", block)
+    ops = [dist.P2POp(dist.isend, block, send_to, group), dist.P2POp(dist.irecv, incoming, recv_from, group)]
+    return guarded("batch_isend_irecv", group, lambda: dist.batch_isend_irecv(ops))
+
+
+def _finish_exchange(requests: list, group) -> None:
+    for request in requests:
+        guarded("batch_isend_irecv (wait)", group, request.wait)
+
+
+def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group,
+                   counts: list[int]) -> torch.Tensor:
+    """Softmax attention of local ``query`` (B, H, S_q, D) over the keys of every rank of ``group``.
+
+    ``key``/``value`` (B, H, counts[rank], D) are this rank's block; ``counts[j]`` is rank j's. No mask,
+    default scale 1/sqrt(D). Returns (B, H, S_q, D) in ``query``'s dtype.
+    """
+    size, rank = group_size(group), group_rank(group)
+    if len(counts) != size or counts[rank] != key.shape[2]:
+        raise RuntimeError(f"ring attention: {key.shape[2]} local keys do not match the plan {counts} (rank {rank})")
+    send_to = guarded("get_global_rank", group, lambda: dist.get_global_rank(group, (rank + 1) % size))
+    recv_from = guarded("get_global_rank", group, lambda: dist.get_global_rank(group, (rank - 1) % size))
+    shape = (*query.shape[:-1], 1)
+    lse = torch.full(shape, float("-inf"), dtype=torch.float32, device=query.device)
+    acc = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
+    block = torch.stack([key, value]).contiguous()                   # (2, B, H, S_k, D): one message
+    for step in range(size):
+        pending, incoming = [], None
+        if step < size - 1:
+            source = (rank - step - 1) % size                         # whose block arrives next
+            incoming = block.new_empty((2, *key.shape[:2], counts[source], key.shape[-1]))
+            pending = _start_exchange(block, incoming, group, send_to, recv_from)
+        out, block_lse = block_attention(query, block[0], block[1])
+        new_lse = torch.logaddexp(lse, block_lse)
+        acc = acc * torch.exp(lse - new_lse) + out * torch.exp(block_lse - new_lse)
+        lse = new_lse
+        if pending:
+            _finish_exchange(pending, group)
+            block = incoming
+    return acc.to(query.dtype)
+
+
+def block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of ``query`` over one key block: (output, log-sum-exp of the scores (B, H, S_q, 1)),
+    both float32. CPU: torch's fused flash kernel, which returns the log-sum-exp; elsewhere the scores
+    are formed explicitly in float32."""
+    if query.device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value)[:2]
+        return out.float(), lse.float().unsqueeze(-1)
+    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * query.shape[-1] ** -0.5
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    return torch.matmul(torch.exp(scores - lse), value.float()), lse
+

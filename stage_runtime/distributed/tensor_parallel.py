@@ -1,0 +1,165 @@
+"""Tensor parallelism for the transformer blocks: heads and MLP hidden units split across the TP group.
+
+Megatron-style, per attention and per feed-forward of the denoiser (T ranks, rank t)::
+
+    attention   to_q, to_k, to_v (and add_q/k/v_proj)   column-parallel: rows of head group t → H/T local heads
+                per-head q/k norms, SDPA                  local (the family's own processor, attn.heads = H/T)
+                to_out[0] (and to_add_out)                row-parallel: my H/T · D input columns,
+                                                          ONE all_reduce (sum), then the bias once
+    feed-forward act.proj (GELU, GEGLU, …)                column-parallel: my F/T hidden units (both halves of
+                                                          a gated activation)
+                net[2]                                    row-parallel: ONE all_reduce, then the bias
+
+Everything else (norms, modulation, embeddings, proj_out, text encoders, VAE) stays replicated, so each
+block's output is the same on every rank. Weights are cut at load from the full checkpoint (the full
+tensors are dropped once sliced). Head counts and hidden sizes the degree does not divide are refused
+(ConfigError naming the module and both numbers) before anything is changed. Supported attentions:
+diffusers' default processors of DiT/SD (AttnProcessor2_0) and SD3 (JointAttnProcessor2_0).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from diffusers.models.activations import GEGLU, GELU, ApproximateGELU, LinearActivation, SwiGLU
+from diffusers.models.attention import FeedForward
+from diffusers.models.attention_processor import Attention
+
+from stage_runtime.distributed.comm import all_reduce_sum, group_rank, group_size
+from stage_runtime.errors import ConfigError
+
+_MARK = "_diffstage_tensor_parallel"
+_PROCESSORS = ("AttnProcessor2_0", "JointAttnProcessor2_0")
+_GATED = (GEGLU, SwiGLU)
+_ACTIVATIONS = (GELU, ApproximateGELU, LinearActivation, *_GATED)
+_COLUMN = ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj")
+
+
+class ColumnParallelLinear(torch.nn.Linear):
+    """A Linear holding output rows ``rows`` of the full layer (no communication)."""
+
+    @classmethod
+    def shard(cls, full: torch.nn.Linear, rows: torch.Tensor) -> ColumnParallelLinear:
+        layer = cls(full.in_features, len(rows), bias=full.bias is not None, device="meta")
+        layer.weight = torch.nn.Parameter(full.weight.detach()[rows].clone(), requires_grad=False)
+        if full.bias is not None:
+            layer.bias = torch.nn.Parameter(full.bias.detach()[rows].clone(), requires_grad=False)
+        return layer
+
+
+class RowParallelLinear(torch.nn.Linear):
+    """A Linear holding input columns ``cols`` of the full layer: partial product, one all_reduce, bias."""
+
+    group = None
+
+    @classmethod
+    def shard(cls, full: torch.nn.Linear, cols: torch.Tensor, group) -> RowParallelLinear:
+        layer = cls(len(cols), full.out_features, bias=full.bias is not None, device="meta")
+        layer.weight = torch.nn.Parameter(full.weight.detach()[:, cols].clone(), requires_grad=False)
+        if full.bias is not None:
+            layer.bias = torch.nn.Parameter(full.bias.detach().clone(), requires_grad=False)
+        layer.group = group
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = all_reduce_sum(F.linear(x, self.weight).contiguous(), self.group)
+        return out if self.bias is None else out + self.bias
+
+
+def _span(total: int, parts: int, index: int, copies: int = 1) -> torch.Tensor:
+    """Indices of chunk ``index`` of ``parts`` in each of ``copies`` equal consecutive halves of ``total``."""
+    each = total // copies
+    size = each // parts
+    return torch.cat([torch.arange(c * each + index * size, c * each + (index + 1) * size) for c in range(copies)])
+
+
+def _check_attention(name: str, attn: Attention, degree: int) -> None:
+    processor = type(attn.processor).__name__
+    if processor not in _PROCESSORS:
+        raise ConfigError(f"tensor parallel: {name} uses {processor}; tensor parallel shards attentions that run "
+                          f"{', '.join(_PROCESSORS)}")
+    if getattr(attn, "fused_projections", False):
+        raise ConfigError(f"tensor parallel: {name} has fused q/k/v projections, which it does not shard")
+    if attn.heads % degree:
+        raise ConfigError(f"tensor_parallel_size={degree} does not divide the attention heads of {name} "
+                          f"(heads={attn.heads}): tensor parallel splits heads across ranks")
+    head_dim = attn.to_q.out_features // attn.heads
+    for norm_name in ("norm_q", "norm_k", "norm_added_q", "norm_added_k"):
+        norm = getattr(attn, norm_name, None)
+        weight = getattr(norm, "weight", None)
+        if norm is not None and weight is not None and weight.numel() != head_dim:
+            raise ConfigError(f"tensor parallel: {name}.{norm_name} normalizes across heads ({weight.numel()} "
+                              f"features, head_dim={head_dim}); only per-head q/k norms are sharded")
+
+
+def _check_feed_forward(name: str, ff: FeedForward, degree: int) -> None:
+    act = ff.net[0]
+    if not isinstance(act, _ACTIVATIONS) or not isinstance(ff.net[2], torch.nn.Linear):
+        raise ConfigError(f"tensor parallel: {name} uses {type(act).__name__}, which it does not shard")
+    hidden = ff.net[2].in_features
+    if hidden % degree:
+        raise ConfigError(f"tensor_parallel_size={degree} does not divide the feed-forward hidden size of {name} "
+                          f"(inner_dim={hidden})")
+
+
+def _targets(denoiser: torch.nn.Module) -> tuple[list, list]:
+    prefix = type(denoiser).__name__
+    attentions = [(f"{prefix}.{n}", m) for n, m in denoiser.named_modules() if isinstance(m, Attention)]
+    ffs = [(f"{prefix}.{n}", m) for n, m in denoiser.named_modules() if isinstance(m, FeedForward)]
+    return attentions, ffs
+
+
+def check_tensor_parallel(denoiser: torch.nn.Module, degree: int) -> None:
+    """ConfigError for whatever of ``denoiser`` tensor parallel of ``degree`` cannot shard (nothing changed)."""
+    attentions, ffs = _targets(denoiser)
+    if not attentions:
+        raise ConfigError(f"tensor parallel: {type(denoiser).__name__} has no attention layers to shard")
+    for name, attn in attentions:
+        _check_attention(name, attn, degree)
+    for name, ff in ffs:
+        _check_feed_forward(name, ff, degree)
+
+
+def _shard_attention(attn: Attention, group, degree: int, rank: int) -> None:
+    inner = attn.to_q.out_features
+    rows = _span(inner, degree, rank)
+    for name in _COLUMN:
+        layer = getattr(attn, name, None)
+        if isinstance(layer, torch.nn.Linear):
+            setattr(attn, name, ColumnParallelLinear.shard(layer, _span(layer.out_features, degree, rank)))
+    attn.to_out[0] = RowParallelLinear.shard(attn.to_out[0], rows, group)
+    if isinstance(getattr(attn, "to_add_out", None), torch.nn.Linear):
+        attn.to_add_out = RowParallelLinear.shard(attn.to_add_out, rows, group)
+    attn.heads //= degree
+    attn.inner_dim //= degree
+    if hasattr(attn, "inner_kv_dim"):
+        attn.inner_kv_dim //= degree
+
+
+def _shard_feed_forward(ff: FeedForward, group, degree: int, rank: int) -> None:
+    act, hidden = ff.net[0], ff.net[2].in_features
+    copies = 2 if isinstance(act, _GATED) else 1
+    act.proj = ColumnParallelLinear.shard(act.proj, _span(act.proj.out_features, degree, rank, copies))
+    ff.net[2] = RowParallelLinear.shard(ff.net[2], _span(hidden, degree, rank), group)
+
+
+def enable_tensor_parallel(denoiser: torch.nn.Module, group, degree: int) -> None:
+    """Shard every attention and feed-forward of ``denoiser`` across ``group`` (see the module docstring).
+
+    ConfigError when a head count or hidden size is not divisible by ``degree``, when a layer is of a kind
+    this does not shard, or when the group has the wrong size. Validates everything before changing anything.
+    """
+    if degree == 1:
+        return
+    if getattr(denoiser, _MARK, False):
+        raise ConfigError(f"tensor parallel is already enabled on this {type(denoiser).__name__}")
+    check_tensor_parallel(denoiser, degree)
+    if group is None or group_size(group) != degree:
+        raise ConfigError(f"tensor_parallel_size={degree} needs a tensor-parallel group of {degree} ranks")
+    rank = group_rank(group)
+    attentions, ffs = _targets(denoiser)
+    for _name, attn in attentions:
+        _shard_attention(attn, group, degree, rank)
+    for _name, ff in ffs:
+        _shard_feed_forward(ff, group, degree, rank)
+    setattr(denoiser, _MARK, True)

@@ -1,0 +1,108 @@
+"""Rank-side code of the ring, Ulysses × ring and tensor-parallel tests (spawned gloo ranks).
+
+Reuses dist_rank_checks (spawn and reaping, adapter loading, the request/step scenarios, image comparison);
+adds two jobs: ``models`` (apply the topology to each model, report what got installed and every scenario's
+image) and ``kernels`` (the sequence-parallel attention of distributed.usp against plain SDPA, uneven chunks).
+"""
+
+from __future__ import annotations
+
+import traceback
+
+import dist_rank_checks as checks
+
+TIMEOUT_S = 60.0
+
+
+def installed(denoiser) -> dict:
+    """CFG wrapper present; sequence-parallel attention processors and their ring size; TP row-parallel
+    layers and the local head counts."""
+    from diffusers.models.attention_processor import Attention
+
+    from stage_runtime.distributed.tensor_parallel import RowParallelLinear
+    from stage_runtime.distributed.ulysses import UlyssesAttnProcessor
+    from stage_runtime.distributed.ulysses_joint import JointUlyssesProcessor
+
+    sp = [m.processor for m in denoiser.modules()
+          if isinstance(getattr(m, "processor", None), (UlyssesAttnProcessor, JointUlyssesProcessor))]
+    return {"cfg": getattr(denoiser, "_diffstage_cfg_parallel", None) is not None,
+            "sp": len(sp), "ring": sorted({p.mesh.ring_size for p in sp}),
+            "ulysses": sorted({p.mesh.ulysses_size for p in sp}),
+            "tp_row_layers": sum(isinstance(m, RowParallelLinear) for m in denoiser.modules()),
+            "heads": sorted({m.heads for m in denoiser.modules() if isinstance(m, Attention)})}
+
+
+def _job_models(rank, groups, parallel, run) -> dict:
+    from stage_runtime.distributed.apply import apply_parallelism
+
+    payload = {"coords": tuple(groups.coords)}
+    for kind, path in run["models"].items():
+        adapter = checks.load_adapter(path)
+        apply_parallelism(adapter, groups, parallel)
+        payload[f"{kind}-installed"] = installed(adapter.denoiser)
+        payload[kind] = checks.scenarios(adapter)
+    return payload
+
+
+def attention_case(seed: int = 0, tokens: int = 37):
+    """Full (B, S, H, D) q, k, v with an odd token count (uneven chunks) and their exact attention."""
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, tokens, 4, 8, generator=gen) * 3 for _ in range(3))
+    ref = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
+    return q, k, v, ref
+
+
+def _job_kernels(rank, groups, parallel, run) -> dict:
+    import torch
+
+    from stage_runtime.distributed.comm import BYTES_SENT
+    from stage_runtime.distributed.ulysses_joint import chunk_sizes
+    from stage_runtime.distributed.usp import SequenceMesh
+
+    mesh = SequenceMesh.from_groups(groups, parallel)
+    q, k, v, ref = attention_case()
+    counts = chunk_sizes(q.shape[1], mesh.sp_size)
+    mine = [torch.tensor_split(t, mesh.sp_size, dim=1)[mesh.sp_rank] for t in (q, k, v, ref)]
+    BYTES_SENT.clear()
+    with torch.inference_mode():
+        out = mesh.attention(*mine[:3], counts)
+    return {"sp_rank": mesh.sp_rank, "ring_rank": mesh.ring_rank, "counts": counts,
+            "max_error": float((out - mine[3]).abs().max()), "bytes": dict(BYTES_SENT)}
+
+
+JOBS = {"models": _job_models, "kernels": _job_kernels}
+
+
+def run_rank(rank: int, world: int, rendezvous: list[str], runs: list[dict], results) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        from stage_runtime.config import ParallelConfig
+        from stage_runtime.distributed.groups import destroy_distributed, init_distributed
+
+        payloads = []
+        for init_method, run in zip(rendezvous, runs, strict=True):
+            parallel = ParallelConfig(**run["parallel"])
+            groups = init_distributed(parallel, rank, init_method, torch.device("cpu"), TIMEOUT_S)
+            try:
+                payloads.append(JOBS[run["job"]](rank, groups, parallel, run))
+            finally:
+                destroy_distributed()
+        results.put((rank, "ok", payloads))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the test
+        results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def spawn(world: int, plan: dict[str, dict], models: dict[str, str], timeout_s: float = 600):
+    """Run ``plan`` (name → run) on ``world`` ranks while computing the single-rank references of ``models``
+    here; returns ({name: {rank: payload}}, {kind: {scenario: image}})."""
+    ranks = checks.Ranks(world, list(plan.values()), target=run_rank)
+    try:
+        references = {kind: checks.scenarios(checks.load_adapter(path)) for kind, path in models.items()}
+    finally:
+        payloads = ranks.wait(timeout_s=timeout_s)
+    return {name: {rank: payloads[rank][i] for rank in payloads} for i, name in enumerate(plan)}, references

@@ -1,0 +1,67 @@
+"""Ring attention (ring_degree 2) and tensor parallel (tensor_parallel_size 2) on 2 real gloo ranks give the
+images of one plain rank (within 2 uint8) for tiny DiT, SD3 (MMDiT, joint text+image attention) and, for
+the ring, FLUX.1 — in request mode (a fused call of two requests, a single request) and in step mode (two
+requests of different step counts batched), with and without guidance.
+
+One spawn of 2 ranks per module runs: the ring kernel against plain SDPA on an odd token count (uneven
+blocks), then every model under ring 2, then under TP 2. The single-rank references are computed meanwhile.
+"""
+
+from __future__ import annotations
+
+import parallel_rank_checks as prc
+import pytest
+from parallel_equality import check_images
+
+RING_MODELS, TP_MODELS = ("dit", "sd3", "flux"), ("dit", "sd3")
+# sequence-parallel attention processors: tiny DiT 2 blocks; SD3 2 blocks + attn2 of block 0; FLUX 1 + 1 blocks.
+SP_PROCESSORS = {"dit": 2, "sd3": 3, "flux": 2}
+# row-parallel layers under TP: DiT 2 × (to_out, ff); SD3 block 0: to_out, to_add_out, attn2.to_out, ff,
+# ff_context; block 1 (context_pre_only): to_out, ff.
+TP_ROW_LAYERS, HEADS = {"dit": 4, "sd3": 7}, {"dit": 4, "sd3": 2}
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_dit_path, tiny_sd3_path, tiny_flux_path):
+    paths = {"dit": tiny_dit_path, "sd3": tiny_sd3_path, "flux": tiny_flux_path}
+    plan = {"kernel": {"job": "kernels", "parallel": {"ring_degree": 2}},
+            "ring": {"job": "models", "parallel": {"ring_degree": 2}, "models": {k: paths[k] for k in RING_MODELS}},
+            "tp": {"job": "models", "parallel": {"tensor_parallel_size": 2}, "models": {k: paths[k] for k in TP_MODELS}}}
+    return prc.spawn(2, plan, paths)
+
+
+def test_ring_kernel_equals_full_attention_with_uneven_blocks(runs):
+    by_run, _ = runs
+    for rank, payload in by_run["kernel"].items():
+        assert payload["counts"] == [19, 18] and payload["sp_rank"] == payload["ring_rank"] == rank
+        assert payload["max_error"] < 1e-4, payload
+        # one k/v block (2 × B 2 × H 4 × D 8 float32 per token) sent once around a ring of 2
+        assert payload["bytes"] == {"ring_send": 2 * 2 * 4 * 8 * 4 * payload["counts"][rank]}
+
+
+@pytest.mark.parametrize("kind", RING_MODELS)
+def test_ring_is_installed_on_every_attention_and_equals_one_rank(runs, kind):
+    by_run, references = runs
+    payloads = by_run["ring"]
+    for rank in (0, 1):
+        got = payloads[rank][f"{kind}-installed"]
+        assert (got["sp"], got["ring"], got["ulysses"], got["tp_row_layers"]) == (SP_PROCESSORS[kind], [2], [1], 0)
+    check_images(payloads, references, kind)
+
+
+@pytest.mark.parametrize("kind", TP_MODELS)
+def test_tensor_parallel_shards_heads_and_mlp_and_equals_one_rank(runs, kind):
+    by_run, references = runs
+    payloads = by_run["tp"]
+    for rank in (0, 1):
+        got = payloads[rank][f"{kind}-installed"]
+        assert (got["tp_row_layers"], got["heads"], got["sp"]) == (TP_ROW_LAYERS[kind], [HEADS[kind] // 2], 0)
+    check_images(payloads, references, kind)
+
+
+def test_scenarios_cover_request_and_step_mode_with_and_without_guidance(runs):
+    _, references = runs
+    for kind in RING_MODELS:
+        modes = {name.split("/")[0] for name in references[kind]}
+        assert {m.split("-")[0] for m in modes} == {"request", "request1", "step"}
+        assert any(m.endswith("-g1") for m in modes) and any(not m.endswith("-g1") for m in modes)
