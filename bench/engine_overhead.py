@@ -111,7 +111,7 @@ def main() -> None:
     print(f"  split: pipeline call on the engine thread {spread(compute)}; "
           f"outside the call (admission, hand-off, scheduling, delivery) {spread(outside)}")
     print(f"  pipeline call on the engine thread vs bare, same weights: {ratio_summary(compute, same)}")
-    print(f"process CPU time per request (all threads; less sensitive to other load than wall time):")
+    print("process CPU time per request (all threads; less sensitive to other load than wall time):")
     for name, values in cpu.items():
         print(f"  {name:20s} {spread(values)}")
     print(f"  engine vs bare, same weights: {ratio_summary(cpu['engine'], cpu['bare_same_weights'])}")

@@ -125,7 +125,7 @@ def section_b(n: int, resync: float, steady_seconds: float) -> None:
             wait(lambda: emulator.watching("diffusionstages") and emulator.watching("pods"), 60)
             idle_rss = _peak_rss_mb(proc.pid)
             cpu0, t0 = _proc_cpu_s(proc.pid), time.perf_counter()
-            names = create_stages(http, n)
+            create_stages(http, n)
             wait(lambda: len(emulator.objects("pods", "default")) == n, 120)
             kubelet(http, emulator)
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-ExecutionMode = Literal["request", "step"]
-
 from stage_runtime.request import DiffusionRequest
+
+ExecutionMode = Literal["request", "step"]
 
 
 @dataclass(frozen=True)

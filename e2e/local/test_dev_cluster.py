@@ -45,7 +45,7 @@ def test_make_cluster_serves_kubectl_until_ctrl_c(tmp_path):
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
     try:
-        export = scenario.wait_for(lambda: next((l for l in lines if 'export KUBECONFIG=' in l), None), 90,
+        export = scenario.wait_for(lambda: next((line for line in lines if 'export KUBECONFIG=' in line), None), 90,
                                    'the KUBECONFIG line', lambda: ''.join(lines))
         kubeconfig = export.split('=', 1)[1].strip()
         assert Path(kubeconfig) == (workdir / 'kubeconfig').resolve()
@@ -55,7 +55,7 @@ def test_make_cluster_serves_kubectl_until_ctrl_c(tmp_path):
         kubectl('apply', '-f', '-', input=yaml.safe_dump(idle))
         kubectl('wait', '--for=jsonpath={.status.observedGeneration}=1', 'dstage/tiny', '--timeout=60s', timeout=70)
         assert kubectl('get', 'dstage', 'tiny', '-o', 'jsonpath={.status.replicas}').stdout == '0'
-        api = next(l for l in lines if 'Kubernetes API http' in l).split('API ', 1)[1].split()[0]
+        api = next(line for line in lines if 'Kubernetes API http' in line).split('API ', 1)[1].split()[0]
         no_pods = httpx.get(f'{api}/api/v1/namespaces/default/services/tiny:http/proxy/health', timeout=10)
         assert no_pods.status_code == 503 and 'no endpoints available' in no_pods.json()['message']
         children = descendants(proc.pid)

@@ -63,9 +63,9 @@ def test_a_high_priority_arrival_at_step_5_runs_its_first_step_next_tick_and_the
     assert engine.scheduler.get_request_state("L").step_index == 5
     high = engine.add_request(make_request("H", num_inference_steps=3, seed=3, priority=10))
     engine.step()                                    # the next tick boundary: L preempted, H's first step
-    h, l = engine.scheduler.get_request_state("H"), engine.scheduler.get_request_state("L")
-    assert h.status == RequestStatus.RUNNING and h.step_index == 1
-    assert l.status == RequestStatus.PREEMPTED and l.step_index == 5 and l.preemptions == 1
+    high_st, low_st = engine.scheduler.get_request_state("H"), engine.scheduler.get_request_state("L")
+    assert high_st.status == RequestStatus.RUNNING and high_st.step_index == 1
+    assert low_st.status == RequestStatus.PREEMPTED and low_st.step_index == 5 and low_st.preemptions == 1
     assert [r["preempted"] for r in engine.requests_snapshot()] == [True, False]
     assert set(runner(engine).parked) == {"L"} and "L" in runner(engine).step_states
     if engine.config.scheduler.preempted_offload_max_bytes:
