@@ -9,12 +9,15 @@ Megatron-style, per attention and per feed-forward of the denoiser (T ranks, ran
     feed-forward act.proj (GELU, GEGLU, …)                column-parallel: my F/T hidden units (both halves of
                                                           a gated activation)
                 net[2]                                    row-parallel: ONE all_reduce, then the bias
+    FLUX single  proj_mlp, attn.to_q/k/v (pre_only)        column-parallel
+    block        proj_out over [attention ‖ MLP]          row-parallel over my columns of both parts
 
 Everything else (norms, modulation, embeddings, proj_out, text encoders, VAE) stays replicated, so each
 block's output is the same on every rank. Weights are cut at load from the full checkpoint (the full
 tensors are dropped once sliced). Head counts and hidden sizes the degree does not divide are refused
 (ConfigError naming the module and both numbers) before anything is changed. Supported attentions:
-diffusers' default processors of DiT/SD (AttnProcessor2_0) and SD3 (JointAttnProcessor2_0).
+diffusers' default processors of DiT/SD (AttnProcessor2_0), SD3 (JointAttnProcessor2_0) and FLUX.1
+(FluxAttnProcessor).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from stage_runtime.distributed.comm import all_reduce_sum, group_rank, group_siz
 from stage_runtime.errors import ConfigError
 
 _MARK = "_diffstage_tensor_parallel"
-_PROCESSORS = ("AttnProcessor2_0", "JointAttnProcessor2_0")
+_PROCESSORS = ("AttnProcessor2_0", "JointAttnProcessor2_0", "FluxAttnProcessor")
 _GATED = (GEGLU, SwiGLU)
 _ACTIVATIONS = (GELU, ApproximateGELU, LinearActivation, *_GATED)
 _COLUMN = ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj")
@@ -102,22 +105,38 @@ def _check_feed_forward(name: str, ff: FeedForward, degree: int) -> None:
                           f"(inner_dim={hidden})")
 
 
-def _targets(denoiser: torch.nn.Module) -> tuple[list, list]:
+def _is_attention(module: torch.nn.Module) -> bool:
+    return isinstance(module, Attention) or type(module).__name__ == "FluxAttention"
+
+
+def _is_single_stream(module: torch.nn.Module) -> bool:
+    """FLUX's single-stream block: proj_out reads [attention output ‖ MLP hidden] concatenated."""
+    return all(hasattr(module, name) for name in ("proj_mlp", "proj_out", "attn", "mlp_hidden_dim"))
+
+
+def _targets(denoiser: torch.nn.Module) -> tuple[list, list, list]:
     prefix = type(denoiser).__name__
-    attentions = [(f"{prefix}.{n}", m) for n, m in denoiser.named_modules() if isinstance(m, Attention)]
-    ffs = [(f"{prefix}.{n}", m) for n, m in denoiser.named_modules() if isinstance(m, FeedForward)]
-    return attentions, ffs
+    modules = [(f"{prefix}.{n}", m) for n, m in denoiser.named_modules()]
+    return ([(n, m) for n, m in modules if _is_attention(m)], [(n, m) for n, m in modules if isinstance(m, FeedForward)],
+            [(n, m) for n, m in modules if _is_single_stream(m)])
 
 
 def check_tensor_parallel(denoiser: torch.nn.Module, degree: int) -> None:
     """ConfigError for whatever of ``denoiser`` tensor parallel of ``degree`` cannot shard (nothing changed)."""
-    attentions, ffs = _targets(denoiser)
+    attentions, ffs, singles = _targets(denoiser)
     if not attentions:
         raise ConfigError(f"tensor parallel: {type(denoiser).__name__} has no attention layers to shard")
     for name, attn in attentions:
         _check_attention(name, attn, degree)
+        owned = any(block.attn is attn for _, block in singles)
+        if not isinstance(getattr(attn, "to_out", None), torch.nn.ModuleList) and not owned:
+            raise ConfigError(f"tensor parallel: {name} has no output projection to reduce over")
     for name, ff in ffs:
         _check_feed_forward(name, ff, degree)
+    for name, block in singles:
+        if block.mlp_hidden_dim % degree:
+            raise ConfigError(f"tensor_parallel_size={degree} does not divide the MLP hidden size of {name} "
+                              f"(mlp_hidden_dim={block.mlp_hidden_dim})")
 
 
 def _shard_attention(attn: Attention, group, degree: int, rank: int) -> None:
@@ -127,7 +146,8 @@ def _shard_attention(attn: Attention, group, degree: int, rank: int) -> None:
         layer = getattr(attn, name, None)
         if isinstance(layer, torch.nn.Linear):
             setattr(attn, name, ColumnParallelLinear.shard(layer, _span(layer.out_features, degree, rank)))
-    attn.to_out[0] = RowParallelLinear.shard(attn.to_out[0], rows, group)
+    if isinstance(getattr(attn, "to_out", None), torch.nn.ModuleList):     # FLUX single blocks: pre_only
+        attn.to_out[0] = RowParallelLinear.shard(attn.to_out[0], rows, group)
     if isinstance(getattr(attn, "to_add_out", None), torch.nn.Linear):
         attn.to_add_out = RowParallelLinear.shard(attn.to_add_out, rows, group)
     attn.heads //= degree
@@ -141,6 +161,14 @@ def _shard_feed_forward(ff: FeedForward, group, degree: int, rank: int) -> None:
     copies = 2 if isinstance(act, _GATED) else 1
     act.proj = ColumnParallelLinear.shard(act.proj, _span(act.proj.out_features, degree, rank, copies))
     ff.net[2] = RowParallelLinear.shard(ff.net[2], _span(hidden, degree, rank), group)
+
+
+def _shard_single_stream(block: torch.nn.Module, group, degree: int, rank: int) -> None:
+    inner, hidden = block.attn.inner_dim * degree, block.mlp_hidden_dim      # attn already sharded
+    block.proj_mlp = ColumnParallelLinear.shard(block.proj_mlp, _span(hidden, degree, rank))
+    cols = torch.cat([_span(inner, degree, rank), inner + _span(hidden, degree, rank)])
+    block.proj_out = RowParallelLinear.shard(block.proj_out, cols, group)
+    block.mlp_hidden_dim //= degree
 
 
 def enable_tensor_parallel(denoiser: torch.nn.Module, group, degree: int) -> None:
@@ -157,9 +185,11 @@ def enable_tensor_parallel(denoiser: torch.nn.Module, group, degree: int) -> Non
     if group is None or group_size(group) != degree:
         raise ConfigError(f"tensor_parallel_size={degree} needs a tensor-parallel group of {degree} ranks")
     rank = group_rank(group)
-    attentions, ffs = _targets(denoiser)
+    attentions, ffs, singles = _targets(denoiser)
     for _name, attn in attentions:
         _shard_attention(attn, group, degree, rank)
     for _name, ff in ffs:
         _shard_feed_forward(ff, group, degree, rank)
+    for _name, block in singles:
+        _shard_single_stream(block, group, degree, rank)
     setattr(denoiser, _MARK, True)

@@ -32,7 +32,7 @@ class FluxAdapter(StepContract, PipelineAdapter):
     default_steps = 28
     default_guidance = 3.5
     guidance = "distilled"
-    parallel_kinds = frozenset({"ulysses", "ring"})
+    parallel_kinds = frozenset({"ulysses", "ring", "tp"})
     block_lists = ("transformer_blocks", "single_transformer_blocks")
     supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale")
@@ -62,9 +62,6 @@ class FluxAdapter(StepContract, PipelineAdapter):
         if kind == "cfg":
             return ("FLUX.1 is guidance-distilled: guidance_scale is an embedding inside the single transformer "
                     "pass of each step, there is no unconditional pass to put on another rank")
-        if kind == "tp":
-            return ("tensor parallel shards DiT and SD3 attention; FLUX's single-stream blocks (one proj_out over "
-                    "[attention ‖ MLP]) are not sharded")
         return None
 
     def num_attention_heads(self) -> int:

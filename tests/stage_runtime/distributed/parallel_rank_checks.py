@@ -17,8 +17,6 @@ TIMEOUT_S = 60.0
 def installed(denoiser) -> dict:
     """CFG wrapper present; sequence-parallel attention processors and their ring size; TP row-parallel
     layers and the local head counts."""
-    from diffusers.models.attention_processor import Attention
-
     from stage_runtime.distributed.tensor_parallel import RowParallelLinear
     from stage_runtime.distributed.ulysses import UlyssesAttnProcessor
     from stage_runtime.distributed.ulysses_joint import JointUlyssesProcessor
@@ -29,7 +27,7 @@ def installed(denoiser) -> dict:
             "sp": len(sp), "ring": sorted({p.mesh.ring_size for p in sp}),
             "ulysses": sorted({p.mesh.ulysses_size for p in sp}),
             "tp_row_layers": sum(isinstance(m, RowParallelLinear) for m in denoiser.modules()),
-            "heads": sorted({m.heads for m in denoiser.modules() if isinstance(m, Attention)})}
+            "heads": sorted({m.heads for m in denoiser.modules() if hasattr(m, "processor") and hasattr(m, "heads")})}
 
 
 def _job_models(rank, groups, parallel, run) -> dict:

@@ -1,6 +1,5 @@
 """Ring attention (ring_degree 2) and tensor parallel (tensor_parallel_size 2) on 2 real gloo ranks give the
-images of one plain rank (within 2 uint8) for tiny DiT, SD3 (MMDiT, joint text+image attention) and, for
-the ring, FLUX.1 — in request mode (a fused call of two requests, a single request) and in step mode (two
+images of one plain rank (within 2 uint8) for tiny DiT, SD3 and FLUX.1 (MMDiTs, joint text+image attention) — in request mode (a fused call of two requests, a single request) and in step mode (two
 requests of different step counts batched), with and without guidance.
 
 One spawn of 2 ranks per module runs: the ring kernel against plain SDPA on an odd token count (uneven
@@ -13,12 +12,13 @@ import parallel_rank_checks as prc
 import pytest
 from parallel_equality import check_images
 
-RING_MODELS, TP_MODELS = ("dit", "sd3", "flux"), ("dit", "sd3")
+RING_MODELS = TP_MODELS = ("dit", "sd3", "flux")
 # sequence-parallel attention processors: tiny DiT 2 blocks; SD3 2 blocks + attn2 of block 0; FLUX 1 + 1 blocks.
 SP_PROCESSORS = {"dit": 2, "sd3": 3, "flux": 2}
 # row-parallel layers under TP: DiT 2 × (to_out, ff); SD3 block 0: to_out, to_add_out, attn2.to_out, ff,
-# ff_context; block 1 (context_pre_only): to_out, ff.
-TP_ROW_LAYERS, HEADS = {"dit": 4, "sd3": 7}, {"dit": 4, "sd3": 2}
+# ff_context; block 1 (context_pre_only): to_out, ff. FLUX double block: to_out, to_add_out, ff, ff_context;
+# single block: proj_out over [attention ‖ MLP].
+TP_ROW_LAYERS, HEADS = {"dit": 4, "sd3": 7, "flux": 5}, {"dit": 4, "sd3": 2, "flux": 2}
 
 
 @pytest.fixture(scope="module")

@@ -67,11 +67,12 @@ def test_tp_needs_a_group_of_its_degree(dit):
         enable_tensor_parallel(dit.denoiser, None, 2)
 
 
-def test_flux_says_why_it_has_no_tensor_parallel(tiny_flux_path):
+def test_flux_mlp_hidden_size_not_divisible_is_refused_naming_the_block(tiny_flux_path):
     flux = checks.load_adapter(tiny_flux_path)
-    with pytest.raises(ConfigError, match=r"^tensor_parallel_size=2 is not supported by FluxPipeline \(it runs: "
-                                          r"ring, ulysses\): tensor parallel shards DiT and SD3 attention"):
-        apply_parallelism(flux, single_rank_groups(), quiet(tensor_parallel_size=2))
+    flux.denoiser.single_transformer_blocks[0].mlp_hidden_dim = 127
+    with pytest.raises(ConfigError, match=r"^tensor_parallel_size=2 does not divide the MLP hidden size of "
+                                          r"FluxTransformer2DModel\.single_transformer_blocks\.0 \(mlp_hidden_dim=127\)"):
+        enable_tensor_parallel(flux.denoiser, None, 2)
 
 
 @pytest.mark.parametrize(("ulysses", "ring", "extra", "expected"), [

@@ -30,7 +30,7 @@ def adapter(tiny_flux_path):
 def test_facts(adapter):
     info = adapter.info()
     assert (info.pipeline_class, info.adapter) == ("FluxPipeline", "stage_runtime.models.flux:FluxAdapter")
-    assert info.guidance == "distilled" and info.parallel_kinds == ("ring", "ulysses")
+    assert info.guidance == "distilled" and info.parallel_kinds == ("ring", "tp", "ulysses")
     assert (info.default_steps, info.default_guidance, info.default_height, info.size_multiple) == (28, 3.5, 64, 4)
     assert info.max_sequence_length == 512 and info.num_attention_heads == 2
     assert info.supports_step_execution and info.supports_request_batch
@@ -49,7 +49,7 @@ def test_step_key_ignores_steps_and_guidance_request_key_does_not(adapter):
 
 def test_cfg_parallel_is_refused_naming_family_degree_and_reason(adapter):
     with pytest.raises(ConfigError, match=r"^cfg_parallel_size=2 is not supported by FluxPipeline \(it runs: "
-                                          r"ring, ulysses\): FLUX.1 is guidance-distilled"):
+                                          r"ring, tp, ulysses\): FLUX.1 is guidance-distilled"):
         apply_parallelism(adapter, None, ParallelConfig(cfg_parallel_size=2))
 
 
