@@ -109,10 +109,10 @@ def time_forward(model, device, iters: int) -> list[float]:
 def _rank(rank, world, plan, models, rendezvous, iters, gloo, results) -> None:
     import torch
 
+    from stage_runtime.config import ModelConfig
     from stage_runtime.distributed.apply import apply_parallelism
     from stage_runtime.distributed.groups import destroy_distributed, init_distributed
     from stage_runtime.models.registry import resolve_adapter_class
-    from stage_runtime.config import ModelConfig
 
     torch.set_num_threads(1)
     device, parallel = _device(rank, gloo), _parallel(plan)
@@ -174,7 +174,8 @@ def main() -> int:
     root = tempfile.mkdtemp(prefix="ds-gpu-smoke-")
     models = {kind: str(make_tiny_model(f"{root}/{kind}", kind=kind)) for kind in ("dit", "sd3")}
     device = _device(0, args.gloo)
-    references = {kind: images(resolve_adapter_class(ModelConfig(path=p)).load(p, device)) for kind, p in models.items()}
+    references = {kind: images(resolve_adapter_class(ModelConfig(path=p)).load(p, device))
+                  for kind, p in models.items()}
     big = big_adapter(device, args.gloo).denoiser
     base = statistics.median(time_forward(big, device, args.iters))
     tokens = (big.config.sample_size // 2) ** 2

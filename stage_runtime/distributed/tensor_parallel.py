@@ -117,7 +117,8 @@ def _is_single_stream(module: torch.nn.Module) -> bool:
 def _targets(denoiser: torch.nn.Module) -> tuple[list, list, list]:
     prefix = type(denoiser).__name__
     modules = [(f"{prefix}.{n}", m) for n, m in denoiser.named_modules()]
-    return ([(n, m) for n, m in modules if _is_attention(m)], [(n, m) for n, m in modules if isinstance(m, FeedForward)],
+    return ([(n, m) for n, m in modules if _is_attention(m)],
+            [(n, m) for n, m in modules if isinstance(m, FeedForward)],
             [(n, m) for n, m in modules if _is_single_stream(m)])
 
 

@@ -1,5 +1,6 @@
 """Ring attention (ring_degree 2) and tensor parallel (tensor_parallel_size 2) on 2 real gloo ranks give the
-images of one plain rank (within 2 uint8) for tiny DiT, SD3 and FLUX.1 (MMDiTs, joint text+image attention) — in request mode (a fused call of two requests, a single request) and in step mode (two
+images of one plain rank (within 2 uint8) for tiny DiT, SD3 and FLUX.1 (MMDiTs, joint text+image
+attention) — in request mode (a fused call of two requests, a single request) and in step mode (two
 requests of different step counts batched), with and without guidance.
 
 One spawn of 2 ranks per module runs: the ring kernel against plain SDPA on an odd token count (uneven
@@ -26,7 +27,8 @@ def runs(tiny_dit_path, tiny_sd3_path, tiny_flux_path):
     paths = {"dit": tiny_dit_path, "sd3": tiny_sd3_path, "flux": tiny_flux_path}
     plan = {"kernel": {"job": "kernels", "parallel": {"ring_degree": 2}},
             "ring": {"job": "models", "parallel": {"ring_degree": 2}, "models": {k: paths[k] for k in RING_MODELS}},
-            "tp": {"job": "models", "parallel": {"tensor_parallel_size": 2}, "models": {k: paths[k] for k in TP_MODELS}}}
+            "tp": {"job": "models", "parallel": {"tensor_parallel_size": 2},
+                   "models": {k: paths[k] for k in TP_MODELS}}}
     return prc.spawn(2, plan, paths)
 
 

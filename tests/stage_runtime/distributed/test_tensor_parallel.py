@@ -71,7 +71,8 @@ def test_flux_mlp_hidden_size_not_divisible_is_refused_naming_the_block(tiny_flu
     flux = checks.load_adapter(tiny_flux_path)
     flux.denoiser.single_transformer_blocks[0].mlp_hidden_dim = 127
     with pytest.raises(ConfigError, match=r"^tensor_parallel_size=2 does not divide the MLP hidden size of "
-                                          r"FluxTransformer2DModel\.single_transformer_blocks\.0 \(mlp_hidden_dim=127\)"):
+                                          r"FluxTransformer2DModel\.single_transformer_blocks\.0 "
+                                          r"\(mlp_hidden_dim=127\)"):
         enable_tensor_parallel(flux.denoiser, None, 2)
 
 
