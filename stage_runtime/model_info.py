@@ -24,10 +24,12 @@ class ModelInfo:
                                      # (a guidance embedding, no negative pass) or "none"
     max_sequence_length: int | None = None   # text tokens the prompt encoder keeps (None: not text-conditioned)
     # What must be equal for requests to share one pipeline call (request mode) / one denoiser forward (step
-    # mode): names of SamplingParams fields. Defaults = RequestBatchKey / StepBatchKey (stage_runtime.request).
+    # mode): names of SamplingParams fields (and "task", the edit task, where it changes the sequence).
+    # Defaults = RequestBatchKey / StepBatchKey (stage_runtime.request).
     request_key: tuple[str, ...] = ("height", "width", "num_inference_steps", "guidance_scale")
     step_key: tuple[str, ...] = ("height", "width", "guidance_scale")
-    edit_tasks: tuple[str, ...] = ()         # what POST /v1/images/edits can run: "img2img", "inpaint"
+    edit_tasks: tuple[str, ...] = ()         # what POST /v1/images/edits can run: "img2img", "inpaint", "instruct"
+    edit_step_rule: str = "int"              # an edit's step count from strength (EditInput.denoise_steps)
     # Why this stage cannot run the block cache (a UNet family, the generic adapter, a parallel topology),
     # or None when it can (stage_runtime.models.block_cache).
     block_cache_refusal: str | None = "this model family has no block cache"

@@ -26,6 +26,7 @@ from stage_runtime.errors import InvalidRequestError
 from stage_runtime.model_info import ModelInfo
 
 MAX_PROMPT_CHARS = 2000
+DEFAULT_STRENGTH = 0.8         # an img2img / inpaint edit's strength when the request gives none
 
 
 class RequestStatus(enum.IntEnum):
@@ -135,15 +136,43 @@ class EditInput:
 
     image: np.ndarray                 # uint8 (H, W, 3) RGB, as uploaded
     mask: np.ndarray | None = None    # uint8 (H, W), 255 = repaint (inpaint); None = img2img
-    strength: float = 0.8             # 0 < strength <= 1: how far the image is noised (OpenAI has none)
+    # 0 < strength <= 1: how far the image is noised (OpenAI has none); None = DEFAULT_STRENGTH, or none at all
+    # for an instruction edit (resolve() settles it)
+    strength: float | None = None
+    instruct: bool = False            # an instruction edit (the image conditions the sequence; set by resolve())
+    step_rule: str = "int"            # how strength gives the step count (ModelInfo.edit_step_rule; set by resolve())
 
     @property
     def task(self) -> str:
-        return "img2img" if self.mask is None else "inpaint"
+        """"img2img", "inpaint" (a mask) or "instruct" (a family whose edits are instruction edits)."""
+        return "inpaint" if self.mask is not None else "instruct" if self.instruct else "img2img"
 
     def denoise_steps(self, num_inference_steps: int) -> int:
-        """Steps actually run, as diffusers' ``get_timesteps``: ``min(int(steps × strength), steps)``."""
-        return min(int(num_inference_steps * self.strength), num_inference_steps)
+        """Steps actually run, as the family's diffusers ``get_timesteps``: ``min(int(steps × strength), steps)``
+        (Stable Diffusion, SDXL) or ``steps − int(steps − steps × strength)`` (rule "flow": FLUX's float
+        product); an instruction edit runs every step (it starts from noise)."""
+        if self.instruct:
+            return num_inference_steps
+        strength = DEFAULT_STRENGTH if self.strength is None else self.strength
+        if self.step_rule == "flow":
+            return num_inference_steps - int(max(num_inference_steps - min(num_inference_steps * strength,
+                                                                           num_inference_steps), 0))
+        return min(int(num_inference_steps * strength), num_inference_steps)
+
+    def resolve(self, info: ModelInfo) -> "EditInput":
+        """The edit as ``info``'s family runs it: a mask-less edit on an instruction-edit family is an
+        instruction edit (no strength); img2img and inpaint get the default strength when none was given."""
+        if self.mask is None and "img2img" not in info.edit_tasks and "instruct" in info.edit_tasks:
+            if self.strength is not None:
+                raise InvalidRequestError("strength", self.strength,
+                                          f"{info.pipeline_class} runs instruction edits, which have no strength")
+            return replace(self, instruct=True)
+        if self.task not in info.edit_tasks:
+            raise InvalidRequestError("mask" if self.mask is not None else "image", "<upload>",
+                                      f"{info.pipeline_class} does not serve {self.task} edits "
+                                      f"(it serves: {', '.join(info.edit_tasks) or 'none'})")
+        return replace(self, strength=DEFAULT_STRENGTH if self.strength is None else self.strength,
+                       step_rule=info.edit_step_rule)
 
 
 @dataclass
@@ -177,16 +206,22 @@ class DiffusionRequest:
     @property
     def batch_key(self) -> CompatibilityKey:
         s, edit = self.sampling, self.edit
-        task, strength = ("generate", None) if edit is None else (edit.task, edit.strength)
+        task, strength = self.task, None if edit is None else edit.strength
         if self.key_fields is not None and self.key_fields[0] != RequestBatchKey._fields[:4]:
             return family_key(s, self.key_fields[0]) + (("task", task), ("strength", strength))
         return RequestBatchKey(s.height, s.width, s.num_inference_steps, s.guidance_scale, task, strength)
 
     @property
+    def task(self) -> str:
+        """"generate", or the edit's task."""
+        return "generate" if self.edit is None else self.edit.task
+
+    @property
     def step_key(self) -> CompatibilityKey:
         s = self.sampling
         if self.key_fields is not None and self.key_fields[1] != StepBatchKey._fields:
-            return family_key(s, self.key_fields[1])
+            # "task" in a family's step key: the edit task changes the denoiser's sequence (instruction edits)
+            return tuple((name, self.task if name == "task" else getattr(s, name)) for name in self.key_fields[1])
         return StepBatchKey(s.height, s.width, s.guidance_scale)
 
     @property
@@ -207,11 +242,7 @@ class DiffusionRequest:
 
     def resolve(self, info: ModelInfo) -> "DiffusionRequest":
         """Fill model defaults and check the request against what the model can serve (once, at admission)."""
-        s, edit = self.sampling, self.edit
-        if edit is not None and edit.task not in info.edit_tasks:
-            raise InvalidRequestError("mask" if edit.mask is not None else "image", "<upload>",
-                                      f"{info.pipeline_class} does not serve {edit.task} edits "
-                                      f"(it serves: {', '.join(info.edit_tasks) or 'none'})")
+        s, edit = self.sampling, None if self.edit is None else self.edit.resolve(info)
         if edit is not None and edit.mask is not None and edit.mask.shape != edit.image.shape[:2]:
             raise InvalidRequestError("mask", f"{edit.mask.shape[1]}x{edit.mask.shape[0]}",
                                       f"must be the image's size {edit.image.shape[1]}x{edit.image.shape[0]}")
@@ -241,7 +272,7 @@ class DiffusionRequest:
             "num_inference_steps": steps,
             "guidance_scale": info.default_guidance if s.guidance_scale is None else s.guidance_scale,
         })
-        return replace(self, sampling=resolved, key_fields=(info.request_key, info.step_key))
+        return replace(self, sampling=resolved, key_fields=(info.request_key, info.step_key), edit=edit)
 
 
 def adapter_identity(request: "DiffusionRequest") -> list[tuple[str, float]]:

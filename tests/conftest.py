@@ -39,6 +39,13 @@ def tiny_flux_path(tmp_path_factory) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-flux", kind="flux", seed=0))
 
 
+@pytest.fixture(scope="session")
+def tiny_flux_kontext_path(tmp_path_factory) -> str:
+    from stage_runtime.models.tiny import make_tiny_model
+
+    return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-flux-kontext", kind="flux-kontext", seed=0))
+
+
 def _save_variant(sd_path: str, out, cls_name: str, **extra) -> str:
     """A diffusers pipeline class without a dedicated adapter, built from the tiny SD components."""
     import inspect

@@ -39,6 +39,8 @@ class PipelineAdapter(ABC):
     block_lists: ClassVar[tuple[str, ...] | None] = None
     # The per-request block cache (models.block_cache) can skip this denoiser's blocks after the first.
     supports_block_cache: ClassVar[bool] = False
+    # How an edit's strength gives its step count (ModelInfo.edit_step_rule): "int" or "flow" (FLUX).
+    edit_step_rule: ClassVar[str] = "int"
 
     def __init__(self, pipeline: DiffusionPipeline, device: torch.device):
         self.pipe = pipeline
@@ -86,6 +88,7 @@ class PipelineAdapter(ABC):
             num_attention_heads=self.num_attention_heads(), max_steps=self.max_steps(),
             parallel_kinds=tuple(sorted(self.parallel_kinds)), guidance=self.guidance,
             max_sequence_length=self.max_sequence_length(), edit_tasks=self.edit_tasks(),
+            edit_step_rule=self.edit_step_rule,
             **{name: fields for name, fields in (("request_key", self.request_key_fields),
                                                  ("step_key", self.step_key_fields)) if fields is not None})
 

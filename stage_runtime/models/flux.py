@@ -20,6 +20,7 @@ import torch
 from stage_runtime.errors import InvalidRequestError
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.models.flow_match import flux_sigmas, request_flow_scheduler
+from stage_runtime.models.flux_edit import FluxEditMixin
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
@@ -28,7 +29,7 @@ T5_MAX_TOKENS = 512          # FluxPipeline's default (and limit) for max_sequen
 FLUX_MAX_SHIFT = 1.15
 
 
-class FluxAdapter(StepContract, PipelineAdapter):
+class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
     default_steps = 28
     default_guidance = 3.5
     guidance = "distilled"
@@ -86,6 +87,8 @@ class FluxAdapter(StepContract, PipelineAdapter):
 
     # -- request mode ----------------------------------------------------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
+        if requests[0].edit is not None:   # img2img: flux_edit
+            return self.run_edit_batch(requests)
         s = requests[0].sampling           # key-compatible: size, steps and guidance are shared
         prompts = [r.prompt for r in requests for _ in range(r.sampling.num_outputs)]
         images = self.pipe(prompt=prompts, height=s.height, width=s.width, num_inference_steps=s.num_inference_steps,
@@ -107,7 +110,10 @@ class FluxAdapter(StepContract, PipelineAdapter):
         cond = {"embeds": embeds, "pooled": pooled, "text_ids": text_ids, "image_ids": image_ids}
         if pipe.transformer.config.guidance_embeds:
             cond["guidance"] = torch.full([n], s.guidance_scale, device=self.device, dtype=torch.float32)
-        return StepRequestState(request, scheduler, latents, do_cfg=False, cond=cond)
+        state = StepRequestState(request, scheduler, latents, do_cfg=False, cond=cond)
+        if request.edit is not None:       # img2img: latents from the image (flux_edit)
+            self.prepare_edit(request, state)
+        return state
 
     def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
         rows = [st.latents for st in states]

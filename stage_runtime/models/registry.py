@@ -16,6 +16,7 @@ from stage_runtime.plugins import import_object
 
 ADAPTERS: dict[str, str] = {
     "FluxPipeline": "stage_runtime.models.flux:FluxAdapter",
+    "FluxKontextPipeline": "stage_runtime.models.flux_kontext:FluxKontextAdapter",
     "StableDiffusion3Pipeline": "stage_runtime.models.sd3:StableDiffusion3Adapter",
     "StableDiffusionPipeline": "stage_runtime.models.sd:StableDiffusionAdapter",
     "DiTPipeline": "stage_runtime.models.dit:DiTAdapter",

@@ -76,9 +76,9 @@ class StableDiffusionEditMixin:
             scheduler.set_begin_index(state.t_start)
         dtype = state.latents.dtype
         image = pipe.image_processor.preprocess(pil_image(edit, s.height, s.width), height=s.height, width=s.width)
-        image = torch.cat([image] * n).to(self.device, dtype)
+        image = torch.cat([image] * n).to(self.device, pipe.vae.dtype)       # (SDXL may run its VAE in float32)
         image_latents = torch.cat([retrieve_latents(pipe.vae.encode(image[i:i + 1]), generator=generators[i])
-                                   for i in range(n)]) * pipe.vae.config.scaling_factor
+                                   for i in range(n)]).to(dtype) * pipe.vae.config.scaling_factor
         noise = randn_tensor(image_latents.shape, generator=generators, device=self.device, dtype=dtype)
         latent_timestep = scheduler.timesteps[state.t_start:state.t_start + 1].repeat(n)
         if edit.task == "inpaint" and edit.strength == 1.0:

@@ -23,12 +23,13 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from stage_runtime.errors import ConfigError
 from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.sdxl_edit import StableDiffusionXLEditMixin
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
 
 
-class StableDiffusionXLAdapter(StepContract, PipelineAdapter):
+class StableDiffusionXLAdapter(StableDiffusionXLEditMixin, StepContract, PipelineAdapter):
     default_steps = 30
     default_guidance = 5.0
     parallel_kinds = frozenset({"cfg", "ulysses"})
@@ -74,6 +75,8 @@ class StableDiffusionXLAdapter(StepContract, PipelineAdapter):
 
     # -- request mode: one pipeline call, per-request embeddings -------------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
+        if requests[0].edit is not None:   # img2img: sdxl_edit
+            return self.run_edit_batch(requests)
         s = requests[0].sampling
         encoded = [self.encode(r) for r in requests]
         parts = {name: [e[i] for e in encoded] for i, name in enumerate(
@@ -102,8 +105,11 @@ class StableDiffusionXLAdapter(StepContract, PipelineAdapter):
                     "time_ids": torch.cat([time_ids, time_ids])}
         else:
             cond = {"embeds": embeds, "text_embeds": pooled, "time_ids": time_ids}
-        return StepRequestState(request, scheduler, latents * scheduler.init_noise_sigma, do_cfg, cond=cond,
-                                step_kwargs=pipe.prepare_extra_step_kwargs(generators, 0.0))
+        state = StepRequestState(request, scheduler, latents * scheduler.init_noise_sigma, do_cfg, cond=cond,
+                                 step_kwargs=pipe.prepare_extra_step_kwargs(generators, 0.0))
+        if request.edit is not None:       # img2img: latents from the image (sdxl_edit)
+            self.prepare_edit(request, state)
+        return state
 
     def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
         rows, timesteps = self.model_inputs(states)

@@ -135,7 +135,7 @@ class ImageEditRequest(ImageOptions):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     size: str | None = "auto"                     # "auto": the input image's size
-    strength: float = Field(0.8, gt=0.0, le=1.0, allow_inf_nan=False)
+    strength: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)   # None: 0.8 (img2img, inpaint)
     input_fidelity: Literal["high", "low"] | None = None     # OpenAI field; accepted and ignored
     allows_auto_size: ClassVar[bool] = True
 

@@ -13,6 +13,7 @@ from pathlib import Path
 # kind → the module whose ``build(seed)`` assembles it (imported only when that kind is built).
 BUILDERS: dict[str, str] = {
     "flux": "stage_runtime.models.tiny.flux",
+    "flux-kontext": "stage_runtime.models.tiny.flux_kontext",
     "sd3": "stage_runtime.models.tiny.sd3",
     "sd": "stage_runtime.models.tiny.sd",
     "dit": "stage_runtime.models.tiny.dit",

@@ -1,0 +1,88 @@
+"""FLUX.1 Kontext (FluxKontextPipeline): FLUX.1 [dev] with instruction edits.
+
+An instruction edit has no strength: it starts from noise and runs every step, and the input image
+conditions the denoiser as extra tokens. Each step's transformer input is
+
+    hidden_states   [output latents (L) ‖ the image's packed VAE latents (L)]   (argmax of the latent dist.)
+    img_ids         [output position ids ‖ the image's ids, first axis 1]
+    output          the first L tokens (the conditioning tokens' prediction is dropped)
+
+The image is resized to the request's size (``size: auto`` = its own size rounded down to the size
+multiple), i.e. FluxKontextPipeline with ``max_area = height × width`` and ``_auto_resize=False``: the
+pipeline's preferred-resolution snap would condition a 64x64 edit on a 1024x1024 image. A Kontext folder
+also serves generations (no image: FLUX.1 [dev]'s math).
+
+Compatibility: an edit doubles the image tokens, so the step key adds the task (edits and generations
+never share a forward); two edits of one size share ticks and fused calls. Parallel: none yet (the joint
+Ulysses split is FLUX's, untested with conditioning tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from stage_runtime.models.flow_match import flux_sigmas, request_flow_scheduler
+from stage_runtime.models.flux import FLUX_MAX_SHIFT, FluxAdapter
+from stage_runtime.models.sd_edit import pil_image
+from stage_runtime.models.step_state import StepRequestState
+from stage_runtime.request import DiffusionRequest
+
+
+class FluxKontextAdapter(FluxAdapter):
+    parallel_kinds = frozenset()
+    step_key_fields = ("height", "width", "task")
+    edit_step_rule = "int"                 # unused: instruction edits run every step
+
+    def edit_tasks(self) -> tuple[str, ...]:
+        return ("instruct",)
+
+    def parallel_refusal(self, kind: str) -> str | None:
+        return ("FluxKontextPipeline: no in-model parallelism yet (the joint Ulysses split is untested with the "
+                "image conditioning tokens); use data parallelism (replicas)")
+
+    # -- request mode ----------------------------------------------------------------------------------
+    def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
+        s = requests[0].sampling           # key-compatible: size, steps, guidance and task are shared
+        rows = [r for r in requests for _ in range(r.sampling.num_outputs)]
+        kwargs = {}
+        if requests[0].edit is not None:
+            kwargs = {"image": [pil_image(r.edit, s.height, s.width) for r in rows], "_auto_resize": False}
+        images = self.pipe(prompt=[r.prompt for r in rows], height=s.height, width=s.width,
+                           max_area=s.height * s.width, num_inference_steps=s.num_inference_steps,
+                           guidance_scale=s.guidance_scale, generator=self.generators(requests),
+                           max_sequence_length=self.max_sequence_length(), output_type="np", return_dict=False,
+                           **kwargs)[0]
+        return self.split_images(requests, images)
+
+    # -- step contract: FluxKontextPipeline.__call__, one step at a time ---------------------------------
+    def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
+        s, pipe, n = request.sampling, self.pipe, request.sampling.num_outputs
+        embeds, pooled, text_ids = pipe.encode_prompt(prompt=[request.prompt] * n, prompt_2=None, device=self.device,
+                                                      num_images_per_prompt=1,
+                                                      max_sequence_length=self.max_sequence_length())
+        image = None
+        if request.edit is not None:
+            image = pipe.image_processor.preprocess(pil_image(request.edit, s.height, s.width), s.height, s.width)
+            image = torch.cat([image] * n)
+        latents, image_latents, latent_ids, image_ids = pipe.prepare_latents(
+            image, n, pipe.transformer.config.in_channels // 4, s.height, s.width, embeds.dtype, self.device,
+            self.generators([request]))
+        scheduler = request_flow_scheduler(pipe.scheduler, s.num_inference_steps, self.device, latents.shape[1],
+                                           FLUX_MAX_SHIFT, flux_sigmas(s.num_inference_steps, pipe.scheduler.config))
+        cond = {"embeds": embeds, "pooled": pooled, "text_ids": text_ids,
+                "image_ids": latent_ids if image_ids is None else torch.cat([latent_ids, image_ids])}
+        if image_latents is not None:
+            cond["image_latents"] = image_latents
+        if pipe.transformer.config.guidance_embeds:
+            cond["guidance"] = torch.full([n], s.guidance_scale, device=self.device, dtype=torch.float32)
+        return StepRequestState(request, scheduler, latents, do_cfg=False, cond=cond)
+
+    def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
+        if "image_latents" not in states[0].cond:           # generations (the step key keeps tasks apart)
+            return super().denoise_step(states)
+        joint = [replace(st, latents=torch.cat([st.latents, st.cond["image_latents"]], dim=1)) for st in states]
+        preds = super().denoise_step(joint)
+        return [pred[:, :st.latents.shape[1]] for pred, st in zip(preds, states, strict=True)]

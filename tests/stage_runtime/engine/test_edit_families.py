@@ -1,0 +1,161 @@
+"""Edits beyond Stable Diffusion: FLUX.1 and SDXL img2img, FLUX.1 Kontext instruction edits. Each equals the bare
+diffusers edit pipeline for the same seed (request mode <= 1, step mode <= 2); same-shape edits fuse and each
+equals its solo run; step mode runs (and reports) the family's step count for the strength; abort mid-edit
+releases everything; a task the family cannot do is refused naming the field."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from diffusers import FluxImg2ImgPipeline, FluxKontextPipeline, StableDiffusionXLImg2ImgPipeline
+from engine_probes import assert_no_state, count_denoiser_calls, max_diff, runner_of, wait_until
+from PIL import Image
+
+from stage_runtime.config import load_config
+from stage_runtime.engine import DiffusionEngine
+from stage_runtime.errors import InvalidRequestError, RequestAbortedError
+from stage_runtime.request import DiffusionRequest, EditInput, SamplingParams
+
+STEPS, SIZE = 10, 64
+# family → (tiny folder fixture, bare diffusers edit pipeline, strength, denoising steps diffusers runs for it).
+# 10 × 0.55 = 5.5: SDXL's int(steps × strength) runs 5, FLUX's steps − int(steps − steps × strength) runs 6.
+FAMILIES = {
+    "flux": ("tiny_flux_path", FluxImg2ImgPipeline, 0.55, 6),
+    "sdxl": ("tiny_sdxl_path", StableDiffusionXLImg2ImgPipeline, 0.55, 5),
+    "kontext": ("tiny_flux_kontext_path", FluxKontextPipeline, None, STEPS),
+}
+GUIDANCE = {"flux": 3.5, "sdxl": 5.0, "kontext": 3.5}
+
+
+def picture(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:SIZE, 0:SIZE] / SIZE
+    base = np.stack([np.sin(6 * x + rng.uniform(0, 3)), np.cos(5 * y), x * y], -1)
+    return ((base + 1) * 127).clip(0, 255).astype(np.uint8)
+
+
+@functools.lru_cache(maxsize=None)
+def bare(cls, path: str):
+    extra = {"add_watermarker": False} if cls is StableDiffusionXLImg2ImgPipeline else {}
+    pipe = cls.from_pretrained(path, local_files_only=True, low_cpu_mem_usage=False, **extra)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def reference(family: str, path: str, prompt: str, seed: int, image: np.ndarray) -> np.ndarray:
+    """The bare diffusers edit call (Kontext: conditioned at the request's size, see models/flux_kontext.py)."""
+    _, cls, strength, _ = FAMILIES[family]
+    kwargs = ({"max_area": SIZE * SIZE, "_auto_resize": False} if family == "kontext" else {"strength": strength})
+    if family != "sdxl":
+        kwargs.update(height=SIZE, width=SIZE)
+    out = bare(cls, path)(prompt=prompt, image=Image.fromarray(image, "RGB"), num_inference_steps=STEPS,
+                          guidance_scale=GUIDANCE[family], generator=torch.Generator("cpu").manual_seed(seed),
+                          output_type="np", **kwargs)
+    return (out.images * 255).round().clip(0, 255).astype(np.uint8)
+
+
+def edit_request(family: str, rid: str, prompt: str, seed: int, image: np.ndarray, mask=None, steps=STEPS, **kw):
+    return DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed, **kw),
+                            edit=EditInput(image, mask, FAMILIES[family][2]))
+
+
+@pytest.fixture(scope="module", params=[(f, m) for f in FAMILIES for m in ("request", "step")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def case(request):
+    family, mode = request.param
+    path = request.getfixturevalue(FAMILIES[family][0])
+    config = load_config({"model": {"path": path}, "device": "cpu",
+                          "scheduler": {"execution_mode": mode, "max_num_seqs": 4, "request_batch_max_wait_ms": 300}})
+    engine = DiffusionEngine.make_engine(config)
+    yield family, path, engine
+    engine.close()
+
+
+def tolerance(engine) -> int:
+    return 1 if engine.scheduler.mode == "request" else 2
+
+
+def test_edit_equals_the_diffusers_pipeline(case):
+    family, path, engine = case
+    ref = reference(family, path, "a red fox", 3, picture(0))
+    calls = count_denoiser_calls(engine)
+    out = engine.add_request(edit_request(family, f"{family}-solo", "a red fox", 3, picture(0))).result(timeout=120)
+    assert out.images.shape == (1, SIZE, SIZE, 3)
+    assert max_diff(out.images, ref) <= tolerance(engine)
+    assert sum(calls) == FAMILIES[family][3]            # only the strength's tail of the schedule runs
+    assert_no_state(engine)
+
+
+def test_same_shape_edits_fuse_and_each_equals_its_solo_run(case):
+    family, path, engine = case
+    pairs = (("a cat", 1), ("a dog", 2))
+    refs = [reference(family, path, p, s, picture(s)) for p, s in pairs]
+    calls = count_denoiser_calls(engine)
+    streams = [engine.add_request(edit_request(family, f"pair-{s}", p, s, picture(s))) for p, s in pairs]
+    for stream, ref in zip(streams, refs, strict=True):
+        assert max_diff(stream.result(timeout=120).images, ref) <= tolerance(engine)
+    steps = FAMILIES[family][3]
+    if engine.scheduler.mode == "request":
+        assert sum(calls) == steps                       # one fused call, not two
+    else:
+        assert sum(calls) < 2 * steps                    # shared ticks
+    assert_no_state(engine)
+
+
+def test_step_mode_reports_the_edit_step_count(case):
+    family, _, engine = case
+    if engine.scheduler.mode != "step":
+        pytest.skip("progress per step is a step-mode stream")
+    stream = engine.add_request(edit_request(family, "progress", "a cat", 5, picture(5), stream=True))
+    items = list(stream)
+    steps = FAMILIES[family][3]
+    assert [(o.step_index, o.num_steps) for o in items if not o.finished] == [(i, steps) for i in range(1, steps)]
+    assert items[-1].finished and items[-1].images.shape == (1, SIZE, SIZE, 3)
+    assert_no_state(engine)
+
+
+def test_abort_mid_edit_releases_everything(case):
+    family, _, engine = case
+    stream = engine.add_request(edit_request(family, "abort-edit", "a cat", 4, picture(4), steps=200, stream=True))
+    wait_until(lambda: engine.requests_snapshot() and engine.requests_snapshot()[0]["step"] >= 1, timeout=60)
+    engine.abort("abort-edit")
+    with pytest.raises(RequestAbortedError):
+        stream.result(timeout=60)
+    wait_until(lambda: runner_of(engine).num_request_states() == 0, timeout=30)
+    assert_no_state(engine)
+
+
+def test_a_task_the_family_cannot_do_is_refused_naming_the_field(case):
+    family, _, engine = case
+    info = engine.model_info
+    assert info.edit_tasks == (("instruct",) if family == "kontext" else ("img2img",))
+    mask = np.full((SIZE, SIZE), 255, np.uint8)
+    with pytest.raises(InvalidRequestError, match="inpaint") as err:
+        engine.add_request(edit_request(family, "no-inpaint", "a cat", 1, picture(1), mask))
+    assert err.value.field == "mask"
+    if family == "kontext":                              # instruction edits have no strength
+        request = DiffusionRequest("strength", "a cat", SamplingParams(seed=1), edit=EditInput(picture(1), None, 0.5))
+        with pytest.raises(InvalidRequestError) as err:
+            engine.add_request(request)
+        assert err.value.field == "strength"
+    assert_no_state(engine)
+
+
+def test_kontext_serves_generations_which_never_share_a_forward_with_edits(case):
+    family, path, engine = case
+    if family != "kontext":
+        pytest.skip("Kontext only: its edits double the image tokens")
+    gen = DiffusionRequest("kontext-gen", "a cat", SamplingParams(num_inference_steps=STEPS, seed=7))
+    edit = edit_request(family, "kontext-edit", "a cat", 7, picture(7))
+    info = engine.model_info
+    assert gen.resolve(info).step_key != edit.resolve(info).step_key
+    assert gen.resolve(info).batch_key != edit.resolve(info).batch_key
+    out = bare(FluxKontextPipeline, path)(prompt="a cat", height=SIZE, width=SIZE, max_area=SIZE * SIZE,
+                                          num_inference_steps=STEPS, guidance_scale=3.5, output_type="np",
+                                          generator=torch.Generator("cpu").manual_seed(7))
+    ref = (out.images * 255).round().clip(0, 255).astype(np.uint8)
+    assert max_diff(engine.add_request(gen).result(timeout=120).images, ref) <= tolerance(engine)
+    assert_no_state(engine)
