@@ -137,7 +137,8 @@ class ModelSource(ApiModel):
         _exactly_one(_MODEL, "model"),
         cel("!has(self.cache) || (has(self.source) && has(self.source.uri))",
             "'model.cache applies to model.source.uri only (it stores downloads)'")]})
-    builtin: Literal["tiny-sd", "tiny-dit", "tiny-sd3", "tiny-flux", "tiny-sdxl", "tiny-qwen-image"] | None = None
+    builtin: Literal["tiny-sd", "tiny-dit", "tiny-sd3", "tiny-flux", "tiny-sdxl", "tiny-qwen-image",
+                     "tiny-flux-kontext"] | None = None
     path: str | None = Field(None, min_length=1)
     source: Source | None = None
     image_volume: Literal["auto", "always", "never"] = Field(

@@ -51,6 +51,7 @@ def test_model_index_that_is_not_an_object_is_a_model_load_error(tmp_path):
 
 @pytest.mark.parametrize(("pipeline_class", "adapter"), [
     ("FluxPipeline", "stage_runtime.models.flux:FluxAdapter"),
+    ("FluxKontextPipeline", "stage_runtime.models.flux_kontext:FluxKontextAdapter"),
     ("StableDiffusion3Pipeline", "stage_runtime.models.sd3:StableDiffusion3Adapter"),
 ])
 def test_mmdit_families_resolve_by_model_index_class(tmp_path, pipeline_class, adapter):

@@ -51,7 +51,8 @@ def sd_pipe(built) -> DiffusionPipeline:
 
 @pytest.mark.parametrize(
     ("kind", "class_name"), [("sd", "StableDiffusionPipeline"), ("dit", "DiTPipeline"),
-                             ("sdxl", "StableDiffusionXLPipeline"), ("qwen-image", "QwenImagePipeline")]
+                             ("sdxl", "StableDiffusionXLPipeline"), ("qwen-image", "QwenImagePipeline"),
+                             ("flux-kontext", "FluxKontextPipeline")]
 )
 def test_builds_real_pipeline_folder(built, kind, class_name):
     index = json.loads((built[kind] / "model_index.json").read_text())
