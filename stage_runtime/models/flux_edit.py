@@ -8,8 +8,11 @@ A generation folder (``FluxPipeline``) serves img2img too: ``FluxImg2ImgPipeline
     → the schedule's tail, ``FluxImg2ImgPipeline.get_timesteps``' count: steps − int(steps − steps × strength)
       (a float product, unlike Stable Diffusion's int(steps × strength): the two differ for e.g. 10 × 0.3)
 
-Each image row uses the request's generator for that row, so an edit equals its solo diffusers call
-whatever it is batched with.
+A request's image is encoded ONCE, with its first image's generator, and repeated for its other images
+(FluxImg2ImgPipeline encodes a prompt's image once for ``num_images_per_prompt``; unlike SD and SDXL, which
+encode it per image); the noise is drawn per image. Request mode hands the fused call those latents as
+``image`` (the pipeline takes latents as they are), so an edit equals its solo diffusers call whatever it is
+batched with.
 """
 
 from __future__ import annotations
@@ -38,15 +41,29 @@ class FluxEditMixin:
             self._flux_img2img.set_progress_bar_config(disable=True)
         return self._flux_img2img
 
+    def edit_image_latents(self, requests: list[DiffusionRequest], generators: list) -> torch.Tensor:
+        """(rows, C, h, w) normalised VAE latents: each request's image encoded once with the generator of its
+        first row (which that draws from, as the pipeline's encode does), repeated for its images."""
+        img2img, out, row = self._img2img_pipeline(), [], 0
+        for r in requests:
+            s = r.sampling
+            image = img2img.image_processor.preprocess(pil_image(r.edit, s.height, s.width), height=s.height,
+                                                       width=s.width)
+            latents = img2img._encode_vae_image(image.to(self.device, self.pipe.vae.dtype), [generators[row]])
+            out.append(torch.cat([latents] * s.num_outputs))
+            row += s.num_outputs
+        return torch.cat(out)
+
     # -- request mode: ONE diffusers call for key-compatible edits (same strength, size, steps, guidance) --
     def run_edit_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
         s, edit = requests[0].sampling, requests[0].edit
-        rows = [r for r in requests for _ in range(r.sampling.num_outputs)]
+        generators = self.generators(requests)
         images = self._img2img_pipeline()(
-            prompt=[r.prompt for r in rows], image=[pil_image(r.edit, s.height, s.width) for r in rows],
-            height=s.height, width=s.width, strength=edit.strength, num_inference_steps=s.num_inference_steps,
-            guidance_scale=s.guidance_scale, generator=self.generators(requests),
-            max_sequence_length=self.max_sequence_length(), output_type="np", return_dict=False)[0]
+            prompt=[r.prompt for r in requests for _ in range(r.sampling.num_outputs)],
+            image=self.edit_image_latents(requests, generators), height=s.height, width=s.width,
+            strength=edit.strength, num_inference_steps=s.num_inference_steps, guidance_scale=s.guidance_scale,
+            generator=generators, max_sequence_length=self.max_sequence_length(), output_type="np",
+            return_dict=False)[0]
         return self.split_images(requests, images)
 
     # -- step mode ----------------------------------------------------------------------------------------
@@ -61,9 +78,7 @@ class FluxEditMixin:
         scheduler.set_begin_index(state.t_start)
         generators = self.generators([request])
         dtype = state.latents.dtype
-        image = img2img.image_processor.preprocess(pil_image(edit, s.height, s.width), height=s.height, width=s.width)
-        image = torch.cat([image.to(torch.float32)] * n).to(self.device, dtype)
-        image_latents = img2img._encode_vae_image(image=image, generator=generators)
+        image_latents = self.edit_image_latents([request], generators).to(dtype)
         noise = randn_tensor(image_latents.shape, generator=generators, device=self.device, dtype=dtype)
         latents = scheduler.scale_noise(image_latents, scheduler.timesteps[state.t_start:state.t_start + 1].repeat(n),
                                         noise)

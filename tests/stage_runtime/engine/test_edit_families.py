@@ -14,9 +14,10 @@ from diffusers import FluxImg2ImgPipeline, FluxKontextPipeline, StableDiffusionX
 from engine_probes import assert_no_state, count_denoiser_calls, max_diff, runner_of, wait_until
 from PIL import Image
 
-from stage_runtime.config import load_config
+from stage_runtime.config import ParallelConfig, load_config
+from stage_runtime.distributed.apply import apply_parallelism
 from stage_runtime.engine import DiffusionEngine
-from stage_runtime.errors import InvalidRequestError, RequestAbortedError
+from stage_runtime.errors import ConfigError, InvalidRequestError, RequestAbortedError
 from stage_runtime.request import DiffusionRequest, EditInput, SamplingParams
 
 STEPS, SIZE = 10, 64
@@ -45,15 +46,16 @@ def bare(cls, path: str):
     return pipe
 
 
-def reference(family: str, path: str, prompt: str, seed: int, image: np.ndarray) -> np.ndarray:
-    """The bare diffusers edit call (Kontext: conditioned at the request's size, see models/flux_kontext.py)."""
+def reference(family: str, path: str, prompt: str, seed: int, image: np.ndarray, n: int = 1) -> np.ndarray:
+    """The bare diffusers edit call (Kontext: conditioned at the request's size, see models/flux_kontext.py);
+    ``n`` images from generators seed, seed+1… (the engine's per-image generators)."""
     _, cls, strength, _ = FAMILIES[family]
     kwargs = ({"max_area": SIZE * SIZE, "_auto_resize": False} if family == "kontext" else {"strength": strength})
     if family != "sdxl":
         kwargs.update(height=SIZE, width=SIZE)
     out = bare(cls, path)(prompt=prompt, image=Image.fromarray(image, "RGB"), num_inference_steps=STEPS,
-                          guidance_scale=GUIDANCE[family], generator=torch.Generator("cpu").manual_seed(seed),
-                          output_type="np", **kwargs)
+                          guidance_scale=GUIDANCE[family], num_images_per_prompt=n, output_type="np",
+                          generator=[torch.Generator("cpu").manual_seed(seed + i) for i in range(n)], **kwargs)
     return (out.images * 255).round().clip(0, 255).astype(np.uint8)
 
 
@@ -91,10 +93,11 @@ def test_edit_equals_the_diffusers_pipeline(case):
 
 def test_same_shape_edits_fuse_and_each_equals_its_solo_run(case):
     family, path, engine = case
-    pairs = (("a cat", 1), ("a dog", 2))
-    refs = [reference(family, path, p, s, picture(s)) for p, s in pairs]
+    pairs = (("a cat", 1, 1), ("a dog", 2, 2))             # (prompt, seed, images)
+    refs = [reference(family, path, p, s, picture(s), n) for p, s, n in pairs]
     calls = count_denoiser_calls(engine)
-    streams = [engine.add_request(edit_request(family, f"pair-{s}", p, s, picture(s))) for p, s in pairs]
+    streams = [engine.add_request(edit_request(family, f"pair-{s}", p, s, picture(s), num_outputs=n))
+               for p, s, n in pairs]
     for stream, ref in zip(streams, refs, strict=True):
         assert max_diff(stream.result(timeout=120).images, ref) <= tolerance(engine)
     steps = FAMILIES[family][3]
@@ -159,3 +162,11 @@ def test_kontext_serves_generations_which_never_share_a_forward_with_edits(case)
     ref = (out.images * 255).round().clip(0, 255).astype(np.uint8)
     assert max_diff(engine.add_request(gen).result(timeout=120).images, ref) <= tolerance(engine)
     assert_no_state(engine)
+
+
+def test_kontext_refuses_in_model_parallelism_with_the_reason(case):
+    family, _, engine = case
+    if family != "kontext" or engine.scheduler.mode != "request":
+        pytest.skip("Kontext's facts, once")
+    with pytest.raises(ConfigError, match=r"ulysses_degree=2 is not supported by FluxKontextPipeline.*conditioning"):
+        apply_parallelism(runner_of(engine).adapter, None, ParallelConfig(ulysses_degree=2))
