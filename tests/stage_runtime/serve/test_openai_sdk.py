@@ -175,6 +175,13 @@ def bounded_cost(case) -> None:
                 case.body[field] = most
 
 
+def own_deadline(case, response) -> bool:
+    """A 504 deadline_exceeded for a case that set its own (tiny) ``timeout_s``: the documented answer, no fault."""
+    body = case.body if isinstance(case.body, dict) else {}
+    return (response.status_code == 504 and body.get("timeout_s") is not None
+            and '"deadline_exceeded"' in response.text)
+
+
 def test_schemathesis_over_openapi_json_finds_no_5xx(sdk_stage):
     """Seeded (derandomized), bounded (cases and seconds) fuzzing of every route from /openapi.json."""
     import requests
@@ -202,6 +209,8 @@ def test_schemathesis_over_openapi_json_finds_no_5xx(sdk_stage):
             seen.append((case.operation.label, 0))
             return
         seen.append((case.operation.label, response.status_code))
+        if own_deadline(case, response):
+            return
         assert response.status_code < 500, (case.operation.label, response.status_code, response.text[:500])
 
     started = time.monotonic()
