@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from support.factories import model_info
 
 from stage_runtime.errors import InvalidRequestError
-from stage_runtime.request import DiffusionRequest, RequestStatus, SamplingParams
+from stage_runtime.request import DiffusionRequest, EditInput, RequestStatus, SamplingParams
 
 INFO = model_info()
 
@@ -80,3 +81,28 @@ def test_family_compatibility_keys_come_from_model_info():
     assert a.resolve(family).batch_key != b.resolve(family).batch_key          # one call: one step count
     assert a.resolve(INFO).step_key != b.resolve(INFO).step_key                # default: guidance must match
     assert a.resolve(INFO).step_key == (64, 64, 2.0)
+
+
+@pytest.mark.parametrize("rule, strength, steps", [("int", 0.55, 5), ("flow", 0.55, 6), ("int", None, 8),
+                                                   ("flow", 1.0, 10), ("int", 0.05, 0)])
+def test_an_edits_step_count_follows_its_familys_rule(rule, strength, steps):
+    info = model_info(edit_tasks=("img2img",), edit_step_rule=rule)
+    edit = EditInput(np.zeros((64, 64, 3), np.uint8), None, strength).resolve(info)
+    assert edit.task == "img2img" and edit.strength == (0.8 if strength is None else strength)
+    assert edit.denoise_steps(10) == steps
+
+
+def test_a_maskless_edit_on_an_instruction_edit_family_is_an_instruction_edit():
+    image = np.zeros((64, 64, 3), np.uint8)
+    kontext = model_info(pipeline_class="FluxKontextPipeline", edit_tasks=("instruct",), step_key=("height", "task"))
+    request = DiffusionRequest("e", "make it blue", SamplingParams(num_inference_steps=7), edit=EditInput(image))
+    resolved = request.resolve(kontext)
+    assert resolved.task == "instruct" and resolved.num_steps == 7 and resolved.edit.strength is None
+    assert resolved.step_key == (("height", 64), ("task", "instruct"))
+    assert DiffusionRequest("g", "x").resolve(kontext).step_key == (("height", 64), ("task", "generate"))
+    with pytest.raises(InvalidRequestError, match="no strength") as err:
+        DiffusionRequest("s", "x", edit=EditInput(image, None, 0.5)).resolve(kontext)
+    assert err.value.field == "strength"
+    with pytest.raises(InvalidRequestError, match="does not serve inpaint edits") as err:
+        DiffusionRequest("m", "x", edit=EditInput(image, np.zeros((64, 64), np.uint8))).resolve(kontext)
+    assert err.value.field == "mask"
