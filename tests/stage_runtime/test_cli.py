@@ -143,7 +143,8 @@ def test_make_tiny_model_dit(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("kind", "class_name"), [("sdxl", "StableDiffusionXLPipeline"),
-                                                  ("qwen-image", "QwenImagePipeline")])
+                                                  ("qwen-image", "QwenImagePipeline"),
+                                                  ("flux-kontext", "FluxKontextPipeline")])
 def test_make_tiny_model_families(tmp_path, capsys, kind, class_name):
     out_dir = tmp_path / kind
     rc, out, _ = run_cli(capsys, "make-tiny-model", str(out_dir), "--kind", kind)
