@@ -170,3 +170,22 @@ def test_kontext_refuses_in_model_parallelism_with_the_reason(case):
         pytest.skip("Kontext's facts, once")
     with pytest.raises(ConfigError, match=r"ulysses_degree=2 is not supported by FluxKontextPipeline.*conditioning"):
         apply_parallelism(runner_of(engine).adapter, None, ParallelConfig(ulysses_degree=2))
+
+
+def test_sdxl_step_edit_encodes_with_the_vae_upcast_and_puts_it_back(tiny_sdxl_path):
+    """force_upcast (SDXL's VAE overflows in float16): the image is encoded in float32, the VAE returns to the
+    serving dtype, and the edit's latents are in the serving dtype (here bfloat16)."""
+    from stage_runtime.config import ModelConfig
+    from stage_runtime.models.registry import resolve_adapter_class
+
+    adapter = resolve_adapter_class(ModelConfig(path=tiny_sdxl_path)).load(tiny_sdxl_path, torch.device("cpu"),
+                                                                             "bfloat16")
+    assert adapter.pipe.vae.config.force_upcast
+    encoded = []
+    adapter.pipe.vae.encoder.register_forward_pre_hook(
+        lambda module, args: encoded.append((args[0].dtype, next(module.parameters()).dtype)))
+    request = edit_request("sdxl", "bf16", "a cat", 1, picture(1)).resolve(adapter.info())
+    state = adapter.prepare_encode(request)
+    assert encoded == [(torch.float32, torch.float32)]
+    assert adapter.pipe.vae.dtype == torch.bfloat16 and state.latents.dtype == torch.bfloat16
+    assert torch.isfinite(state.latents.float()).all() and state.t_start == STEPS - FAMILIES["sdxl"][3]
