@@ -189,3 +189,17 @@ def test_sdxl_step_edit_encodes_with_the_vae_upcast_and_puts_it_back(tiny_sdxl_p
     assert encoded == [(torch.float32, torch.float32)]
     assert adapter.pipe.vae.dtype == torch.bfloat16 and state.latents.dtype == torch.bfloat16
     assert torch.isfinite(state.latents.float()).all() and state.t_start == STEPS - FAMILIES["sdxl"][3]
+
+
+def test_transformer_edits_run_under_the_block_cache(case):
+    """FLUX img2img and Kontext edits take a request's ``cache`` (models.block_cache): blocks are skipped,
+    and the image stays near the uncached one (the tiny model's residuals barely move)."""
+    family, path, engine = case
+    if family == "sdxl":
+        pytest.skip("a UNet family: no block cache")
+    request = edit_request(family, "cached", "a red fox", 3, picture(0), cache={"threshold": 0.3})
+    out = engine.add_request(request).result(timeout=120)
+    assert out.metrics["steps_skipped"] > 0
+    assert out.metrics["steps_computed"] + out.metrics["steps_skipped"] == FAMILIES[family][3]
+    assert max_diff(out.images, reference(family, path, "a red fox", 3, picture(0))) <= 8
+    assert_no_state(engine)
