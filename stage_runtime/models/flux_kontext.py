@@ -13,8 +13,8 @@ pipeline's preferred-resolution snap would condition a 64x64 edit on a 1024x1024
 also serves generations (no image: FLUX.1 [dev]'s math).
 
 Compatibility: an edit doubles the image tokens, so the step key adds the task (edits and generations
-never share a forward); two edits of one size share ticks and fused calls. Parallel: none yet (FLUX's joint
-Ulysses / ring split is untested with conditioning tokens). The block cache (models.block_cache) is FLUX's and
+never share a forward); two edits of one size share ticks and fused calls. Parallel: none yet (FLUX's
+Ulysses, ring and tensor parallel are untested with conditioning tokens). The block cache (models.block_cache) is FLUX's and
 runs as it is: the conditioning tokens are part of the image stream whose residual it caches.
 """
 
@@ -41,7 +41,7 @@ class FluxKontextAdapter(FluxAdapter):
         return ("instruct",)
 
     def parallel_refusal(self, kind: str) -> str | None:
-        return ("FluxKontextPipeline: no in-model parallelism yet (FLUX's joint sequence split, Ulysses and ring, is "
+        return ("FluxKontextPipeline: no in-model parallelism yet (FLUX's Ulysses, ring and tensor parallel are "
                 "untested with the image conditioning tokens); use data parallelism (replicas)")
 
     # -- request mode ----------------------------------------------------------------------------------
