@@ -206,8 +206,8 @@ def test_terminal_paths_drop_the_cache_state(tiny_dit_path):
     assert closed.finished
 
 
-@pytest.mark.parametrize("fixture, pipeline", [("tiny_sd_path", "StableDiffusionPipeline"),           # a UNet family
-                                               ("tiny_pag_path", "StableDiffusionPAGPipeline")])    # the generic adapter
+@pytest.mark.parametrize("fixture, pipeline", [("tiny_sd_path", "StableDiffusionPipeline"),        # a UNet family
+                                               ("tiny_pag_path", "StableDiffusionPAGPipeline")])  # generic adapter
 def test_unsupported_families_refuse_the_block_cache_at_startup_and_per_request(request, fixture, pipeline):
     config = {"model": {"path": request.getfixturevalue(fixture)}, "device": "cpu", "warmup": False}
     with pytest.raises(ConfigError, match=f"cache.mode='block': {pipeline} has no block cache"):
