@@ -111,6 +111,14 @@ class BlockCacheState:
     def counts(self) -> dict[str, int]:
         return {"steps_computed": self.computed, "steps_skipped": self.skipped}
 
+    def tensors_nbytes(self) -> int:
+        return sum(t.nbytes for t in (*self.reference.values(), *self.residual.values()))
+
+    def move_to(self, device: torch.device) -> None:
+        """With its step state (a preempted request's host offload, and back): copies, so values stay exact."""
+        self.reference = {b: t.to(device, copy=True) for b, t in self.reference.items()}
+        self.residual = {b: t.to(device, copy=True) for b, t in self.residual.items()}
+
     def snapshot(self) -> tuple:
         return (self.step, self.computed, self.skipped, self.consecutive, self.last_distance,
                 dict(self.reference), dict(self.residual))

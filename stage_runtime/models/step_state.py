@@ -40,7 +40,8 @@ class StepRequestState:
         return self.step_index >= self.total_steps
 
     def tensors_nbytes(self) -> int:
-        return self.latents.nbytes + sum(t.nbytes for t in self.cond.values() if isinstance(t, torch.Tensor))
+        cached = 0 if self.cache is None else self.cache.tensors_nbytes()
+        return self.latents.nbytes + sum(t.nbytes for t in self.cond.values() if isinstance(t, torch.Tensor)) + cached
 
     def move_to(self, device: torch.device) -> None:
         """Copy latents and conditioning to ``device`` (a preempted request's host offload, and back).
@@ -50,3 +51,5 @@ class StepRequestState:
         """
         self.latents = self.latents.to(device, copy=True)
         self.cond = {k: v.to(device, copy=True) if isinstance(v, torch.Tensor) else v for k, v in self.cond.items()}
+        if self.cache is not None:
+            self.cache.move_to(device)

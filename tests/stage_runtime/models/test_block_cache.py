@@ -240,3 +240,29 @@ def test_the_decision_forces_warmup_and_final_steps_and_limits_consecutive_skips
     #           warmup        skip  skip  forced(limit)  skip  skip  final
     assert decisions == [False, False, True, True, False, True, True, False]
     assert state.counts() == {"steps_computed": 4, "steps_skipped": 4}
+
+
+@pytest.mark.parametrize("offload", [0, 1 << 30], ids=["kept-in-place", "offloaded-to-host"])
+def test_a_preempted_cached_request_resumes_to_the_same_image_and_skips(tiny_dit_path, offload):
+    config = load_config({"model": {"path": tiny_dit_path}, "device": "cpu", "warmup": False,
+                          "cache": {"mode": "block", "threshold": 0.3},
+                          "scheduler": {"execution_mode": "step", "max_num_seqs": 1, "scheduling_policy": "priority",
+                                        "preempted_offload_max_bytes": offload}})
+    engine = DiffusionEngine(config)
+    try:
+        alone = run_together(engine, [req("alone", "dit", seed=7, steps=12)])["alone"]
+        long = engine.add_request(req("long", "dit", seed=7, steps=12))
+        for _ in range(5):
+            engine.step()
+        urgent = engine.add_request(req("urgent", "dit", seed=8, steps=3, priority=5))
+        while not (long.finished and urgent.finished):
+            engine.step()
+        assert engine.scheduler.get_request_state("long") is None
+        resumed = long.result(timeout=1)
+        assert np.array_equal(resumed.images, alone.images)
+        assert resumed.metrics["preemptions"] == 1
+        assert resumed.metrics["steps_skipped"] == alone.metrics["steps_skipped"] > 0
+        engine.step()
+        assert runner_of(engine).num_cache_states() == 0 and runner_of(engine).parked == {}
+    finally:
+        engine.close()
