@@ -79,3 +79,14 @@ def test_labels_stay_low_cardinality():
     labels = {k for fam in text_string_to_metric_families(m.render(STATS).decode())
               for s in fam.samples for k in s.labels}
     assert labels <= {"outcome", "le", "rank", "diffstage_stage_state"}
+
+
+def test_cache_steps_and_result_cache_hits_are_counted():
+    m = StageMetrics()
+    assert samples(m)[("diffstage_cache_steps_total", (("outcome", "skipped"),))] == 0
+    m.observe_terminal("completed", {"e2e_ms": 9.0, "steps_computed": 3, "steps_skipped": 17})
+    m.observe_terminal("completed", {"e2e_ms": 0.1, "result_cache_hit": 1})
+    got = samples(m)
+    assert got[("diffstage_cache_steps_total", (("outcome", "computed"),))] == 3
+    assert got[("diffstage_cache_steps_total", (("outcome", "skipped"),))] == 17
+    assert got[("diffstage_result_cache_hits_total", ())] == 1
