@@ -347,3 +347,21 @@ def test_config_module_does_not_import_torch():
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_cache_section_defaults_bounds_and_flags():
+    from stage_runtime.cli import build_parser, config_from_args
+
+    cache = load_config({"model": {"path": "/m"}}).cache
+    assert (cache.mode, cache.threshold, cache.warmup_steps, cache.final_steps) == ("none", 0.1, 1, 1)
+    assert (cache.result_max_bytes, cache.prompt_max_bytes) == (0, 0)
+    for bad, named in (({"mode": "teacache"}, "cache.mode='teacache'"), ({"threshold": 11}, "cache.threshold=11"),
+                       ({"warmup_steps": 0}, "cache.warmup_steps=0"), ({"result_max_bytes": -1}, "result_max_bytes")):
+        with pytest.raises(ConfigError, match=named.replace(".", r"\.").replace("(", r"\(")):
+            load_config({"model": {"path": "/m"}, "cache": bad})
+    args = build_parser().parse_args(["validate", "--model", "/m", "--cache-mode", "block", "--cache-threshold", "0.2",
+                                      "--cache-warmup-steps", "3", "--result-cache-bytes", "1000",
+                                      "--prompt-cache-bytes", "2000"])
+    cache = config_from_args(args).cache
+    assert (cache.mode, cache.threshold, cache.warmup_steps, cache.result_max_bytes, cache.prompt_max_bytes) == (
+        "block", 0.2, 3, 1000, 2000)
