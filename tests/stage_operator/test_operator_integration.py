@@ -75,8 +75,9 @@ def test_scale_up_and_down(cluster, kube_emulator):
         wait_for(lambda: cluster.condition('tiny', 'Progressing').get('status') == 'True', what='Progressing')
         assert cluster.status('tiny')['phase'] == 'Progressing'
         map_pod(cluster, 'tiny-2', two.url)
-        wait_for(lambda: ready(cluster, 'tiny', 3, generation=2), what='Ready 3/3')
-        cluster.scale('tiny', 1)
+        wait_for(lambda: ready(cluster, 'tiny', 3, generation=2) and all(  # victims go by measured load:
+            r.get('health') == 'Healthy' for r in cluster.status('tiny')['replicaStatuses']), what='Ready 3/3, probed')
+        cluster.scale('tiny', 1)  # all idle: the highest indices go
         wait_for(lambda: set(cluster.pods('tiny')) == {'tiny-0'}, what='one pod left')
         writes = [(verb, name) for verb, plural, _, name, sub in kube_emulator.mutations if plural == 'pods' and not sub]
         for name in ('tiny-1', 'tiny-2'):  # out of the Service (the fence is a patch) before it was deleted
