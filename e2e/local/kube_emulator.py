@@ -15,7 +15,8 @@ real `kubectl`. It keeps kmock's server, Status-shaped errors and reaction DSL (
 Added: custom resources registered from CRD objects (`register_crd`, `register_crds(folder)`, or a CRD posted to
 the API), with admission as kube-apiserver does it (admission.py: pruning, defaults, schema, CEL rules, 422
 Invalid Status bodies, `fieldValidation`); `/openapi/v3` and `/openapi/v2` (openapi.py); server-side Tables
-(tables.py); `/version` (1.31); the scale subresource, deletecollection, open-watch counts, a mutating-call counter.
+(tables.py); `/version` (1.31); the scale subresource, `pods/eviction` honouring PodDisruptionBudgets (eviction.py),
+deletecollection, open-watch counts, a mutating-call counter.
 Not emulated: kubelet, scheduler, controllers (tests and the pod runner play them), server-side apply,
 strategic-merge list semantics (applied as a JSON merge patch), graceful pod deletion (pods go at once),
 dryRun, delete preconditions, protobuf, aggregated discovery (kubectl falls back to the legacy documents),
@@ -49,7 +50,7 @@ VERBS = ('create', 'delete', 'deletecollection', 'get', 'list', 'patch', 'update
 BUILTINS = [  # resource, kind, namespaced, subresources, short names
     ('v1/namespaces', 'Namespace', False, ('status',), ('ns',)),
     ('v1/nodes', 'Node', False, ('status',), ('no',)),
-    ('v1/pods', 'Pod', True, ('status',), ('po',)),
+    ('v1/pods', 'Pod', True, ('status', 'eviction'), ('po',)),
     ('v1/services', 'Service', True, ('status',), ('svc',)),
     ('v1/configmaps', 'ConfigMap', True, (), ('cm',)),
     ('v1/secrets', 'Secret', True, (), ()),
@@ -60,7 +61,8 @@ BUILTINS = [  # resource, kind, namespaced, subresources, short names
     ('kopf.dev/v1/kopfpeerings', 'KopfPeering', True, (), ()),
     ('kopf.dev/v1/clusterkopfpeerings', 'ClusterKopfPeering', False, (), ()),
 ]
-SUBRESOURCE_KINDS = {'status': None, 'scale': ('autoscaling', 'v1', 'Scale')}  # None: the resource's own kind
+SUBRESOURCE_KINDS = {'status': None, 'scale': ('autoscaling', 'v1', 'Scale'),  # None: the resource's own kind
+                     'eviction': ('policy', 'v1', 'Eviction')}
 
 
 def _parse_path(path: str) -> parsing.ParsedPath | None:

@@ -27,6 +27,8 @@ import jsonpatch
 import jsonpointer
 import kmock
 
+from e2e.local import eviction
+
 NAMESPACES, PODS = kmock.resource('v1/namespaces'), kmock.resource('v1/pods')
 INITIAL_STATUS = {PODS: {'phase': 'Pending'}, NAMESPACES: {'phase': 'Active'}}
 SERVER_OWNED = ('name', 'namespace', 'uid', 'creationTimestamp', 'deletionTimestamp', 'generation', 'resourceVersion')
@@ -193,6 +195,8 @@ class KubeStore:
             key = (res, request.namespace if info.namespaced else None, request.name)
             if key not in self._store:
                 raise _error(404, 'NotFound', f'{res.plural} "{request.name}" not found', name=request.name)
+            if sub == 'eviction' and method == 'POST':
+                return self._evict(key)
             if method in ('PUT', 'PATCH'):
                 obj = self._write(key, request)
             elif method == 'DELETE':
@@ -202,6 +206,20 @@ class KubeStore:
             else:
                 obj = copy.deepcopy(self._store[key])
             return 200, _scale(obj) if sub == 'scale' else obj
+
+    def _evict(self, key: Key) -> tuple[int, Any]:
+        """pods/eviction (eviction.py): 429 if a PodDisruptionBudget forbids it, else DisruptionTarget + delete."""
+        pod, namespace = self._store[key], key[1]
+        in_namespace = [o for k, o in self._store.items() if k[1] == namespace]
+        pods = [o for o in in_namespace if o.get('kind') == 'Pod']
+        why = eviction.refusal(pod, [o for o in in_namespace if o.get('kind') == 'PodDisruptionBudget'], pods)
+        if why is not None:
+            raise _error(429, 'TooManyRequests', why, name=key[2])
+        status = copy.deepcopy(pod.get('status') or {})
+        status['conditions'] = [*(status.get('conditions') or ()), eviction.disruption_target(_now())]
+        self._update(key, {**pod, 'status': status})
+        self._delete(key)
+        return 201, {'kind': 'Status', 'apiVersion': 'v1', 'status': 'Success', 'code': 201}
 
     def _create(self, request: Call) -> Obj:
         res, info, obj = request.resource, self.resources[request.resource], copy.deepcopy(request.body)

@@ -90,7 +90,10 @@ def scale_down_to_one_keeping(cluster, busy_pod: str, scale) -> None:
     assert set(pods(cluster)) == {'roll-0', 'roll-1', 'roll-2'}
     before = len(deleted_pods(cluster))
     busy = Busy(cluster, busy_pod)
-    scenario.wait_for(lambda: seen_busy(cluster, busy_pod, 2), 60, f'the probe to see the load on {busy_pod}',
+    probed = lambda: all(r.get('health') == 'Healthy' and 'running' in r  # noqa: E731 (victims go by measured load)
+                         for r in scenario.status(cluster, ROLL).get('replicaStatuses') or ())
+    scenario.wait_for(lambda: seen_busy(cluster, busy_pod, 2) and probed(), 60,
+                      f'the probe to see the load on {busy_pod}',
                       lambda: scenario.status(cluster, ROLL).get('replicaStatuses'))
     with Load(cluster, ROLL) as load:
         scale(1)

@@ -75,8 +75,9 @@ def test_scale_up_and_down(cluster, kube_emulator):
         wait_for(lambda: cluster.condition('tiny', 'Progressing').get('status') == 'True', what='Progressing')
         assert cluster.status('tiny')['phase'] == 'Progressing'
         map_pod(cluster, 'tiny-2', two.url)
-        wait_for(lambda: ready(cluster, 'tiny', 3, generation=2), what='Ready 3/3')
-        cluster.scale('tiny', 1)
+        wait_for(lambda: ready(cluster, 'tiny', 3, generation=2) and all(  # victims go by measured load:
+            r.get('health') == 'Healthy' for r in cluster.status('tiny')['replicaStatuses']), what='Ready 3/3, probed')
+        cluster.scale('tiny', 1)  # all idle: the highest indices go
         wait_for(lambda: set(cluster.pods('tiny')) == {'tiny-0'}, what='one pod left')
         writes = [(verb, name) for verb, plural, _, name, sub in kube_emulator.mutations if plural == 'pods' and not sub]
         for name in ('tiny-1', 'tiny-2'):  # out of the Service (the fence is a patch) before it was deleted
@@ -186,6 +187,31 @@ def test_the_stage_owns_a_pod_disruption_budget(cluster, kube_emulator):
                  what='the budget follows the spec')
         cluster.patch_spec('tiny', {'replicas': 1, 'disruption': None})  # one replica: a budget would block drains
         wait_for(lambda: kube_emulator.get('poddisruptionbudgets', 'tiny') is None, what='the PDB removed')
+
+
+def test_the_eviction_api_honours_the_budget_and_an_evicted_pod_is_replaced_at_once(cluster, kube_emulator):
+    """What `kubectl drain` does: POST pods/<name>/eviction. The PDB (maxUnavailable 1) admits one eviction and
+    refuses a second while the first replacement is not ready; the evicted replica is back at once, uncounted."""
+    evict = lambda pod: cluster.http.post(f'/api/v1/namespaces/default/pods/{pod}/eviction', json={  # noqa: E731
+        'apiVersion': 'policy/v1', 'kind': 'Eviction', 'metadata': {'name': pod, 'namespace': 'default'}})
+    with operator(kube_emulator):
+        cluster.apply(manifest('tiny', replicas=3, restartPolicy={'backoffInitialSeconds': 300,
+                                                                  'backoffMaxSeconds': 300}))
+        wait_for(lambda: len(cluster.pods('tiny')) == 3, what='three pods')
+        cluster.all_ready('tiny')
+        wait_for(lambda: ready(cluster, 'tiny', 3) and kube_emulator.get('poddisruptionbudgets', 'tiny'),
+                 what='Ready 3/3 with its PDB')
+        old_uid = cluster.pods('tiny')['tiny-0']['metadata']['uid']
+        assert evict('tiny-0').status_code == 201
+        wait_for(lambda: cluster.pods('tiny').get('tiny-0', {}).get('metadata', {}).get('uid') not in (None, old_uid),
+                 what='tiny-0 recreated at once')
+        refused = evict('tiny-1')  # the new tiny-0 is not ready yet: a second eviction would break the budget
+        assert refused.status_code == 429 and "violate the pod's disruption budget tiny" in refused.json()['message']
+        assert 'tiny-1' in cluster.pods('tiny')
+        cluster.kubelet_ready('tiny-0')
+        wait_for(lambda: ready(cluster, 'tiny', 3), what='Ready 3/3 again')
+        assert evict('tiny-1').status_code == 201
+        assert cluster.status('tiny')['restarts'] == {'total': 0}
 
 
 def test_an_evicted_pod_is_replaced_at_once_without_a_restart(cluster, kube_emulator):
