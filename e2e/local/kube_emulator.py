@@ -55,6 +55,7 @@ BUILTINS = [  # resource, kind, namespaced, subresources, short names
     ('v1/configmaps', 'ConfigMap', True, (), ('cm',)),
     ('v1/secrets', 'Secret', True, (), ()),
     ('v1/events', 'Event', True, (), ('ev',)),
+    ('networking.k8s.io/v1/networkpolicies', 'NetworkPolicy', True, (), ('netpol',)),
     ('coordination.k8s.io/v1/leases', 'Lease', True, (), ()),
     ('policy/v1/poddisruptionbudgets', 'PodDisruptionBudget', True, ('status',), ('pdb',)),
     ('apiextensions.k8s.io/v1/customresourcedefinitions', 'CustomResourceDefinition', False, ('status',), ('crd',)),
@@ -99,6 +100,8 @@ class KubeEmulator(kmock.KubernetesScaffold, CustomResources, KubeStore):
     _builtin_payloads: list[int] = attrs.field(factory=list, init=False)
     counts: collections.Counter[tuple[str, str, str | None]] = attrs.field(factory=collections.Counter, init=False)
     mutations: list[tuple[str, str, str | None, str | None, str | None]] = attrs.field(factory=list, init=False)
+    # mutating admission webhooks, as a cluster's (Kueue gates the pods it queues): (plural, new object) → object
+    webhooks: list[Any] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()  # the scaffold: discovery, 404 for unknown URLs
@@ -115,6 +118,12 @@ class KubeEmulator(kmock.KubernetesScaffold, CustomResources, KubeStore):
         if _is_object_request(request) and [id(p) for p in self._payloads] == self._builtin_payloads:
             return await self._objects_reaction(request)
         return await super()._handle(request)
+
+    def _admit(self, request: Call, obj: Obj, old: Obj | None) -> Obj:
+        if old is None:  # a create: the webhooks see it before validation, as mutating admission does
+            for webhook in list(self.webhooks):
+                obj = webhook(request.resource.plural, obj)
+        return super()._admit(request, obj, old)
 
     # -- for tests (any thread) ------------------------------------------------------------------
     def declare(self, resource: str, kind: str, *, namespaced: bool = True,

@@ -7,7 +7,8 @@ exit phase Failed (or Succeeded) with the exit code and the termination message 
 termination log. A deleted pod's process gets SIGTERM after its preStop sleep (the only preStop action
 emulated), SIGKILL at the end of the pod's grace period; processes
 that outlive their container are killed and recorded in `leftovers` (a clean stage leaves none).
-No scheduler: pods run where they are (`nodeName: local`).
+No scheduler: pods run where they are (`nodeName: local`), except that a pod with `schedulingGates` waits
+(Pending, PodScheduled=False SchedulingGated, as the scheduler reports it) until its gates are removed.
 """
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ class PodRunner:
         self.pods: dict[tuple[str, str], _PodThread] = {}
         self._every: list[_PodThread] = []  # every pod ever run, also those replaced by a new pod of the same name
         self.leftovers: dict[str, list[int]] = {}  # pod → processes that outlived its container
+        self.gated: dict[tuple[str, str], str] = {}  # pods held by scheduling gates (not started): key → uid
         self.errors: list[str] = []  # the runner's own failures (a pod it could not run is reported in its status)
         # claims, images and the node's disk as local folders (tests bind claims and "pull" images here)
         self.sources = LocalSources(node_root=self.root / 'node-local')
@@ -161,6 +163,14 @@ class PodRunner:
             if self._closing.is_set() or (pod.get('status') or {}).get('phase') in ('Failed', 'Succeeded') \
                     or pod['metadata'].get('deletionTimestamp'):
                 return
+            if gates := (pod.get('spec') or {}).get('schedulingGates'):  # the scheduler leaves it Pending
+                if self.gated.get(key) != pod['metadata']['uid']:
+                    self.gated[key] = pod['metadata']['uid']
+                    self.patch_status(pod, {'phase': 'Pending', 'conditions': [kubelet.condition(
+                        'PodScheduled', False, 'SchedulingGated',
+                        f'Scheduling is blocked due to non-empty scheduling gates: {[g["name"] for g in gates]}')]})
+                return
+            self.gated.pop(key, None)
             self.pods[key] = thread = _PodThread(self, pod, next_pod_ip())
             self._every.append(thread)
         thread.start()

@@ -17,7 +17,7 @@ import aiohttp
 from stage_operator import metrics, stage_http
 from stage_operator.clock import format_time
 from stage_operator.health import HealthBook
-from stage_operator.kube import Kube
+from stage_operator.kube import ApiError, Kube
 from stage_operator.observed import Observed
 from stage_operator.plan import Plan
 from stage_operator.reconcile import needs_nodes, reconcile
@@ -25,6 +25,7 @@ from stage_operator.stage import Stage, parse_stage
 
 log = logging.getLogger(__name__)
 MAX_SAMPLES = 100_000
+QUOTA_RETRY_SECONDS = 5.0  # a pod a ResourceQuota refused is tried again this often
 
 
 def utc_now() -> str:
@@ -40,6 +41,7 @@ class Targets:
     autoscaling: bool  # record the in-flight load (operator autoscaling)
     window: float  # how much load history autoscaling needs
     pods: dict[str, tuple[str, str, bool]]  # uid -> (pod, base url, active: serving and not draining)
+    api_key: str | None = None  # spec.auth: the Bearer key for /v1/stats
 
 
 @dataclasses.dataclass
@@ -48,6 +50,8 @@ class StageMemory:
     samples: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=MAX_SAMPLES))
     targets: Targets | None = None
     aborts: dict[tuple[str, str], dict[str, Any]] = dataclasses.field(default_factory=dict)
+    api_key: str | None = None  # read from spec.auth.secretRef at each reconcile (a rotated key follows)
+    quota_refused: dict[str, str] = dataclasses.field(default_factory=dict)  # pods the last apply could not create
 
     def record_load(self, at: float, in_flight: int, window: float) -> None:
         self.samples.append((at, in_flight))
@@ -92,7 +96,7 @@ class Controller:
         return stage, dataclasses.replace(observed, at=at)
 
     def apply(self, stage: Stage, plan: Plan) -> None:
-        self.kube.apply(stage, plan)
+        self.remember(stage.namespace, stage.name).quota_refused = self.kube.apply(stage, plan) or {}
         for event in plan.events:
             if event["reason"] == "RestartingReplica":
                 metrics.RESTARTS.inc()
@@ -122,17 +126,39 @@ class Controller:
             return None
         stage, observed = read
         observed = self._with_memory(stage, observed)
+        self.remember(namespace, name).api_key = await asyncio.to_thread(self._api_key, stage)
         if (spec_abort := self._pending_abort(stage)) is not None:
             observed = dataclasses.replace(observed, abort=await self._abort(stage, observed, spec_abort))
         plan = reconcile(stage, observed)
         await asyncio.to_thread(self.apply, stage, plan)
+        if self.remember(namespace, name).quota_refused:  # look again soon: status says why, quota may free up
+            plan = dataclasses.replace(plan, requeue_after=min(plan.requeue_after or QUOTA_RETRY_SECONDS,
+                                                               QUOTA_RETRY_SECONDS))
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
         self._done(stage, observed, plan)
         return plan
 
+    def _api_key(self, stage: Stage) -> str | None:
+        """The key the stage wants on /v1/* (spec.auth.secretRef), read through the API each reconcile; None
+        without auth, or when the Secret cannot be read (said in the log: the probes then get 401)."""
+        if stage.spec is None or stage.spec.auth is None or stage.deleting:
+            return None
+        ref = stage.spec.auth.secret_ref
+        try:
+            key = self.kube.read_api_key(stage.namespace, ref.name, ref.key)
+        except ApiError as exc:  # 403: the operator was not granted `get` on secrets in this namespace
+            log.warning("stage %s/%s: cannot read spec.auth.secretRef %s: %s", stage.namespace, stage.name,
+                        ref.name, exc)
+            return None
+        if key is None:
+            log.warning("stage %s/%s: Secret %s has no key %r with an API key in it", stage.namespace,
+                        stage.name, ref.name, ref.key)
+        return key
+
     def _with_memory(self, stage: Stage, observed: Observed) -> Observed:
         memory = self.remember(stage.namespace, stage.name)
-        return dataclasses.replace(observed, health=memory.health.snapshot(), load_samples=tuple(memory.samples))
+        return dataclasses.replace(observed, health=memory.health.snapshot(), load_samples=tuple(memory.samples),
+                                   quota_refused=dict(memory.quota_refused))
 
     def _done(self, stage: Stage, observed: Observed, plan: Plan) -> None:
         metrics.RECONCILES.labels(result="changed" if plan.writes else "unchanged").inc()
@@ -154,7 +180,8 @@ class Controller:
         a = spec.autoscaling
         window = max(a.scale_up_stabilization_seconds or 0, a.scale_down_stabilization_seconds or 300)
         memory.targets = Targets(spec.health_check.period_seconds, spec.health_check.timeout_seconds,
-                                 a.mode == "Operator", window + 2 * spec.health_check.period_seconds, pods)
+                                 a.mode == "Operator", window + 2 * spec.health_check.period_seconds, pods,
+                                 memory.api_key)
 
     # -- abort: a new spec.abort.id, sent once ----------------------------------------------------------------
     @staticmethod
@@ -171,7 +198,8 @@ class Controller:
             targets = [(p.name, p.endpoint) for p in observed.pod_views().values()
                        if p.running]
             ids = None if spec_abort.all else list(spec_abort.request_ids or ())
-            result = await stage_http.abort(self.session, targets, ids, stage.spec.health_check.timeout_seconds)
+            result = await stage_http.abort(self.session, targets, ids, stage.spec.health_check.timeout_seconds,
+                                            memory.api_key)
             memory.aborts[key] = {"observedId": spec_abort.id, **result,
                                   "completedTime": format_time(self.clock())}
             log.info("stage %s/%s: abort %s: %s", stage.namespace, stage.name, spec_abort.id, result)
@@ -186,7 +214,7 @@ class Controller:
         if targets is None:
             return False, 0.5
         items = list(targets.pods.items())
-        results = await asyncio.gather(*(stage_http.probe(self.session, url, targets.timeout)
+        results = await asyncio.gather(*(stage_http.probe(self.session, url, targets.timeout, targets.api_key)
                                          for _, (_, url, _) in items))
         changed, in_flight, answered, at = False, 0, 0, self.clock()
         for (uid, (pod, _, active)), result in zip(items, results, strict=True):

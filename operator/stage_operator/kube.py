@@ -1,12 +1,14 @@
 """The one module that talks to the Kubernetes API (the official client's transport and auth, plain JSON).
 
-Reads: the stage, its pods (by label), its Service, ConfigMap and PodDisruptionBudget, the nodes. Writes: `apply(stage, plan)`
+Reads: the stage, its pods (by label), its Service, ConfigMap, PodDisruptionBudget and NetworkPolicy, the
+nodes, the auth Secret (spec.auth.secretRef, by name). Writes: `apply(stage, plan)`
 in the plan's order (deletes, creates, patches, status, events), and nothing else. Every write is a JSON
 merge patch or a create/delete by name.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Mapping
@@ -17,6 +19,7 @@ import kubernetes
 from stage_operator.api.meta import GROUP, LABEL_STAGE, PLURAL, VERSION
 from stage_operator.builders.children import configmap_name
 from stage_operator.builders.disruption import pdb_name
+from stage_operator.builders.networkpolicy import network_policy_name
 from stage_operator.observed import Observed
 from stage_operator.plan import Plan
 from stage_operator.stage import Stage
@@ -24,8 +27,10 @@ from stage_operator.stage import Stage
 log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"
 IMAGE_VOLUMES_SINCE = (1, 35)  # the ImageVolume feature gate is on by default from here
-_CORE_PLURALS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps"}
-_PATHS = {"PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets")}
+_CORE_PLURALS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Secret": "secrets"}
+_PATHS = {"PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+          "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies")}
+QUOTA_REFUSAL = "exceeded quota"  # the ResourceQuota admission plugin's 403 message: `exceeded quota: NAME, ...`
 
 
 class ApiError(Exception):
@@ -81,7 +86,7 @@ class Kube:
 
     @staticmethod
     def core_path(kind: str, namespace: str, name: str = "") -> str:
-        """The path of a child kind (core/v1, and policy/v1 for the PodDisruptionBudget)."""
+        """The path of a child kind (core/v1, and policy/v1 for the PodDisruptionBudget, networking.k8s.io/v1 for the NetworkPolicy)."""
         prefix, plural = _PATHS.get(kind, ("/api/v1", _CORE_PLURALS.get(kind)))
         return f"{prefix}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
 
@@ -112,17 +117,35 @@ class Kube:
         service = self.request("GET", self.core_path("Service", stage.namespace, stage.name))
         configmap = self.request("GET", self.core_path("ConfigMap", stage.namespace, configmap_name(stage)))
         pdb = self.request("GET", self.core_path("PodDisruptionBudget", stage.namespace, pdb_name(stage)))
-        return Observed(pods=owned, service=service, configmap=configmap, pdb=pdb, nodes=nodes, now=now)
+        policy = self.request("GET", self.core_path("NetworkPolicy", stage.namespace, network_policy_name(stage)))
+        return Observed(pods=owned, service=service, configmap=configmap, pdb=pdb, nodes=nodes, now=now,
+                        network_policy=policy)
+
+    def read_api_key(self, namespace: str, name: str, key: str) -> str | None:
+        """The first key in the stage's auth Secret (RBAC: `get` on secrets in that namespace); None when
+        the Secret or the key is missing or holds no key. What the operator sends as `Authorization: Bearer`."""
+        secret = self.request("GET", self.core_path("Secret", namespace, name))
+        encoded = ((secret or {}).get("data") or {}).get(key)
+        if encoded is None:
+            return None
+        text = base64.b64decode(encoded).decode("utf-8", "replace")
+        return next((line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")), None)
 
     # -- writes ------------------------------------------------------------------------------------------
-    def apply(self, stage: Stage, plan: Plan) -> None:
-        ns = stage.namespace
+    def apply(self, stage: Stage, plan: Plan) -> dict[str, str]:
+        """The plan's writes; returns the pods a ResourceQuota refused (name → the API's message): the next
+        reconcile reports them as WaitingForQuota and tries again."""
+        ns, refused = stage.namespace, {}
         for delete in plan.delete:  # first: a restarted replica's failed pod frees its name for the replacement
             self.request("DELETE", self.core_path(delete.kind, ns, delete.name))
         for obj in plan.create:
             try:
                 self.request("POST", self.core_path(obj["kind"], ns), body=obj)
             except ApiError as exc:
+                if exc.status == 403 and obj["kind"] == "Pod" and QUOTA_REFUSAL in str(exc):
+                    refused[obj["metadata"]["name"]] = str(exc).split(" answered 403: ", 1)[-1]
+                    log.info("%s refused by a ResourceQuota: %s", obj["metadata"]["name"], exc)
+                    continue
                 if exc.status != 409:
                     raise
                 log.info("%s/%s already exists (a read older than the write): the next reconcile sees it",
@@ -134,3 +157,4 @@ class Kube:
                          content_type=MERGE)
         for event in plan.events:
             self.request("POST", f"/api/v1/namespaces/{ns}/events", body=event)
+        return refused

@@ -44,6 +44,7 @@ class PodView:
     pod_ip: str | None = None
     init_running: str | None = None  # the init container running now (fetch-model, copy-model, make-model)
     init_seconds: Mapping[str, float] = field(default_factory=dict)  # finished init containers: how long each took
+    gated: tuple[str, ...] = ()  # scheduling gates holding the pending pod (Kueue's admission, a quota controller)
 
     @property
     def available(self) -> bool:
@@ -116,7 +117,17 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         uid=meta.get("uid") or "", serving=labels.get(LABEL_SERVING) == "true",
         draining_since=_time(annotations.get(ANNOTATION_DRAINING)), pod_ip=status.get("podIP"),
         drain_reason=str(annotations.get(ANNOTATION_DRAIN_REASON) or "ScaleDown"),
-        **_init_containers(status))
+        gated=_gates(pod, scheduled), **_init_containers(status))
+
+
+def _gates(pod: Mapping[str, Any], scheduled: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The gate names while the pod waits for them (spec.schedulingGates, or the scheduler's SchedulingGated)."""
+    if (pod.get("status") or {}).get("phase", "Pending") != "Pending":
+        return ()
+    gates = tuple(str(g.get("name")) for g in (pod.get("spec") or {}).get("schedulingGates") or ())
+    if not gates and scheduled and scheduled.get("reason") == "SchedulingGated":
+        gates = ("SchedulingGated",)
+    return gates
 
 
 def _init_containers(status: Mapping[str, Any]) -> dict[str, Any]:
@@ -150,6 +161,7 @@ class Observed:
     service: Mapping[str, Any] | None = None
     configmap: Mapping[str, Any] | None = None
     pdb: Mapping[str, Any] | None = None  # the stage's PodDisruptionBudget
+    network_policy: Mapping[str, Any] | None = None  # the stage's NetworkPolicy
     nodes: Sequence[Mapping[str, Any]] | None = None
     now: str = "1970-01-01T00:00:00Z"  # for lastTransitionTime
     at: float | None = None  # the same moment in epoch seconds (sub-second), for deadlines; default: `now`
@@ -157,6 +169,7 @@ class Observed:
     load_samples: Sequence[tuple[float, int]] = ()  # (time, total in flight), oldest first
     abort: dict[str, Any] | None = None  # the new status.abort when an abort was just sent
     image_volumes: bool = False  # the API server supports image volumes (Kubernetes >= 1.35)
+    quota_refused: Mapping[str, str] = field(default_factory=dict)  # pod → why a ResourceQuota refused its creation
 
     @property
     def epoch(self) -> float:

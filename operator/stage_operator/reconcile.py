@@ -5,7 +5,7 @@ operator autoscaling `autoscale.decide`) → which revision builds the pods (`ro
 the last Ready one after a failed rollout) → which replicas exist (`rollout.members_wanted`: the surge;
 `scaledown.plan`: least-loaded victims) → pod decisions (`rollout.decide`) → the restart policy on failed pods
 (`restarts.decide`: fence, backoff, recreate or Stalled; evictions at once) → children (ConfigMap, Service,
-PodDisruptionBudget) → status (`report.build_status`, with the probe results and the abort outcome the
+PodDisruptionBudget, NetworkPolicy) → status (`report.build_status`, with the probe results and the abort outcome the
 controller observed) → Events for what changed. One writer: the plan. Every pod that leaves goes through
 `drain.py` (fenced, deleted once idle), including when the stage itself is deleted.
 """
@@ -19,6 +19,7 @@ from stage_operator.api.meta import LABEL_SERVING
 from stage_operator.builders.children import build_configmap, build_service
 from stage_operator.builders.disruption import build_pdb, pdb_name
 from stage_operator.builders.event import build_event
+from stage_operator.builders.networkpolicy import build_network_policy, network_policy_name
 from stage_operator.builders.pod import build_pod
 from stage_operator.observed import Observed, PodView
 from stage_operator.plan import Delete, Patch, Plan, contains, merge_patch
@@ -92,7 +93,8 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
             events += drained.events
         rs = restarts.decide(spec.restart_policy, stage.status, stage.generation, kept, observed.health,
                              spec.health_check.failure_threshold, desired_hash, now)
-        extras = report.Extras(members, rs, observed.health, observed.abort, autoscaling, target.status, target.failed)
+        extras = report.Extras(members, rs, observed.health, observed.abort, autoscaling, target.status, target.failed,
+                               quota_refused=observed.quota_refused)
         requeue = _soonest(scaled.requeue_after, decisions.drains.requeue_after, rs.requeue_after,
                            target.requeue_after)
         if fit.ok or observed.configmap is not None:
@@ -100,6 +102,10 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
         if fit.ok or observed.service is not None:
             _child("Service", build_service(stage), observed.service, ("spec",), plan)
         _pdb(stage, desired, observed.pdb, plan)
+        if spec.network_policy.enabled and (fit.ok or observed.network_policy is not None):
+            _child("NetworkPolicy", build_network_policy(stage), observed.network_policy, ("spec",), plan)
+        elif not spec.network_policy.enabled and observed.network_policy is not None:
+            plan.delete.append(Delete("NetworkPolicy", network_policy_name(stage), "NetworkPolicyDisabled"))
         plan.create.extend(build_pod(template, i, desired_hash, observed.image_volumes) for i in decisions.create)
         plan.patch.extend(Patch("Pod", name, FENCE) for name in rs.fence)
         plan.delete.extend(Delete("Pod", name, "Restart") for _, name in rs.recreate)

@@ -29,6 +29,7 @@ class Extras:
     autoscaling: dict[str, Any] | None = None  # the new status.autoscaling, None: keep the last
     rollout: dict[str, Any] | None = None  # the new status.rollout (revisions), None: keep the last
     rollout_failed: tuple[str, str] | None = None  # (reason, message): rolled back from a failed revision
+    quota_refused: Mapping[str, str] = field(default_factory=dict)  # pods a ResourceQuota refused to create
 
 
 INIT_PHASES = {"fetch-model": ("Fetching", "fetching"), "copy-model": ("CopyingModel", "copyingModel"),
@@ -82,6 +83,8 @@ def _replica_status(pod: PodView, desired_hash: str | None, record: ReplicaRecor
         out["startupSeconds"] = took
     if pod.terminating:
         out["message"] = "terminating"
+    elif pod.gated:
+        out["message"] = f"waiting for quota: scheduling gates {', '.join(pod.gated)}"
     elif pod.unschedulable:
         out["message"] = f"waiting for GPUs: {pod.unschedulable}"
     if pod.draining_since is not None and not pod.terminating:
@@ -106,13 +109,19 @@ def _topology(stage: Stage) -> dict[str, Any]:
 
 
 def _progressing(members: Sequence[int], pods: dict[int, PodView], desired_hash: str,
-                 decisions: Decisions) -> dict[str, Any]:
+                 decisions: Decisions, quota_refused: Mapping[str, str] | None = None) -> dict[str, Any]:
     replicas = len(members)
     current = [p for i, p in pods.items() if i in members]
     waiting = [p.name for p in current if p.unschedulable]
     outdated = [p for p in current if p.template_hash != desired_hash]
     extra = [p for i, p in pods.items() if i not in members]
     not_ready = sum(1 for i in members if i not in pods or not pods[i].available)
+    names = {p.name for p in current}
+    if refused := [f"{name}: {why}" for name, why in sorted((quota_refused or {}).items()) if name not in names]:
+        return conditions.condition("Progressing", True, "WaitingForQuota", f"refused by quota: {'; '.join(refused)}")
+    if gated := [f"{p.name} ({', '.join(p.gated)})" for p in current if p.gated]:
+        return conditions.condition("Progressing", True, "WaitingForQuota",
+                                    f"held by scheduling gates (queue admission or quota): {'; '.join(gated)}")
     if waiting:
         return conditions.condition("Progressing", True, "WaitingForGPUs",
                                     f"unschedulable, waiting for capacity: {', '.join(waiting)}")
@@ -147,7 +156,8 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
                    if fit.ok else conditions.condition("Accepted", False, "InsufficientGPUCapacity", fit.message))
         new.append(conditions.condition("Stalled", True, *stalled) if stalled else
                    conditions.condition("Stalled", False, "NotStalled", ""))
-        progressing = _progressing(extras.members, pods, desired_hash, decisions) if fit.ok else \
+        progressing = _progressing(extras.members, pods, desired_hash, decisions,
+                                   extras.quota_refused) if fit.ok else \
             conditions.condition("Progressing", False, "InsufficientGPUCapacity", "waiting for a node that fits")
         if extras.rollout_failed and progressing["reason"] == "Complete":  # halted: the old revision serves
             progressing = conditions.condition("Progressing", False, *extras.rollout_failed)

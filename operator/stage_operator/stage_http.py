@@ -1,10 +1,14 @@
 """The operator's HTTP calls to stage pods (docs/http-api.md): probe `/health` + `/v1/stats`, POST `/v1/abort`.
-Short timeouts; a pod that does not answer is reported (never skipped silently)."""
+Short timeouts; a pod that does not answer is reported (never skipped silently). With `spec.auth` the `/v1/*`
+calls carry `Authorization: Bearer <key>` (the first key of the stage's Secret); `/health` stays open. A 401
+from `/v1/stats` (no key or a wrong one) leaves the pod healthy with no load known: a wrong key is a
+configuration problem to report, never a reason to restart a pod that answers `/health`."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,6 +16,7 @@ import aiohttp
 
 from stage_operator.health import ProbeResult
 
+log = logging.getLogger(__name__)
 _ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ValueError)  # ValueError: a body that is not JSON
 
 
@@ -23,7 +28,11 @@ async def _json(response: aiohttp.ClientResponse) -> Any:
     return await response.json(content_type=None)
 
 
-async def probe(session: aiohttp.ClientSession, base: str, timeout: float) -> ProbeResult:
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def probe(session: aiohttp.ClientSession, base: str, timeout: float, api_key: str | None = None) -> ProbeResult:
     """One probe: `/health` (503 → dead with the stage's reason), then the load from `/v1/stats`."""
     at = time.time()
     limit = aiohttp.ClientTimeout(total=timeout)
@@ -34,7 +43,11 @@ async def probe(session: aiohttp.ClientSession, base: str, timeout: float) -> Pr
                 return ProbeResult(at, dead=str((body.get("error") or {}).get("message") or body))
             if response.status != 200:
                 return ProbeResult(at, error=f"/health answered {response.status}")
-        async with session.get(f"{base}/v1/stats", timeout=limit) as response:
+        async with session.get(f"{base}/v1/stats", timeout=limit, headers=auth_headers(api_key)) as response:
+            if response.status == 401:
+                log.warning("%s/v1/stats answered 401: %s (spec.auth.secretRef)", base,
+                            "a wrong API key" if api_key else "the stage wants an API key and the operator has none")
+                return ProbeResult(at)
             if response.status != 200:
                 return ProbeResult(at, error=f"/v1/stats answered {response.status}")
             stats = await _json(response)
@@ -46,8 +59,9 @@ async def probe(session: aiohttp.ClientSession, base: str, timeout: float) -> Pr
 
 
 async def _abort_one(session: aiohttp.ClientSession, base: str, body: dict[str, Any],
-                     timeout: float) -> dict[str, Any]:
-    async with session.post(f"{base}/v1/abort", json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+                     timeout: float, api_key: str | None) -> dict[str, Any]:
+    async with session.post(f"{base}/v1/abort", json=body, timeout=aiohttp.ClientTimeout(total=timeout),
+                            headers=auth_headers(api_key)) as response:
         answer = await _json(response)
         if response.status != 200:
             raise aiohttp.ClientResponseError(response.request_info, (), status=response.status, message=str(answer))
@@ -55,13 +69,13 @@ async def _abort_one(session: aiohttp.ClientSession, base: str, body: dict[str, 
 
 
 async def abort(session: aiohttp.ClientSession, targets: Sequence[tuple[str, str | None]],
-                request_ids: list[str] | None, timeout: float) -> dict[str, list[str]]:
+                request_ids: list[str] | None, timeout: float, api_key: str | None = None) -> dict[str, list[str]]:
     """POST the abort to every (pod, url); {aborted, notFound, unreachable} over all of them. An id is not
     found when no pod had it."""
     body: dict[str, Any] = {"all": True} if request_ids is None else {"request_ids": list(request_ids)}
     reachable = [(pod, url) for pod, url in targets if url]
     unreachable = [f"{pod}: no address" for pod, url in targets if not url]
-    answers = await asyncio.gather(*(_abort_one(session, url, body, timeout) for _, url in reachable),
+    answers = await asyncio.gather(*(_abort_one(session, url, body, timeout, api_key) for _, url in reachable),
                                    return_exceptions=True)
     aborted: list[str] = []
     for (pod, _), answer in zip(reachable, answers, strict=True):

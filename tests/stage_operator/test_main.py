@@ -53,7 +53,9 @@ def test_the_operator_process_reconciles_and_stops_cleanly(kube_emulator, tmp_pa
     text = log.read_text()
     assert code == 0, text
     assert 'Traceback' not in text, text
-    assert 'stage default/tiny: create ConfigMap/tiny-config, Service/tiny, Pod/tiny-0, Pod/tiny-1' in text
+    created = next(line for line in text.splitlines() if 'stage default/tiny: create ConfigMap/tiny-config' in line)
+    assert all(f'{child}, ' in created or created.endswith(child) or f'{child};' in created
+               for child in ('Service/tiny', 'NetworkPolicy/tiny', 'Pod/tiny-0', 'Pod/tiny-1')), created
 
 
 def test_settings_are_built_from_the_flags_and_checked():

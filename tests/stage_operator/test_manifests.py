@@ -25,7 +25,7 @@ def test_kustomize_builds_the_base():
     assert out.returncode == 0, out.stderr
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
     kinds = sorted(d['kind'] for d in docs)
-    assert kinds == ['ClusterKopfPeering', 'ClusterRole', 'ClusterRoleBinding', 'CustomResourceDefinition',
+    assert kinds == ['ClusterKopfPeering', 'ClusterRole', 'ClusterRole', 'ClusterRoleBinding', 'CustomResourceDefinition',
                      'CustomResourceDefinition', 'Deployment', 'Namespace', 'Service', 'ServiceAccount']
     crd = next(d for d in docs if d['kind'] == 'CustomResourceDefinition' and d['spec']['group'] == 'diffstage.io')
     generated = yaml.safe_load((ROOT / 'crds' / 'diffusionstage.yaml').read_text())
@@ -41,7 +41,8 @@ def test_rbac_is_least_privilege():
         assert 'deletecollection' not in rule['verbs'], rule
         if 'update' in rule['verbs']:  # only what OwnerReferencesPermissionEnforcement asks for blockOwnerDeletion
             assert rule['resources'] == ['diffusionstages/finalizers'] and rule['verbs'] == ['update'], rule
-    assert not any('secrets' in r['resources'] for r in rules)
+    assert not any('secrets' in r['resources'] for r in rules), 'no Secret cluster-wide: see the auth role'
+    assert allowed('networking.k8s.io', 'networkpolicies', 'create') and allowed('', 'services', 'get')
     assert not allowed('diffstage.io', 'diffusionstages', 'create'), 'the operator never creates or deletes stages'
     assert allowed('', 'pods', 'patch'), 'fencing relabels a pod out of the Service'
     assert not allowed('', 'pods/status', 'patch') and not allowed('', 'pods/exec', 'create'), 'the kubelet\'s'
@@ -74,3 +75,13 @@ def test_base_and_crd_validate_against_the_kubernetes_schemas(version):
         if doc['apiVersion'] != 'kopf.dev/v1':  # the peering object's own CRD is in the list
             kubernetes_validate.validate(doc, version, strict=True)
     assert checked.count('CustomResourceDefinition') == 2 and 'Deployment' in checked
+
+
+def test_the_auth_role_reads_secrets_by_name_only_and_is_not_bound_cluster_wide():
+    """spec.auth.secretRef: `get` on secrets (no list/watch: no enumeration), a ClusterRole the platform binds
+    per namespace with a RoleBinding; no ClusterRoleBinding grants it."""
+    docs = load_all(BASE / 'rbac.yaml')
+    role = next(d for d in docs if d['kind'] == 'ClusterRole' and d['metadata']['name'] == 'diffstage-operator-stage-auth')
+    assert role['rules'] == [{'apiGroups': [''], 'resources': ['secrets'], 'verbs': ['get']}]
+    bindings = [d for d in docs if d['kind'] == 'ClusterRoleBinding']
+    assert bindings and all(b['roleRef']['name'] == 'diffstage-operator' for b in bindings)

@@ -39,6 +39,9 @@ def test_apply_creates_children_and_reaches_ready(cluster, kube_emulator):
         assert service['metadata']['ownerReferences'][0]['uid'] == uid
         assert service['spec']['selector'] == {'diffstage.io/stage': 'tiny', 'diffstage.io/serving': 'true'}
         assert kube_emulator.get('configmaps', 'tiny-config')['metadata']['ownerReferences'][0]['uid'] == uid
+        policy = kube_emulator.get('networkpolicies', 'tiny')
+        assert policy['metadata']['ownerReferences'][0]['uid'] == uid
+        assert policy['spec']['podSelector'] == {'matchLabels': {'diffstage.io/stage': 'tiny'}}
         wait_for(lambda: cluster.status('tiny').get('phase') == 'Progressing', what='Progressing')
         cluster.all_ready('tiny')
         wait_for(lambda: ready(cluster, 'tiny', 2), what='Ready 2/2')
@@ -173,6 +176,7 @@ def test_delete_leaves_nothing_behind(cluster, kube_emulator):
         assert cluster.pods('tiny') == {}
         assert kube_emulator.get('services', 'tiny') is None and kube_emulator.get('configmaps', 'tiny-config') is None
         assert kube_emulator.get('poddisruptionbudgets', 'tiny') is None, 'the PDB goes with its stage'
+        assert kube_emulator.get('networkpolicies', 'tiny') is None, 'garbage-collected with the stage'
 
 
 def test_the_stage_owns_a_pod_disruption_budget(cluster, kube_emulator):
@@ -334,3 +338,34 @@ def test_a_restarted_operator_picks_up_where_the_cluster_is(cluster, kube_emulat
         wait_for(lambda: ready(cluster, 'tiny', 3, generation=2), what='Ready 3/3')
     pod_creates = [m for m in kube_emulator.mutations if m[:2] == ('create', 'pods')]
     assert pod_creates == [('create', 'pods', 'default', None, None)], 'exactly one pod created, none re-created'
+
+
+def test_a_pod_refused_by_a_resource_quota_waits_for_quota_then_starts(cluster, kube_emulator):
+    """The ResourceQuota admission plugin refuses a create with 403 `exceeded quota`: the operator reports
+    Progressing/WaitingForQuota with the API's words, counts no restart, and creates the pod once quota frees."""
+    import kmock
+
+    quota = {'full': True}
+
+    def resource_quota(plural, obj):
+        if plural == 'pods' and obj['metadata']['name'] == 'q-1' and quota['full']:
+            raise kmock.KubernetesError(status=403, reason='Forbidden', message=(
+                'pods "q-1" is forbidden: exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu=1, '
+                'used: requests.nvidia.com/gpu=1, limited: requests.nvidia.com/gpu=1'))
+        return obj
+
+    kube_emulator.webhooks.append(resource_quota)
+    with operator(kube_emulator):
+        cluster.apply(manifest('q', parallel={}, resources={'gpusPerPod': 1, 'gpuResourceName': ''}))
+        wait_for(lambda: 'q-0' in cluster.pods('q'), what='the pod that fits')
+        cluster.kubelet_ready('q-0')
+        waiting = wait_for(lambda: (c := cluster.condition('q', 'Progressing')).get('reason') == 'WaitingForQuota'
+                           and c, what='WaitingForQuota')
+        assert waiting['status'] == 'True' and 'q-1: pods "q-1" is forbidden: exceeded quota: gpu-quota' \
+            in waiting['message']
+        assert list(cluster.pods('q')) == ['q-0'] and cluster.status('q')['restarts']['total'] == 0
+        quota['full'] = False  # another workload ended
+        wait_for(lambda: 'q-1' in cluster.pods('q'), what='the refused pod, created on a retry')
+        cluster.kubelet_ready('q-1')
+        wait_for(lambda: ready(cluster, 'q', 2), what='Ready 2/2')
+        assert cluster.condition('q', 'Progressing')['reason'] == 'Complete'

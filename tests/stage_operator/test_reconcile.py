@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from e2e.local import kubelet
 from stage_operator.builders.children import build_configmap, build_service
 from stage_operator.builders.disruption import build_pdb
+from stage_operator.builders.networkpolicy import build_network_policy
 from stage_operator.builders.pod import build_pod, template_hash
 from stage_operator.observed import Observed
 from stage_operator.reconcile import needs_nodes, reconcile
@@ -45,7 +47,8 @@ def pod(st, index: int, state: str = 'ready', pod_hash: str | None = None) -> di
 def world(st, pods=(), *, children: bool = True, nodes=None, now: str = T1) -> Observed:
     return Observed(pods=list(pods), service=build_service(st) if children else None,
                     configmap=build_configmap(st) if children else None,
-                    pdb=build_pdb(st, st.spec.replicas) if children else None, nodes=nodes, now=now)
+                    pdb=build_pdb(st, st.spec.replicas) if children else None,
+                    network_policy=build_network_policy(st) if children else None, nodes=nodes, now=now)
 
 
 def node(name: str, gpus: int, unschedulable: bool = False) -> dict[str, Any]:
@@ -85,7 +88,8 @@ def cond(status: dict, kind: str) -> dict:
 
 # ---- the table: (case, spec, pods as (index, state, outdated?), expected creates, deletes, conditions) ----
 CASES = [
-    ('create', CPU, [], False, ['ConfigMap/s-config', 'Service/s', 'PodDisruptionBudget/s', 'Pod/s-0', 'Pod/s-1'], [],
+    ('create', CPU, [], False,
+     ['ConfigMap/s-config', 'Service/s', 'PodDisruptionBudget/s', 'NetworkPolicy/s', 'Pod/s-0', 'Pod/s-1'], [],
      {'Accepted': 'True', 'Progressing': 'ReplicasStarting', 'Ready': 'False'}, 'Progressing'),
     ('steady', CPU, [(0, 'ready', False), (1, 'ready', False)], True, [], [],
      {'Ready': 'True', 'Progressing': 'Complete', 'Degraded': 'False'}, 'Ready'),
@@ -172,7 +176,7 @@ def test_capacity_missing_creates_nothing_and_names_the_largest_node():
     assert accepted['message'] == 'gpusPerPod=2 of nvidia.com/gpu fits no schedulable node: the largest is small with 1 allocatable'
     assert plan.status['phase'] == 'Pending'
     fits = reconcile(st, world(st, children=False, nodes=[node('small', 1), node('fits', 2)]))
-    assert created(fits) == ['ConfigMap/s-config', 'Service/s', 'Pod/s-0']
+    assert created(fits) == ['ConfigMap/s-config', 'Service/s', 'NetworkPolicy/s', 'Pod/s-0']
     assert cond(fits.status, 'Accepted')['status'] == 'True'
 
 
@@ -286,3 +290,36 @@ def test_decisions_are_explained_by_events_once():
     down = reconcile(scaled, world(scaled, [pod(scaled, 0), pod(scaled, 1)]))
     assert [(e['reason'], e['message']) for e in down.events] == [
         ('DrainingReplica', 'fenced s-1 for a scale-down to 1; deleted once idle (at most 60s)')]
+
+
+def test_the_network_policy_is_an_owned_child_kept_as_built_and_removed_when_disabled():
+    st = stage()
+    pods = [pod(st, 0), pod(st, 1)]
+    assert reconcile(st, world(st, pods)).create == [], 'present and as built: nothing to write'
+    missing = dataclasses.replace(world(st, pods), network_policy=None)
+    assert [o['kind'] for o in reconcile(st, missing).create] == ['NetworkPolicy']
+    edited = copy.deepcopy(build_network_policy(st))
+    edited['spec']['ingress'][1]['from'] = [{'podSelector': {}}]  # someone opened ZMQ to the namespace
+    patched = reconcile(st, dataclasses.replace(world(st, pods), network_policy=edited)).patch
+    assert [(p.kind, p.name) for p in patched] == [('NetworkPolicy', 's')]
+    assert patched[0].body['spec'] == build_network_policy(st)['spec']
+    off = stage({**CPU, 'networkPolicy': {'enabled': False}})
+    plan = reconcile(off, world(off, [pod(off, 0), pod(off, 1)]))
+    assert [(d.kind, d.name, d.reason) for d in plan.delete] == [('NetworkPolicy', 's', 'NetworkPolicyDisabled')]
+    assert not any(e['reason'] == 'DeletedPods' for e in plan.events)
+    assert reconcile(off, dataclasses.replace(world(off, [pod(off, 0), pod(off, 1)]), network_policy=None)).delete == []
+
+
+def test_a_gated_pod_reports_waiting_for_quota_and_counts_no_restart():
+    """Kueue (or any quota controller) holds the pod with a scheduling gate: Progressing/WaitingForQuota."""
+    st = stage({**CPU, 'replicas': 1, 'podTemplate': {'labels': {'kueue.x-k8s.io/queue-name': 'q'}}})
+    gated = pod(st, 0, 'pending')
+    gated['spec']['schedulingGates'] = [{'name': 'kueue.x-k8s.io/admission'}]
+    gated['status'] = {'phase': 'Pending', 'conditions': [{'type': 'PodScheduled', 'status': 'False',
+                                                           'reason': 'SchedulingGated'}]}
+    plan = reconcile(st, world(st, [gated]))
+    progressing = next(c for c in plan.status['conditions'] if c['type'] == 'Progressing')
+    assert (progressing['status'], progressing['reason']) == ('True', 'WaitingForQuota')
+    assert 's-0 (kueue.x-k8s.io/admission)' in progressing['message']
+    assert plan.status['replicaStatuses'][0]['message'] == 'waiting for quota: scheduling gates kueue.x-k8s.io/admission'
+    assert plan.status['restarts']['total'] == 0 and plan.delete == [] and plan.create == []

@@ -9,6 +9,7 @@ import pytest
 from stage_operator.api.spec import RestartPolicy
 from stage_operator.builders.children import build_configmap, build_service
 from stage_operator.builders.disruption import build_pdb
+from stage_operator.builders.networkpolicy import build_network_policy
 from stage_operator.builders.pod import build_pod, template_hash
 from stage_operator.clock import format_time, parse_time
 from stage_operator.health import PodHealth
@@ -35,7 +36,8 @@ def pod(st, index: int, state: str = 'ready') -> dict[str, Any]:
 
 def world(st, pods, now: str = '2026-01-01T00:05:00Z') -> Observed:
     return Observed(pods=list(pods), service=build_service(st), configmap=build_configmap(st),
-                    pdb=build_pdb(st, st.spec.replicas), now=now)
+                    pdb=build_pdb(st, st.spec.replicas),
+                    network_policy=build_network_policy(st), now=now)
 
 
 def cond(status: dict, kind: str) -> dict:

@@ -54,9 +54,9 @@ def events(emulator, stage: str, reason: str | None = None) -> list[dict[str, An
 class Generation(threading.Thread):
     """One image request in a thread: `.status` and `.body` once it answered; `.done_at` (monotonic)."""
 
-    def __init__(self, url: str, request_id: str, steps: int):
+    def __init__(self, url: str, request_id: str, steps: int, headers: dict[str, str] | None = None):
         super().__init__(daemon=True)
-        self.url, self.request_id, self.steps = url, request_id, steps
+        self.url, self.request_id, self.steps, self.headers = url, request_id, steps, headers or {}
         self.status: int | None = None
         self.body: dict[str, Any] = {}
         self.done_at = 0.0
@@ -65,20 +65,21 @@ class Generation(threading.Thread):
     def run(self) -> None:
         body = {'prompt': 'a cat', 'size': '64x64', 'num_inference_steps': self.steps, 'seed': 1,
                 'request_id': self.request_id, 'response_format': 'b64_json'}
-        response = httpx.post(f'{self.url}/v1/images/generations', json=body, timeout=300)
+        response = httpx.post(f'{self.url}/v1/images/generations', json=body, timeout=300, headers=self.headers)
         self.status, self.body, self.done_at = response.status_code, response.json(), time.monotonic()
 
 
-def in_flight(url: str) -> int:
-    stats = httpx.get(f'{url}/v1/stats', timeout=5).json()
+def in_flight(url: str, headers: dict[str, str] | None = None) -> int:
+    stats = httpx.get(f'{url}/v1/stats', timeout=5, headers=headers).json()
     return stats['waiting'] + stats['running']
 
 
-def wait_in_flight(url: str, count: int, calls: list[Generation], timeout: float = 30) -> None:
+def wait_in_flight(url: str, count: int, calls: list[Generation], timeout: float = 30,
+                   headers: dict[str, str] | None = None) -> None:
     def check() -> bool:
         ended = [(c.request_id, c.status, c.body) for c in calls if c.status is not None]
         assert not ended, f'requests ended before the test could use them: {ended}'
-        return in_flight(url) >= count
+        return in_flight(url, headers) >= count
     wait_for(check, timeout, what=f'{count} requests in flight at {url}')
 
 

@@ -9,7 +9,8 @@ RBAC = Path(__file__).resolve().parents[2] / 'manifests' / 'base' / 'rbac.yaml'
 
 
 def rbac_rules() -> list[dict]:
-    role = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d and d['kind'] == 'ClusterRole')
+    role = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d and d['kind'] == 'ClusterRole'
+                and d['metadata']['name'] == 'diffstage-operator')
     return role['rules']
 
 

@@ -17,6 +17,9 @@ ANNOTATION_DRAIN_REASON = f"{GROUP}/drain-reason"  # why it leaves: ScaleDown, O
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "diffstage-operator"
 
+OPERATOR_NAMESPACE = "diffstage-system"  # manifests/base: where the operator's pods run (NetworkPolicy peer)
+OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "diffstage-operator"}
+
 HTTP_PORT = 8000
 ZMQ_PORT = 5570
 TERMINATION_LOG = "/dev/termination-log"
@@ -27,6 +30,8 @@ MODEL_DIR = "/opt/diffstage/model"  # emptyDir an init container fills (source.u
 MODEL_SOURCE_DIR = "/opt/diffstage/model-source"  # source.pvc, read-only
 MODEL_IMAGE_DIR = "/opt/diffstage/model-image"  # source.image as an image volume, read-only
 MODEL_CACHE_DIR = "/var/cache/diffstage"  # the node-local cache (model.cache) in the fetch and stage containers
+AUTH_DIR = "/etc/diffstage-auth"  # spec.auth.secretRef, mounted read-only
+API_KEY_FILE = f"{AUTH_DIR}/api-keys"
 DEFAULT_IMAGE = "diffstage/runtime:0.1.0"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 

@@ -104,6 +104,11 @@ _OPERATOR_ONLY = ("minReplicas", "maxReplicas", "targetInFlightPerReplica",
                   "scaleUpStabilizationSeconds", "scaleDownStabilizationSeconds")
 
 
+SCALE_TO_ZERO = ("autoscaling.minReplicas 0 is refused with mode Operator: a stage at 0 has no pod to probe, so "
+                 "nothing would scale it back up; use mode External with KEDA (its HTTP add-on holds requests "
+                 "and scales 0 to 1 through /scale), or set minReplicas >= 1")
+
+
 class Autoscaling(ApiModel):
     """Who owns `replicas`: None (you), External (HPA/KEDA through /scale), Operator (the operator)."""
 
@@ -116,6 +121,7 @@ class Autoscaling(ApiModel):
         cel("!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
             "'autoscaling.minReplicas (' + string(self.minReplicas) + ') must not exceed maxReplicas ('"
             " + string(self.maxReplicas) + ')'"),
+        cel("self.mode != 'Operator' || !has(self.minReplicas) || self.minReplicas >= 1", f"'{SCALE_TO_ZERO}'"),
     ]})
     mode: Literal["None", "External", "Operator"] = "None"
     min_replicas: int | None = Field(None, ge=0)
@@ -124,6 +130,12 @@ class Autoscaling(ApiModel):
     scale_up_stabilization_seconds: int | None = Field(None, ge=0)
     scale_down_stabilization_seconds: int | None = Field(None, ge=0)
     drain_timeout_seconds: int = Field(60, ge=0, description="how long a removed replica may finish its work")
+
+    @model_validator(mode="after")
+    def _wakes_up(self) -> Autoscaling:
+        if self.mode == "Operator" and self.min_replicas == 0:
+            raise ValueError(SCALE_TO_ZERO)
+        return self
 
 
 class Rollout(ApiModel):
@@ -163,9 +175,25 @@ class LocalObjectReference(ApiModel):
 KubeObject = dict[str, Any]  # a Kubernetes-native shape (toleration, volume, ...): validated by the API server
 
 
-class PodTemplate(ApiModel):
-    """Placement and plumbing; GPU limits, probes and the command stay the operator's."""
+OWNED_LABELS = "diffstage.io/"  # the operator's label and annotation prefix (stage, replica, serving, hash, draining)
+MAX_POD_METADATA = 128
+_OWNED_LABEL = f"k.startsWith('{OWNED_LABELS}') || k == 'app.kubernetes.io/managed-by'"
 
+
+class PodTemplate(ApiModel):
+    """What reaches every stage pod besides what the operator builds. The operator's own fields cannot be
+    overridden: its labels and annotations (`diffstage.io/*`, `app.kubernetes.io/managed-by`: CEL refuses
+    them), the stage container's command, probes, ports and GPU limits, the restart policy. `securityContext`
+    and `containerSecurityContext` are merged key by key over the restricted defaults (docs/crd.md);
+    every `resourceClaims` entry is also claimed by the stage container (`resources.claims`)."""
+
+    model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [
+        cel(f"!has(self.labels) || !self.labels.exists(k, {_OWNED_LABEL})",
+            "'podTemplate.labels: diffstage.io/* and app.kubernetes.io/managed-by are labels of the operator "
+            "(it selects and fences pods by them) and cannot be set'"),
+        cel(f"!has(self.annotations) || !self.annotations.exists(k, k.startsWith('{OWNED_LABELS}'))",
+            "'podTemplate.annotations: diffstage.io/* are annotations of the operator and cannot be set'"),
+    ]})
     node_selector: dict[str, str] | None = None
     tolerations: list[KubeObject] | None = None
     affinity: KubeObject | None = None
@@ -175,6 +203,52 @@ class PodTemplate(ApiModel):
     service_account_name: str | None = None
     priority_class_name: str | None = None
     image_pull_secrets: list[LocalObjectReference] | None = None
+    # maxProperties bounds the CEL cost estimate of the owned-key rules (the API server refuses unbounded ones)
+    labels: dict[str, str] | None = Field(None, max_length=MAX_POD_METADATA, description=(
+        "pod labels (Kueue's queue-name, ...)"))
+    annotations: dict[str, str] | None = Field(None, max_length=MAX_POD_METADATA)
+    topology_spread_constraints: list[KubeObject] | None = None
+    scheduler_name: str | None = Field(None, min_length=1)
+    runtime_class_name: str | None = Field(None, min_length=1)
+    resource_claims: list[KubeObject] | None = Field(None, description=(
+        "pod resourceClaims (DRA); the stage container claims each of them"))
+    security_context: KubeObject | None = Field(None, description=(
+        "pod securityContext, merged over the restricted defaults (runAsNonRoot, seccomp RuntimeDefault)"))
+    container_security_context: KubeObject | None = Field(None, description=(
+        "the stage container's securityContext, merged over the restricted defaults (no privilege "
+        "escalation, capabilities drop ALL, readOnlyRootFilesystem)"))
+
+    @model_validator(mode="after")
+    def _not_owned(self) -> PodTemplate:
+        owned = [k for k in self.labels or {} if k.startswith(OWNED_LABELS) or k == "app.kubernetes.io/managed-by"]
+        owned += [k for k in self.annotations or {} if k.startswith(OWNED_LABELS)]
+        if owned:
+            raise ValueError(f"podTemplate: {', '.join(owned)} belong to the operator and cannot be set")
+        return self
+
+
+class NetworkPolicy(ApiModel):
+    """The NetworkPolicy the operator owns per stage (`<stage>`, ingress only): the HTTP port from `httpFrom`
+    and the operator; the ZMQ port only from the stage's own pods and the operator. Disabled: none is made
+    (an existing one is deleted)."""
+
+    enabled: bool = True
+    http_from: list[KubeObject] | None = Field(None, description=(
+        "NetworkPolicyPeers allowed on the HTTP port (8000); default: every pod in the stage's namespace. "
+        "Add your ingress controller's or Prometheus' namespace here"))
+
+
+class SecretKeyRef(ApiModel):
+    name: str = Field(min_length=1, description="a Secret in the stage's namespace")
+    key: str = Field("api-keys", min_length=1, description="its key: API keys, one a line")
+
+
+class Auth(ApiModel):
+    """API keys for the stage's /v1/* routes (`--api-key-file`); /health, /ready and /metrics stay open.
+    The operator mounts the Secret and reads it (RBAC `get` on secrets in the namespace) for its own
+    /v1/stats and /v1/abort calls, with the first key in it."""
+
+    secret_ref: SecretKeyRef
 
 
 _PRODUCT = ("self.parallel.tensorParallelSize * self.parallel.ulyssesDegree * self.parallel.ringDegree"
@@ -207,6 +281,8 @@ class StageSpec(ApiModel):
     pod_template: PodTemplate = Field(default_factory=PodTemplate)
     rollout: Rollout = Field(default_factory=Rollout)
     disruption: Disruption = Field(default_factory=Disruption)
+    auth: Auth | None = None
+    network_policy: NetworkPolicy = Field(default_factory=NetworkPolicy)
 
     @model_validator(mode="after")
     def _topology_fits(self) -> StageSpec:

@@ -7,11 +7,12 @@ import hashlib
 import json
 from typing import Any
 
-from stage_operator.api.meta import (CONFIG_DIR, HTTP_PORT, LABEL_REPLICA, LABEL_SERVING, LABEL_TEMPLATE_HASH,
-                                     TERMINATION_LOG, ZMQ_PORT)
+from stage_operator.api.meta import (API_KEY_FILE, AUTH_DIR, CONFIG_DIR, HTTP_PORT, LABEL_REPLICA, LABEL_SERVING,
+                                     LABEL_TEMPLATE_HASH, TERMINATION_LOG, ZMQ_PORT)
 from stage_operator.api.spec import StageSpec
 from stage_operator.builders.children import build_configmap, configmap_name, owned_metadata, stage_labels
 from stage_operator.builders.model_delivery import model_delivery
+from stage_operator.builders.pod_security import TMP_MOUNT, TMP_VOLUME, harden
 from stage_operator.builders.runtime_config import serve_command
 from stage_operator.stage import Stage
 
@@ -43,6 +44,21 @@ def _resources(stage: Stage) -> dict[str, Any]:
     return out
 
 
+def _claims(stage: Stage) -> list[dict[str, str]]:
+    """The stage container claims every pod resourceClaim (DRA devices are the stage's)."""
+    return [{"name": c["name"]} for c in stage.spec.pod_template.resource_claims or () if c.get("name")]
+
+
+def _auth(spec: StageSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """spec.auth.secretRef as a read-only secret volume holding the one file `--api-key-file` reads."""
+    if spec.auth is None:
+        return [], []
+    ref = spec.auth.secret_ref
+    volume = {"name": "api-keys", "secret": {"secretName": ref.name, "defaultMode": 0o444,
+                                             "items": [{"key": ref.key, "path": API_KEY_FILE.rsplit("/", 1)[1]}]}}
+    return [volume], [{"name": "api-keys", "mountPath": AUTH_DIR, "readOnly": True}]
+
+
 def _probe(path: str, settings: dict[str, int]) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http"}, **settings}
 
@@ -66,13 +82,16 @@ def build_pod_spec(stage: Stage, image_volumes: bool = False) -> dict[str, Any]:
     if spec.resources.shm_size:
         shm["sizeLimit"] = spec.resources.shm_size
     volumes: list[dict[str, Any]] = [{"name": "stage-config", "configMap": {"name": configmap_name(stage)}},
-                                     {"name": "dshm", "emptyDir": shm}]
+                                     {"name": "dshm", "emptyDir": shm}, dict(TMP_VOLUME)]
     mounts: list[dict[str, Any]] = [{"name": "stage-config", "mountPath": CONFIG_DIR, "readOnly": True},
-                                    {"name": "dshm", "mountPath": "/dev/shm"}]
+                                    {"name": "dshm", "mountPath": "/dev/shm"}, dict(TMP_MOUNT)]
     delivery = model_delivery(spec, image_volumes)
     volumes += delivery.volumes
     mounts += delivery.mounts
     init_containers = delivery.init_containers
+    auth_volumes, auth_mounts = _auth(spec)
+    volumes += auth_volumes
+    mounts += auth_mounts
     env = [{"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "DIFFSTAGE_STAGE", "value": stage.name},
            {"name": "DIFFSTAGE_REPLICA",
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_REPLICA}']"}}}]
@@ -81,7 +100,7 @@ def build_pod_spec(stage: Stage, image_volumes: bool = False) -> dict[str, Any]:
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
                   {"name": "zmq", "containerPort": ZMQ_PORT, "protocol": "TCP"}],
         "env": env + list(tpl.env or []),
-        "resources": _resources(stage),
+        "resources": {**_resources(stage), **({"claims": claims} if (claims := _claims(stage)) else {})},
         "startupProbe": _probe("/ready", startup_probe(spec)),
         "readinessProbe": _probe("/ready", READINESS_PROBE),
         "livenessProbe": _probe("/health", LIVENESS_PROBE),
@@ -99,22 +118,33 @@ def build_pod_spec(stage: Stage, image_volumes: bool = False) -> dict[str, Any]:
         pod_spec["initContainers"] = init_containers
     for key, value in (("nodeSelector", tpl.node_selector), ("tolerations", tpl.tolerations),
                        ("affinity", tpl.affinity), ("serviceAccountName", tpl.service_account_name),
-                       ("priorityClassName", tpl.priority_class_name)):
+                       ("priorityClassName", tpl.priority_class_name),
+                       ("topologySpreadConstraints", tpl.topology_spread_constraints),
+                       ("schedulerName", tpl.scheduler_name), ("runtimeClassName", tpl.runtime_class_name),
+                       ("resourceClaims", tpl.resource_claims)):
         if value:
             pod_spec[key] = value
     if tpl.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [s.wire() for s in tpl.image_pull_secrets]
-    return pod_spec
+    return harden(pod_spec, tpl)
 
 
 def template_hash(stage: Stage, image_volumes: bool = False) -> str:
     """Changes exactly when a replica built now would differ: the pod spec and the stage config it mounts."""
-    payload = json.dumps([build_pod_spec(stage, image_volumes), build_configmap(stage)["data"]], sort_keys=True)
+    tpl = stage.spec.pod_template
+    metadata = [tpl.labels or {}, tpl.annotations or {}] if tpl.labels or tpl.annotations else []  # new pods carry them
+    payload = json.dumps([build_pod_spec(stage, image_volumes), build_configmap(stage)["data"], *metadata],
+                         sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:10]
 
 
 def build_pod(stage: Stage, index: int, pod_hash: str | None = None, image_volumes: bool = False) -> dict[str, Any]:
-    labels = {**stage_labels(stage), LABEL_REPLICA: str(index), LABEL_SERVING: "true",
+    """The user's podTemplate labels and annotations first, the operator's over them (CEL refuses the
+    operator's keys in the template; this order keeps them the operator's even without admission)."""
+    tpl = stage.spec.pod_template
+    labels = {**(tpl.labels or {}), **stage_labels(stage), LABEL_REPLICA: str(index), LABEL_SERVING: "true",
               LABEL_TEMPLATE_HASH: pod_hash or template_hash(stage, image_volumes)}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": owned_metadata(stage, pod_name(stage, index), labels),
-            "spec": build_pod_spec(stage, image_volumes)}
+    metadata = owned_metadata(stage, pod_name(stage, index), labels)
+    if tpl.annotations:
+        metadata["annotations"] = dict(tpl.annotations)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": build_pod_spec(stage, image_volumes)}

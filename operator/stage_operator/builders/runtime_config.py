@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stage_operator.api.meta import CONFIG_DIR, CONFIG_FILE, HTTP_PORT, TERMINATION_LOG, ZMQ_PORT
+from stage_operator.api.meta import API_KEY_FILE, CONFIG_DIR, CONFIG_FILE, HTTP_PORT, TERMINATION_LOG, ZMQ_PORT
 from stage_operator.api.spec import StageSpec
 from stage_operator.builders.model_delivery import model_delivery
 
@@ -64,4 +64,6 @@ def serve_command(spec: StageSpec, stage_name: str) -> list[str]:
         cmd += ["--max-waiting", str(spec.engine.max_waiting)]
     cmd += ["--drain-timeout", str(spec.autoscaling.drain_timeout_seconds),
             "--startup-timeout", str(spec.startup_timeout_seconds), "--termination-log", TERMINATION_LOG]
+    if spec.auth is not None:  # the Secret's key, mounted by builders.pod
+        cmd += ["--api-key-file", API_KEY_FILE]
     return cmd + list(spec.engine.extra_args)

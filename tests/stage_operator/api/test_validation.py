@@ -80,6 +80,24 @@ MODEL_CASES = [  # spec.model.source, .cache, .imageVolume (issue 18)
     ('pvc-subpath-escapes', {'model': {'source': {'pvc': {'claimName': 'm', 'subPath': 'a/../../etc'}}}},
      ['spec.model.source.pvc: model.source.pvc.subPath must be a relative path without .. (got a/../../etc)']),
 ]
+SCALE_TO_ZERO = ('spec.autoscaling: autoscaling.minReplicas 0 is refused with mode Operator: a stage at 0 has no pod '
+                 'to probe, so nothing would scale it back up; use mode External with KEDA (its HTTP add-on holds '
+                 'requests and scales 0 to 1 through /scale), or set minReplicas >= 1')
+OWNED_LABELS = ('spec.podTemplate: podTemplate.labels: diffstage.io/* and app.kubernetes.io/managed-by are labels of '
+                'the operator (it selects and fences pods by them) and cannot be set')
+OWNED_ANNOTATIONS = 'spec.podTemplate: podTemplate.annotations: diffstage.io/* are annotations of the operator and ' \
+                    'cannot be set'
+POD_TEMPLATE_CASES = [  # issue 17: the minReplicas-0 rule, the complete pod template, auth
+    ('operator-min-zero', {'autoscaling': {'mode': 'Operator', 'minReplicas': 0, 'maxReplicas': 4}}, [SCALE_TO_ZERO]),
+    ('external-scales-to-zero', {'autoscaling': {'mode': 'External'}, 'replicas': 0}, []),
+    ('template-labels', {'podTemplate': {'labels': {'kueue.x-k8s.io/queue-name': 'q'}, 'annotations': {'a': 'b'},
+                                         'schedulerName': 'volcano', 'runtimeClassName': 'nvidia'}}, []),
+    ('template-serving-label', {'podTemplate': {'labels': {'diffstage.io/serving': 'true'}}}, [OWNED_LABELS]),
+    ('template-managed-by', {'podTemplate': {'labels': {'app.kubernetes.io/managed-by': 'me'}}}, [OWNED_LABELS]),
+    ('template-draining-annotation', {'podTemplate': {'annotations': {'diffstage.io/draining-since': 'x'}}},
+     [OWNED_ANNOTATIONS]),
+    ('auth', {'auth': {'secretRef': {'name': 'keys'}}, 'networkPolicy': {'enabled': False}}, []),
+]
 CEL_CASES = [
     # (name, spec fields, exact messages)
     ('defaults', {}, []),
@@ -118,7 +136,7 @@ CEL_CASES = [
      ['spec.rollout: rollout: maxSurge (0) and maxUnavailable (0) cannot both be 0: the rollout could never '
       'replace a pod']),
     ('disruption', {'disruption': {'maxUnavailable': 0}}, []),
-]
+] + POD_TEMPLATE_CASES
 
 
 @pytest.mark.parametrize('spec, messages', [c[1:] for c in CEL_CASES], ids=[c[0] for c in CEL_CASES])
@@ -131,7 +149,7 @@ def test_every_cel_rule_is_exercised_by_a_failing_case():
     for path, node in _nodes(version_schema(CRD)):
         rules.update(r['messageExpression'] for r in node.get('x-kubernetes-validations', ()))
     failing = {m.split(': ', 1)[1] for _, spec, msgs in CEL_CASES for m in msgs}
-    assert len(rules) == 14 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
+    assert len(rules) == 17 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
 
 
 def _nodes(node, path=''):
@@ -204,3 +222,28 @@ def test_schema_rejects_bad_model_delivery_fields(field, value):
 
 def test_startup_timeout_defaults_to_ten_minutes():
     assert apply_defaults(version_schema(CRD), stage())['spec']['startupTimeoutSeconds'] == 600
+
+
+@pytest.mark.parametrize('spec, messages', [c[1:] for c in POD_TEMPLATE_CASES], ids=[c[0] for c in POD_TEMPLATE_CASES])
+def test_the_operator_refuses_the_pod_template_and_scale_to_zero_cases_too(spec, messages):
+    body = stage(**spec)['spec']
+    if not messages:
+        StageSpec.model_validate(body)
+        return
+    with pytest.raises(ValidationError) as info:
+        StageSpec.model_validate(body)
+    key = 'minReplicas 0' if 'minReplicas' in messages[0] else 'belong to the operator'
+    assert key in str(info.value)
+
+
+@pytest.mark.parametrize('spec', [{'auth': {'secretRef': {}}}, {'auth': {}}, {'auth': {'secretRef': {'name': ''}}},
+                                  {'networkPolicy': {'enabled': 'sometimes'}}, {'podTemplate': {'schedulerName': ''}}])
+def test_schema_rejects_bad_auth_and_network_fields(spec):
+    assert admit(CRD, stage(**spec)), f'{spec!r} must be rejected'
+
+
+def test_the_crd_says_which_pod_fields_the_operator_owns():
+    template = version_schema(CRD)['properties']['spec']['properties']['podTemplate']
+    words = ' '.join(template['description'].split())
+    assert "The operator's own fields cannot be overridden" in words
+    assert all(owned in words for owned in ('diffstage.io/*', 'command', 'probes', 'GPU limits', 'restart policy'))

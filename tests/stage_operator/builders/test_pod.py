@@ -195,3 +195,79 @@ def test_every_builtin_model_is_a_tiny_kind_the_runtime_builds(builtin):
                        builtin.removeprefix('tiny-')]
     assert command[-1] in KINDS
     assert {'tiny-sd3', 'tiny-flux'} <= set(_builtins())
+
+
+COMPLETE_TEMPLATE = {
+    'labels': {'kueue.x-k8s.io/queue-name': 'team-q', 'app': 'images'},
+    'annotations': {'cluster-autoscaler.kubernetes.io/safe-to-evict': 'false'},
+    'topologySpreadConstraints': [{'maxSkew': 1, 'topologyKey': 'topology.kubernetes.io/zone',
+                                   'whenUnsatisfiable': 'ScheduleAnyway',
+                                   'labelSelector': {'matchLabels': {'diffstage.io/stage': 'tiny'}}}],
+    'schedulerName': 'volcano', 'runtimeClassName': 'nvidia',
+    'resourceClaims': [{'name': 'gpus', 'resourceClaimTemplateName': 'two-gpus'}],
+}
+
+
+def test_the_complete_pod_template_reaches_the_pod():
+    pod = build_pod(stage(podTemplate=COMPLETE_TEMPLATE), 1)
+    meta, spec = pod['metadata'], pod['spec']
+    assert meta['labels']['kueue.x-k8s.io/queue-name'] == 'team-q' and meta['labels']['app'] == 'images'
+    assert meta['annotations'] == COMPLETE_TEMPLATE['annotations']
+    assert spec['topologySpreadConstraints'] == COMPLETE_TEMPLATE['topologySpreadConstraints']
+    assert spec['schedulerName'] == 'volcano' and spec['runtimeClassName'] == 'nvidia'
+    assert spec['resourceClaims'] == COMPLETE_TEMPLATE['resourceClaims']
+    assert container(pod)['resources']['claims'] == [{'name': 'gpus'}], 'the stage container claims the devices'
+
+
+def test_operator_owned_fields_cannot_be_overridden():
+    """Labels: the operator's win even past admission (which refuses them: test_validation); GPU limits, probes,
+    the command and the restart policy have no podTemplate field at all (extra fields are refused)."""
+    st = stage(podTemplate={'labels': {'app': 'x'}})
+    owned = {'diffstage.io/stage': 'tiny', 'diffstage.io/replica': '0', 'diffstage.io/serving': 'true'}
+    body = {'metadata': {'name': 'tiny', 'namespace': 'team', 'uid': 'uid-9'},
+            'spec': {**copy.deepcopy(BASE), 'podTemplate': {'labels': {'diffstage.io/serving': 'false'}}}}
+    refused = parse_stage(body)
+    assert refused.spec is None and 'diffstage.io/serving belong to the operator' in refused.error
+    for field, value in (('command', ['sh']), ('livenessProbe', {}), ('resources', {'limits': {}}),
+                         ('restartPolicy', 'Always'), ('containers', [])):
+        bad = parse_stage({**body, 'spec': {**copy.deepcopy(BASE), 'podTemplate': {field: value}}})
+        assert bad.spec is None and f'unknown field spec.podTemplate.{field}' in bad.error, field
+    assert owned.items() <= build_pod(st, 0)['metadata']['labels'].items()
+
+
+def test_pod_template_labels_roll_the_pods():
+    assert template_hash(stage(podTemplate={'labels': {'a': 'b'}})) != template_hash(stage())
+    assert template_hash(stage(podTemplate={'annotations': {'a': 'b'}})) != template_hash(stage())
+
+
+def test_auth_mounts_the_secret_and_passes_the_flag():
+    pod = build_pod(stage(auth={'secretRef': {'name': 'stage-keys', 'key': 'keys.txt'}}), 0)
+    volume = next(v for v in pod['spec']['volumes'] if v['name'] == 'api-keys')
+    assert volume['secret'] == {'secretName': 'stage-keys', 'defaultMode': 0o444,
+                                'items': [{'key': 'keys.txt', 'path': 'api-keys'}]}
+    assert {'name': 'api-keys', 'mountPath': '/etc/diffstage-auth', 'readOnly': True} in container(pod)['volumeMounts']
+    cmd = container(pod)['command']
+    assert cmd[cmd.index('--api-key-file') + 1] == '/etc/diffstage-auth/api-keys'
+    assert '--api-key-file' not in container(build_pod(stage(), 0))['command']
+    assert stage(auth={'secretRef': {'name': 'k'}}).spec.auth.secret_ref.key == 'api-keys'
+
+
+def test_auth_flag_parses_with_the_runtime_cli():
+    from stage_runtime.cli import build_parser
+
+    cmd = container(build_pod(stage(auth={'secretRef': {'name': 'k'}}), 0))['command']
+    args = build_parser().parse_args(cmd[1:])
+    assert args.api_key_file == '/etc/diffstage-auth/api-keys'
+
+
+@pytest.mark.parametrize('version', ['1.29', '1.34'])
+def test_the_complete_template_validates_against_the_kubernetes_schemas(version):
+    import kubernetes_validate
+
+    from stage_operator.builders.networkpolicy import build_network_policy
+
+    tpl = {**COMPLETE_TEMPLATE, 'resourceClaims': []} if version == '1.29' else COMPLETE_TEMPLATE  # DRA: GA 1.34
+    st = stage(podTemplate=tpl, auth={'secretRef': {'name': 'k'}},
+               networkPolicy={'httpFrom': [{'namespaceSelector': {'matchLabels': {'team': 'web'}}}]})
+    for obj in (build_pod(st, 0), build_network_policy(st)):
+        kubernetes_validate.validate(obj, version, strict=True)
