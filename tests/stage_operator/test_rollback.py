@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
 from e2e.local import kubelet
 from stage_operator.builders.children import build_configmap, build_service
 from stage_operator.builders.disruption import build_pdb
+from stage_operator.builders.networkpolicy import build_network_policy
 from stage_operator.builders.pod import build_pod, template_hash
 from stage_operator.clock import parse_time
 from stage_operator.observed import Observed
@@ -39,7 +41,7 @@ EXIT_2 = kubelet.failed('stage', 2, 'ConfigError: unknown engine flag --bad-flag
 
 def world(template, pods, now: str, replicas: int = 2) -> Observed:
     return Observed(pods=pods, service=build_service(template), configmap=build_configmap(template),
-                    pdb=build_pdb(template, replicas), now=now)
+                    pdb=build_pdb(template, replicas), network_policy=build_network_policy(template), now=now)
 
 
 def after(st, plan):
@@ -167,7 +169,7 @@ def test_the_disruption_budget(replicas, asked, budget):
 def test_the_budget_is_created_kept_and_removed_with_the_replica_count():
     st = stage(CPU)
     pods = [pod(st, 0, READY), pod(st, 1, READY)]
-    missing = Observed(pods=pods, service=build_service(st), configmap=build_configmap(st), now=T1)
+    missing = dataclasses.replace(world(st, pods, T1), pdb=None)
     assert [o['kind'] for o in reconcile(st, missing).create] == ['PodDisruptionBudget']
     one = stage({**CPU, 'replicas': 1})
     plan = reconcile(one, world(st, pods, T1))
