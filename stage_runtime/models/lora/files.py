@@ -60,7 +60,8 @@ def weight_file(name: str, path: str) -> Path:
     """The safetensors file: ``path`` itself, or the adapter file in the folder ``path``."""
     p = Path(path)
     if p.is_dir():
-        candidates = [p / DEFAULT_WEIGHT_NAME] if (p / DEFAULT_WEIGHT_NAME).is_file() else sorted(p.glob("*.safetensors"))
+        default = p / DEFAULT_WEIGHT_NAME
+        candidates = [default] if default.is_file() else sorted(p.glob("*.safetensors"))
         if len(candidates) != 1:
             raise LoraLoadError(f"LoRA adapter {name!r}: folder {path!r} holds {len(candidates)} .safetensors files "
                                 f"(give the file, or a folder with {DEFAULT_WEIGHT_NAME})")

@@ -45,6 +45,19 @@ class RowPlan:
         return cls(len(row_sets), groups)
 
 
+    def subset(self, keep: torch.Tensor) -> "RowPlan":
+        """The plan for the rows ``keep`` (ascending indices into this plan's rows), renumbered."""
+        position = {row: i for i, row in enumerate(keep.tolist())}
+        groups = []
+        for idx, adapter_set in self.groups:
+            rows = range(self.rows) if idx is None else idx.tolist()
+            mine = [position[r] for r in rows if r in position]
+            if mine:
+                idx = None if len(mine) == len(position) else torch.tensor(mine, device=keep.device)
+                groups.append((idx, adapter_set))
+        return RowPlan(len(position), tuple(groups))
+
+
 @dataclass
 class LoraSlot:
     """One component's row plan for the call in flight (None between calls) and the runner's guard."""

@@ -79,6 +79,21 @@ class LoraManager:
             slot.plan = None
 
     @contextlib.contextmanager
+    def subset(self, module: torch.nn.Module, keep: torch.Tensor) -> Iterator[None]:
+        """While part of a call runs on the rows ``keep`` only (the block cache's computing rows), the plan of
+        the component ``module`` belongs to follows them."""
+        slot = next((self.slots[c] for c, m in self.components.items() if m is module), None)
+        plan = None if slot is None else slot.plan
+        if plan is None:
+            yield
+            return
+        slot.plan = plan.subset(keep)
+        try:
+            yield
+        finally:
+            slot.plan = plan
+
+    @contextlib.contextmanager
     def guard(self, with_adapters: bool) -> Iterator[None]:
         """Around one runner call: when a request in it carries adapters, an adapted module without a plan fails."""
         for slot in self.slots.values():
@@ -104,9 +119,11 @@ def build_lora_manager(adapter, config, device: torch.device) -> LoraManager | N
             raise LoraLoadError(f"loras: {type(adapter.pipe).__name__} serves no LoRA adapters "
                                 f"(adapter {type(adapter).__name__} declares no LoRA components)")
         return None
-    cfg = config.parallel.cfg_parallel_size
+    cfg, tp = config.parallel.cfg_parallel_size, config.parallel.tensor_parallel_size
     refusal = (f"cfg_parallel_size={cfg} splits the denoiser's rows across ranks; per-row LoRA needs every row "
-               "on one rank (use cfg_parallel_size=1)") if cfg > 1 else None
+               "on one rank (use cfg_parallel_size=1)") if cfg > 1 else (
+        f"tensor_parallel_size={tp} shards the adapted layers' weights; LoRA factors are not sharded yet "
+        "(use tensor_parallel_size=1)") if tp > 1 else None
     manager = LoraManager(components, device, refusal)
     for spec in config.loras:
         manager.load(spec.name, spec.path)

@@ -35,8 +35,9 @@ def make_engine(path: str, adapters: dict[str, str], mode: str, wait_ms: float =
 
 
 def req(rid: str, guidance: float, loras=(), seed: int = SEED, **kw) -> DiffusionRequest:
-    return DiffusionRequest(rid, PROMPT, SamplingParams(num_inference_steps=STEPS, seed=seed, height=64, width=64,
-                                                        guidance_scale=guidance, loras=loras, **kw))
+    return DiffusionRequest(rid, PROMPT, SamplingParams(**{"num_inference_steps": STEPS, "seed": seed, "height": 64,
+                                                           "width": 64, "guidance_scale": guidance, "loras": loras,
+                                                           **kw}))
 
 
 def run(engine, rid, guidance, loras=(), **kw) -> np.ndarray:
@@ -229,3 +230,26 @@ def test_two_ulysses_ranks_in_worker_processes_load_check_and_apply_the_same_ada
         eng.close()
     ref = bare_with_loras(tiny_sd_path, {"a": a, "b": b}, [0.7, -0.4], PROMPT, STEPS, SEED, guidance_scale=7.5)
     assert max_diff(image, ref) <= 2
+
+
+def test_lora_rows_follow_the_block_cache_when_some_rows_skip_the_later_blocks(tiny_flux_path, tmp_path_factory):
+    """FLUX with the block cache: a request that skips blocks 1..N-1 (a huge threshold) next to one that always
+    computes (cache off): the later blocks run on the computing rows only and their LoRA plan follows them."""
+    out = tmp_path_factory.mktemp("lora-block-cache")
+    a, b = (write_adapter(tiny_flux_path, out / n, seed=s, gain=1.0) for n, s in (("a", 1), ("b", 2)))
+    eng = make_engine(tiny_flux_path, {"a": a, "b": b}, "step", cache={"mode": "block", "threshold": 10.0})
+    sets = {"skips": ([{"name": "a"}], None), "computes": ([{"name": "b", "scale": 0.7}], "off")}
+    try:
+        solo = {k: run(eng, f"solo-{k}", 3.5, loras, seed=i, cache=c, num_inference_steps=5)
+                for i, (k, (loras, c)) in enumerate(sets.items())}
+        calls = count_denoiser_calls(eng)
+        with eng._lock:
+            streams = {k: eng.add_request(req(f"mix-{k}", 3.5, loras, seed=i, cache=c, num_inference_steps=5))
+                       for i, (k, (loras, c)) in enumerate(sets.items())}
+        results = {k: s.result(timeout=120) for k, s in streams.items()}
+    finally:
+        eng.close()
+    assert calls[0] == 5, f"{calls[0]} denoiser forwards for two 5-step requests: a fused tick failed and was split"
+    assert results["skips"].metrics["steps_skipped"] > 0 and "steps_skipped" not in results["computes"].metrics
+    for k in sets:
+        assert max_diff(results[k].images, solo[k]) <= 2, k
