@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stage_runtime.errors import ConfigError
+from stage_runtime.lora_spec import LORA_NAME_PATTERN, LoraSpec, StartupLoras  # noqa: F401 (re-exported)
 
 __all__ = [
     "ConfigError", "ExecutionMode", "ParallelDim", "ModelConfig", "OffloadConfig", "OffloadMode", "ParallelConfig",
@@ -36,7 +37,6 @@ _LAYOUT: tuple[str, ...] = ("tp", "sp", "pp", "cfg", "dp")
 _IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
-LORA_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"     # a LoRA adapter's name (requests, CRD, CLI)
 
 
 def _check_import_path(field: str, value: str, also: str = "") -> str:
@@ -286,15 +286,6 @@ class CacheConfig(BaseModel):
     max_consecutive_skips: int = Field(0, ge=0, le=1000)
     result_max_bytes: int = Field(0, ge=0)
     prompt_max_bytes: int = Field(0, ge=0)
-class LoraSpec(BaseModel):
-    """A startup LoRA adapter (``loras:`` / ``--lora NAME=PATH``): a name requests use, a file inside the stage."""
-
-    model_config = _FROZEN
-    name: str = Field(pattern=LORA_NAME_PATTERN)
-    path: str = Field(min_length=1)
-    pinned: bool = True             # startup adapters are pinned: never evicted for max_loras
-
-
 class StageConfig(BaseModel):
     """Everything one stage process needs; the top level of ``stage.yaml``."""
 
@@ -310,17 +301,8 @@ class StageConfig(BaseModel):
     worker_startup_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)  # mp: every rank loaded and ready
     collective_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)      # a stuck collective is fatal
     server: ServerConfig = Field(default_factory=ServerConfig)
-    loras: tuple[LoraSpec, ...] = ()                # loaded (and checked) at startup; pinned unless said
-    max_loras: int = Field(8, ge=1, le=1024)        # resident adapters at most (LRU among the unpinned)
-
-    @model_validator(mode="after")
-    def _loras_fit(self) -> StageConfig:
-        names = [spec.name for spec in self.loras]
-        if len(set(names)) != len(names):
-            raise ValueError(f"loras: names must be distinct, got {names}")
-        if len(names) > self.max_loras:
-            raise ValueError(f"loras: {len(names)} startup adapters but max_loras={self.max_loras}")
-        return self
+    max_loras: int = Field(8, ge=1, le=1024)        # resident LoRA adapters at most (LRU among the unpinned)
+    loras: StartupLoras = ()                        # loaded (and checked) at startup; pinned unless said
 
     @field_validator("executor")
     @classmethod
