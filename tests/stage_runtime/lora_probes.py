@@ -20,8 +20,10 @@ transformers_logging.set_verbosity_error()
 SD_UNET_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "conv1")        # conv1: the resnets' Conv2d
 FLUX_TRANSFORMER_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "proj_mlp")
 CLIP_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")
-DENOISER = {"StableDiffusionPipeline": ("unet", SD_UNET_TARGETS), "FluxPipeline": ("transformer",
-                                                                                  FLUX_TRANSFORMER_TARGETS)}
+SD3_TRANSFORMER_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj")
+DENOISER = {"StableDiffusionPipeline": ("unet", SD_UNET_TARGETS),
+            "FluxPipeline": ("transformer", FLUX_TRANSFORMER_TARGETS),
+            "StableDiffusion3Pipeline": ("transformer", SD3_TRANSFORMER_TARGETS)}
 
 
 def load_pipe(model_path: str):
@@ -42,6 +44,8 @@ def write_adapter(model_path: str, out_dir: Path, seed: int, rank: int = 4, alph
     parts = [(denoiser_name, getattr(pipe, denoiser_name), targets)]
     if text_encoder:
         parts.append(("text_encoder", pipe.text_encoder, CLIP_TARGETS))
+        if getattr(pipe, "text_encoder_2", None) is not None and type(pipe).__name__ == "StableDiffusion3Pipeline":
+            parts.append(("text_encoder_2", pipe.text_encoder_2, CLIP_TARGETS))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for name, module, target in parts:

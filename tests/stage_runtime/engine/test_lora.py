@@ -14,16 +14,28 @@ from stage_runtime.errors import InvalidRequestError, LoraConflictError, LoraLoa
 from stage_runtime.request import DiffusionRequest, SamplingParams
 
 FAMILIES = {"sd": 7.5, "flux": 3.5}        # kind → guidance (SD: CFG rows; FLUX: distilled, no CFG rows)
+GUIDANCE = {**FAMILIES, "sd3": 7.0}
 PROMPT, STEPS, SEED = "a photo of a cat", 3, 11
+
+
+def _family(kind, paths, tmp_path_factory):
+    path = paths[kind]
+    out = tmp_path_factory.mktemp(f"lora-{kind}")
+    gain = 0.3 if kind == "sd" else 1.0
+    adapters = {name: write_adapter(path, out / name, seed=seed, gain=gain) for name, seed in (("a", 1), ("b", 2))}
+    return kind, path, adapters
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tiny_sd_path, tiny_flux_path, tmp_path_factory):
-    path = {"sd": tiny_sd_path, "flux": tiny_flux_path}[request.param]
-    out = tmp_path_factory.mktemp(f"lora-{request.param}")
-    gain = 0.3 if request.param == "sd" else 1.0
-    adapters = {name: write_adapter(path, out / name, seed=seed, gain=gain) for name, seed in (("a", 1), ("b", 2))}
-    return request.param, path, adapters
+    """SD (UNet + CLIP) and FLUX (transformer + CLIP): every test."""
+    return _family(request.param, {"sd": tiny_sd_path, "flux": tiny_flux_path}, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=[*FAMILIES, "sd3"])
+def any_family(request, tiny_sd_path, tiny_flux_path, tiny_sd3_path, tmp_path_factory):
+    """Plus SD3 (transformer + two CLIP encoders, CFG rows) for the equality, leak and mixed-batch tests."""
+    return _family(request.param, {"sd": tiny_sd_path, "flux": tiny_flux_path, "sd3": tiny_sd3_path}, tmp_path_factory)
 
 
 def make_engine(path: str, adapters: dict[str, str], mode: str, wait_ms: float = 0, **extra) -> DiffusionEngine:
@@ -45,9 +57,9 @@ def run(engine, rid, guidance, loras=(), **kw) -> np.ndarray:
 
 
 @pytest.mark.parametrize("mode", ["request", "step"])
-def test_adapters_equal_diffusers_set_adapters_and_scale_zero_is_the_base(family, mode):
-    kind, path, adapters = family
-    g = FAMILIES[kind]
+def test_adapters_equal_diffusers_set_adapters_and_scale_zero_is_the_base(any_family, mode):
+    kind, path, adapters = any_family
+    g = GUIDANCE[kind]
     eng = make_engine(path, adapters, mode)
     try:
         base = run(eng, "base", g)
@@ -65,9 +77,9 @@ def test_adapters_equal_diffusers_set_adapters_and_scale_zero_is_the_base(family
         eng.close()
 
 
-def test_a_base_request_after_ten_lora_requests_is_bitwise_the_base(family):
-    kind, path, adapters = family
-    g = FAMILIES[kind]
+def test_a_base_request_after_ten_lora_requests_is_bitwise_the_base(any_family):
+    kind, path, adapters = any_family
+    g = GUIDANCE[kind]
     eng = make_engine(path, adapters, "step")
     try:
         before = run(eng, "before", g)
@@ -86,11 +98,11 @@ SETS = {"base": (), "a": ({"name": "a", "scale": 0.8},), "b": ({"name": "b", "sc
 
 
 @pytest.mark.parametrize("mode", ["step", "request"])
-def test_mixed_adapters_share_one_denoiser_forward_per_step_and_equal_their_solo_runs(family, mode):
+def test_mixed_adapters_share_one_denoiser_forward_per_step_and_equal_their_solo_runs(any_family, mode):
     """Step mode: one tick; request mode: one fused pipeline call (the family batches) — either way ONE
     denoiser forward per denoising step for base, a, b and a+b together."""
-    kind, path, adapters = family
-    g, sets = FAMILIES[kind], SETS
+    kind, path, adapters = any_family
+    g, sets = GUIDANCE[kind], SETS
     eng = make_engine(path, adapters, mode, wait_ms=300 if mode == "request" else 0)
     try:
         solo = {name: run(eng, f"solo-{name}", g, loras, seed=i) for i, (name, loras) in enumerate(sets.items())}
