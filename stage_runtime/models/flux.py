@@ -88,16 +88,18 @@ class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
 
     # -- request mode ----------------------------------------------------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
-        if requests[0].edit is not None:   # img2img: flux_edit
-            return self.run_edit_batch(requests)
+        rows = [(r, r.sampling.num_outputs) for r in requests]     # LoRA: one row per image in both components
+        with self.lora_rows("text_encoder", rows), self.lora_rows("transformer", rows):
+            if requests[0].edit is not None:   # img2img: flux_edit (the same rows)
+                return self.run_edit_batch(requests)
+            return self._generate(requests)
+
+    def _generate(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
         s = requests[0].sampling           # key-compatible: size, steps and guidance are shared
         prompts = [r.prompt for r in requests for _ in range(r.sampling.num_outputs)]
-        rows = [(r, r.sampling.num_outputs) for r in requests]     # one row per image in both components
-        with self.lora_rows("text_encoder", rows), self.lora_rows("transformer", rows):
-            images = self.pipe(prompt=prompts, height=s.height, width=s.width,
-                               num_inference_steps=s.num_inference_steps, guidance_scale=s.guidance_scale,
-                               generator=self.generators(requests), max_sequence_length=self.max_sequence_length(),
-                               output_type="np", return_dict=False)[0]
+        images = self.pipe(prompt=prompts, height=s.height, width=s.width, num_inference_steps=s.num_inference_steps,
+                           guidance_scale=s.guidance_scale, generator=self.generators(requests),
+                           max_sequence_length=self.max_sequence_length(), output_type="np", return_dict=False)[0]
         return self.split_images(requests, images)
 
     # -- step contract: the same math as FluxPipeline.__call__, one step at a time -----------------------

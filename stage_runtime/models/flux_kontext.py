@@ -33,6 +33,7 @@ from stage_runtime.request import DiffusionRequest
 
 
 class FluxKontextAdapter(FluxAdapter):
+    lora_components = ()           # its calls set no LoRA rows yet: requests with loras are refused at admission
     parallel_kinds = frozenset()
     step_key_fields = ("height", "width", "task")
     edit_step_rule = "int"                 # unused: instruction edits run every step

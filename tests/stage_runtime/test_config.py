@@ -366,6 +366,8 @@ def test_the_cache_section_defaults_bounds_and_flags():
     cache = config_from_args(args).cache
     assert (cache.mode, cache.threshold, cache.warmup_steps, cache.result_max_bytes, cache.prompt_max_bytes) == (
         "block", 0.2, 3, 1000, 2000)
+
+
 def test_loras_are_named_distinct_and_bounded_by_max_loras():
     from stage_runtime.config import load_config as load
 

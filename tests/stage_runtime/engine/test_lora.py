@@ -196,31 +196,36 @@ def family_adapters_of_other_kind(family):
     return {"path": str(out)}
 
 
-@pytest.mark.parametrize("mode", ["request", "step"])
-def test_an_img2img_edit_with_an_adapter_equals_diffusers_img2img_with_it(tiny_sd_path, tmp_path_factory, mode):
+@pytest.mark.parametrize("kind, mode", [("sd", "request"), ("sd", "step"), ("flux", "request"), ("flux", "step")])
+def test_an_img2img_edit_with_an_adapter_equals_diffusers_img2img_with_it(kind, mode, tiny_sd_path, tiny_flux_path,
+                                                                         tmp_path_factory):
     import torch
-    from diffusers import StableDiffusionImg2ImgPipeline
+    from diffusers import FluxImg2ImgPipeline, StableDiffusionImg2ImgPipeline
     from lora_probes import load_pipe
     from PIL import Image
 
     from stage_runtime.request import EditInput
 
-    path = write_adapter(tiny_sd_path, tmp_path_factory.mktemp("edit-lora") / "a", seed=1)
+    model, g = (tiny_sd_path, 7.5) if kind == "sd" else (tiny_flux_path, 3.5)
+    path = write_adapter(model, tmp_path_factory.mktemp(f"edit-lora-{kind}") / "a", seed=1,
+                         gain=0.3 if kind == "sd" else 1.0)
     y, x = np.mgrid[0:64, 0:64] / 64
     image = ((np.stack([np.sin(6 * x), np.cos(5 * y), x * y], -1) + 1) * 127).clip(0, 255).astype(np.uint8)
-    eng = make_engine(tiny_sd_path, {"a": path}, mode)
+    eng = make_engine(model, {"a": path}, mode)
     try:
         out = eng.add_request(DiffusionRequest("edit", PROMPT, SamplingParams(
-            num_inference_steps=6, seed=SEED, guidance_scale=7.5, loras=[{"name": "a", "scale": 0.9}]),
-            edit=EditInput(image, None, 0.6))).result(timeout=120).images
+            num_inference_steps=6, seed=SEED, guidance_scale=g, height=64, width=64,
+            loras=[{"name": "a", "scale": 0.9}]), edit=EditInput(image, None, 0.6))).result(timeout=120).images
     finally:
         eng.close()
-    pipe = load_pipe(tiny_sd_path)
+    pipe = load_pipe(model)
     pipe.load_lora_weights(path, adapter_name="a")
     pipe.set_adapters(["a"], [0.9])
-    ref = StableDiffusionImg2ImgPipeline.from_pipe(pipe)(
-        prompt=PROMPT, image=Image.fromarray(image, "RGB"), strength=0.6, num_inference_steps=6, guidance_scale=7.5,
-        generator=torch.Generator("cpu").manual_seed(SEED), output_type="np").images
+    cls = StableDiffusionImg2ImgPipeline if kind == "sd" else FluxImg2ImgPipeline
+    extra = {} if kind == "sd" else {"height": 64, "width": 64}
+    ref = cls.from_pipe(pipe)(
+        prompt=PROMPT, image=Image.fromarray(image, "RGB"), strength=0.6, num_inference_steps=6, guidance_scale=g,
+        generator=torch.Generator("cpu").manual_seed(SEED), output_type="np", **extra).images
     assert max_diff(out, (ref * 255).round().clip(0, 255).astype(np.uint8)) <= (1 if mode == "request" else 2)
 
 
