@@ -23,6 +23,7 @@ CLIP_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")
 SD3_TRANSFORMER_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj")
 DENOISER = {"StableDiffusionPipeline": ("unet", SD_UNET_TARGETS),
             "FluxPipeline": ("transformer", FLUX_TRANSFORMER_TARGETS),
+            "FluxKontextPipeline": ("transformer", FLUX_TRANSFORMER_TARGETS),
             "StableDiffusion3Pipeline": ("transformer", SD3_TRANSFORMER_TARGETS)}
 
 

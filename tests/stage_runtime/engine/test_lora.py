@@ -270,3 +270,31 @@ def test_lora_rows_follow_the_block_cache_when_some_rows_skip_the_later_blocks(t
     assert results["skips"].metrics["steps_skipped"] > 0 and "steps_skipped" not in results["computes"].metrics
     for k in sets:
         assert max_diff(results[k].images, solo[k]) <= 2, k
+
+
+@pytest.mark.parametrize("mode", ["request", "step"])
+def test_a_kontext_instruction_edit_with_an_adapter_equals_diffusers_with_it(mode, tiny_flux_kontext_path,
+                                                                            tmp_path_factory):
+    import torch
+    from lora_probes import load_pipe
+    from PIL import Image
+
+    from stage_runtime.request import EditInput
+
+    path = write_adapter(tiny_flux_kontext_path, tmp_path_factory.mktemp("kontext-lora") / "a", seed=1, gain=1.0)
+    y, x = np.mgrid[0:64, 0:64] / 64
+    image = ((np.stack([np.sin(6 * x), np.cos(5 * y), x * y], -1) + 1) * 127).clip(0, 255).astype(np.uint8)
+    eng = make_engine(tiny_flux_kontext_path, {"a": path}, mode)
+    try:
+        out = eng.add_request(DiffusionRequest("edit", PROMPT, SamplingParams(
+            num_inference_steps=4, seed=SEED, guidance_scale=3.5, height=64, width=64,
+            loras=[{"name": "a", "scale": 0.9}]), edit=EditInput(image))).result(timeout=120).images
+    finally:
+        eng.close()
+    pipe = load_pipe(tiny_flux_kontext_path)
+    pipe.load_lora_weights(path, adapter_name="a")
+    pipe.set_adapters(["a"], [0.9])
+    ref = pipe(prompt=PROMPT, image=Image.fromarray(image, "RGB"), num_inference_steps=4, guidance_scale=3.5,
+               height=64, width=64, max_area=64 * 64, _auto_resize=False,
+               generator=[torch.Generator("cpu").manual_seed(SEED)], output_type="np").images
+    assert max_diff(out, (ref * 255).round().clip(0, 255).astype(np.uint8)) <= (1 if mode == "request" else 2)
