@@ -45,3 +45,26 @@ async def test_a_stage_without_the_route_reports_no_list():
     finally:
         await runner.cleanup()
     assert result.loras is None and result.error is None
+
+
+async def test_with_an_api_key_the_loras_call_carries_it():
+    seen = []
+    app = web.Application()
+    app.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
+    app.router.add_get("/v1/stats", lambda r: web.json_response({"state": "ready", "waiting": 0, "running": 0}))
+
+    async def loras(request):
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response({"object": "list", "data": [{"name": "ink"}], "max_loras": 8})
+
+    app.router.add_get("/v1/loras", loras)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            result = await probe(session, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", 5, "k3y")
+    finally:
+        await runner.cleanup()
+    assert result.loras == ("ink",) and seen == ["Bearer k3y"]
