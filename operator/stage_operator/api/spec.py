@@ -292,7 +292,8 @@ class StageSpec(ApiModel):
     disruption: Disruption = Field(default_factory=Disruption)
     auth: Auth | None = None
     network_policy: NetworkPolicy = Field(default_factory=NetworkPolicy)
-    loras: list[LoraAdapter] = Field(default_factory=list, max_length=64, description=(
+    # None (not []) when unset: the spec's wire form, hence its rollout digest, is unchanged for stages without it
+    loras: list[LoraAdapter] | None = Field(None, max_length=64, description=(
         "LoRA adapters loaded at startup; changing the list rolls the pods"), json_schema_extra={
         "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
     max_loras: int | None = Field(None, ge=1, le=1024, description="resident adapters at most per replica "
