@@ -40,7 +40,16 @@ ENGINE_FLAGS = {
     "cache_mode": ("cache", "mode"), "cache_threshold": ("cache", "threshold"),
     "cache_warmup_steps": ("cache", "warmup_steps"), "cache_final_steps": ("cache", "final_steps"),
     "result_cache_bytes": ("cache", "result_max_bytes"), "prompt_cache_bytes": ("cache", "prompt_max_bytes"),
+    "max_loras": (None, "max_loras"),
 }
+
+
+def parse_lora_flag(value: str) -> dict:
+    """``--lora NAME=PATH`` → a LoraSpec dict (validated with the rest of the config)."""
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise ConfigError(f"--lora={value!r}: give NAME=PATH (a LoRA safetensors file or its folder)")
+    return {"name": name, "path": path}
 
 
 def add_engine_flags(p: argparse.ArgumentParser, model_required: bool = False) -> None:
@@ -61,6 +70,9 @@ def add_engine_flags(p: argparse.ArgumentParser, model_required: bool = False) -
     p.add_argument("--cache-threshold", type=float, help="block cache: skip while the relative change is under it")
     for flag in ("cache-warmup-steps", "cache-final-steps", "result-cache-bytes", "prompt-cache-bytes"):
         p.add_argument(f"--{flag}", type=int)
+    p.add_argument("--lora", action="append", metavar="NAME=PATH",
+                   help="a LoRA adapter loaded (and pinned) at startup; repeatable")
+    p.add_argument("--max-loras", type=int, help="resident LoRA adapters at most (default 8; LRU among unpinned)")
 
 
 def config_from_args(args: argparse.Namespace, defaults: dict | None = None) -> StageConfig:
@@ -70,6 +82,8 @@ def config_from_args(args: argparse.Namespace, defaults: dict | None = None) -> 
         value = getattr(args, flag, None)
         if value is not None:
             (overrides.setdefault(section, {}) if section else overrides)[field] = value
+    if getattr(args, "lora", None):
+        overrides["loras"] = [parse_lora_flag(v) for v in args.lora]
     if args.config:
         return load_config_file(args.config, overrides, defaults)
     overrides = merge_overrides(defaults or {}, overrides)

@@ -18,11 +18,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stage_runtime.errors import ConfigError
+from stage_runtime.lora_spec import LORA_NAME_PATTERN, LoraSpec, StartupLoras  # noqa: F401 (re-exported)
 
 __all__ = [
     "ConfigError", "ExecutionMode", "ParallelDim", "ModelConfig", "OffloadConfig", "OffloadMode", "ParallelConfig",
     "SchedulerConfig", "ServerConfig", "StageConfig", "RankCoords", "load_config", "load_config_file", "read_config_file",
-    "merge_overrides", "CacheConfig", "MAX_CACHE_THRESHOLD",
+    "merge_overrides", "CacheConfig", "MAX_CACHE_THRESHOLD", "LoraSpec", "LORA_NAME_PATTERN",
 ]
 
 ExecutionMode = Literal["request", "step"]
@@ -285,8 +286,6 @@ class CacheConfig(BaseModel):
     max_consecutive_skips: int = Field(0, ge=0, le=1000)
     result_max_bytes: int = Field(0, ge=0)
     prompt_max_bytes: int = Field(0, ge=0)
-
-
 class StageConfig(BaseModel):
     """Everything one stage process needs; the top level of ``stage.yaml``."""
 
@@ -302,6 +301,8 @@ class StageConfig(BaseModel):
     worker_startup_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)  # mp: every rank loaded and ready
     collective_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)      # a stuck collective is fatal
     server: ServerConfig = Field(default_factory=ServerConfig)
+    max_loras: int = Field(8, ge=1, le=1024)        # resident LoRA adapters at most (LRU among the unpinned)
+    loras: StartupLoras = ()                        # loaded (and checked) at startup; pinned unless said
 
     @field_validator("executor")
     @classmethod

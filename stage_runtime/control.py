@@ -19,6 +19,11 @@ CONTROL_RPCS: dict[str, str] = {
     "model_info": "the loaded model's ModelInfo (its family's facts)",
     "num_request_states": "per-request state the rank holds (0 when idle)",
     "offload_stats": "the rank's weight-offload accounting",
+    # LoRA management: the engine's adapter table answers (engine.lora_table), then tells every rank
+    "load_lora": "(name, path[, pinned]) → the adapter {name, path, digest, pinned, rank, modules, ...}; a rank "
+                 "answers its summary or {error} when the file does not fit",
+    "unload_lora": "(name) → {name, unloaded}; a rank answers whether it held the adapter",
+    "list_loras": "the resident adapters (the engine's view); a rank answers its own summaries",
 }
 
 

@@ -2,6 +2,7 @@
 
     DiffStageError
     ├── ConfigError            bad configuration or topology        CLI exit 2, HTTP 400
+    │   └── LoraLoadError          a LoRA file refused (names adapter + key)  exit 2 at startup, HTTP 400
     ├── ModelLoadError         the model folder cannot be served    CLI exit 2
     ├── RequestError           one request's fault; never the engine's
     │   ├── InvalidRequestError    bad parameters                   HTTP 400 (names the field)
@@ -9,6 +10,8 @@
     │   ├── QueueFullError         waiting queue at max_waiting      HTTP 429
     │   ├── RequestAbortedError    aborted by a client or a drain    HTTP 409
     │   ├── DeadlineExceededError  past its timeout_s (queued or running)  HTTP 504
+    │   ├── LoraConflictError      adapter in use / name taken / max_loras full  HTTP 409
+    │   ├── LoraNotFoundError      no adapter of that name (DELETE /v1/loras/{name})  HTTP 404
     │   └── RequestFailedError     the pipeline call failed          HTTP 500
     ├── EngineStartupError     warmup or startup failed             CLI exit 1
     │   └── StartupTimeoutError    not ready within the startup budget  CLI exit 1 (restartable)
@@ -31,6 +34,11 @@ class DiffStageError(Exception):
 
 class ConfigError(DiffStageError, ValueError):
     """Bad configuration or parallel topology (a stage exits 2 on it)."""
+
+
+class LoraLoadError(ConfigError):
+    """A LoRA adapter file that cannot be applied to the served model; the message names the adapter and
+    the first key that does not fit (exit 2 for a startup adapter, HTTP 400 for ``POST /v1/loras``)."""
 
 
 class ModelLoadError(DiffStageError):
@@ -85,6 +93,19 @@ class DeadlineExceededError(RequestError):
     """The request's ``timeout_s`` passed: it ended unrun (queued) or at the next step (running)."""
 
     error_type = "deadline_exceeded"
+
+
+class LoraConflictError(RequestError):
+    """A LoRA management call that conflicts with the resident set: unloading an adapter in-flight requests
+    use, loading a name that is taken, or ``max_loras`` reached with every resident adapter pinned or in use."""
+
+    error_type = "lora_conflict"
+
+
+class LoraNotFoundError(RequestError):
+    """``DELETE /v1/loras/{name}`` for a name that is not loaded."""
+
+    error_type = "not_found"
 
 
 class RequestFailedError(RequestError):

@@ -33,6 +33,7 @@ class ModelInfo:
     # Why this stage cannot run the block cache (a UNet family, the generic adapter, a parallel topology),
     # or None when it can (stage_runtime.models.block_cache).
     block_cache_refusal: str | None = "this model family has no block cache"
+    lora_components: tuple[str, ...] = ()    # pipeline components LoRA files may target ("unet", "text_encoder")
 
     @property
     def supports_edits(self) -> bool:

@@ -19,14 +19,15 @@ from dataclasses import dataclass, field, replace
 from typing import Annotated, Literal, NamedTuple
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
-from stage_runtime.config import MAX_CACHE_THRESHOLD
+from stage_runtime.config import LORA_NAME_PATTERN, MAX_CACHE_THRESHOLD
 from stage_runtime.errors import InvalidRequestError
 from stage_runtime.model_info import ModelInfo
 
 MAX_PROMPT_CHARS = 2000
 DEFAULT_STRENGTH = 0.8         # an img2img / inpaint edit's strength when the request gives none
+MAX_LORAS_PER_REQUEST = 8
 
 
 class RequestStatus(enum.IntEnum):
@@ -62,6 +63,13 @@ def _cache_policy(value: object) -> object:
 
 
 CachePolicyField = Annotated[Literal["off"] | RequestCache | None, BeforeValidator(_cache_policy)]
+class LoraRef(BaseModel):
+    """One adapter a request applies: a loaded adapter's name and its scale (never a path)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=LORA_NAME_PATTERN)
+    scale: float = Field(1.0, ge=-16.0, le=16.0, allow_inf_nan=False)
 
 
 class SamplingParams(BaseModel):
@@ -82,6 +90,16 @@ class SamplingParams(BaseModel):
     timeout_s: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False)   # deadline from arrival
     partial_images: int = Field(0, ge=0, le=3)    # OpenAI's: this many previews, evenly spaced (step mode)
     cache: CachePolicyField = None   # block cache: None = the stage's cache.mode
+    # LoRA adapters by name, applied in this order (unfused, this request's rows only); not in any batch key
+    loras: tuple[LoraRef, ...] = Field((), max_length=MAX_LORAS_PER_REQUEST)
+
+    @field_validator("loras")
+    @classmethod
+    def _distinct_loras(cls, v: tuple[LoraRef, ...]) -> tuple[LoraRef, ...]:
+        names = [ref.name for ref in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"names an adapter twice: {names}")
+        return v
 
     @classmethod
     def parse(cls, data: dict) -> "SamplingParams":
@@ -188,6 +206,8 @@ class DiffusionRequest:
     key_fields: tuple[tuple[str, ...], tuple[str, ...]] | None = None
     edit: EditInput | None = None                 # set for POST /v1/images/edits
     seed_given: bool | None = None                # the client chose the seed (None: decided at creation)
+    # The SHA-256 (16 hex) of each adapter in sampling.loras, recorded at admission (engine.lora_table)
+    lora_digests: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -223,6 +243,14 @@ class DiffusionRequest:
             # "task" in a family's step key: the edit task changes the denoiser's sequence (instruction edits)
             return tuple((name, self.task if name == "task" else getattr(s, name)) for name in self.key_fields[1])
         return StepBatchKey(s.height, s.width, s.guidance_scale)
+
+    @property
+    def lora_key(self) -> tuple[tuple[str, float, str | None], ...]:
+        """The adapter set as a stable, hashable value: ((name, scale, digest), ...) in application order;
+        () for a plain request. The digest (None before admission) tells two files of the same name apart,
+        so caches keyed by it (prompt embeddings, results) never serve another adapter's output."""
+        digests = self.lora_digests or (None,) * len(self.sampling.loras)
+        return tuple((ref.name, ref.scale, digest) for ref, digest in zip(self.sampling.loras, digests, strict=True))
 
     @property
     def num_steps(self) -> int:
@@ -275,15 +303,10 @@ class DiffusionRequest:
         return replace(self, sampling=resolved, key_fields=(info.request_key, info.step_key), edit=edit)
 
 
-def adapter_identity(request: "DiffusionRequest") -> list[tuple[str, float]]:
-    """The request's LoRA adapters and scales, sorted (the ``loras`` field: a list of name + scale).
+def adapter_identity(request: "DiffusionRequest") -> list[tuple[str, float, str | None]]:
+    """The request's LoRA adapters as ``DiffusionRequest.lora_key`` gives them: ``[(name, scale, digest), ...]``
+    in application order (the order changes the float sums), the digest naming the file loaded under the name.
 
-    The hook every cache key takes adapters from; empty while the stage serves no adapters.
+    The hook every cache key takes adapters from (result cache, prompt-embedding cache); [] for a plain request.
     """
-    loras = getattr(request, "loras", None) or getattr(request.sampling, "loras", None) or ()
-    pairs = []
-    for lora in loras:
-        name = lora.get("name") if isinstance(lora, dict) else getattr(lora, "name", lora)
-        scale = lora.get("scale", 1.0) if isinstance(lora, dict) else getattr(lora, "scale", 1.0)
-        pairs.append((str(name), float(scale)))
-    return sorted(pairs)
+    return [tuple(entry) for entry in request.lora_key]

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE = {"config", "errors", "request", "outputs", "scheduler_output", "model_info", "plugins", "imageio", "control"}
+CORE = {"config", "errors", "request", "outputs", "scheduler_output", "model_info", "plugins", "imageio", "control",
+        "lora_spec"}
 EDGE = {"cli", "client", "demo", "__main__", "__init__"}
 
 # package → the packages it may import (its own package is always allowed)

@@ -20,6 +20,7 @@ class ProbeResult:
     waiting: int | None = None
     running: int | None = None
     startup: dict | None = None  # /v1/stats.startup: {phase, phases: {name: seconds}, model_bytes}
+    loras: tuple[str, ...] | None = None  # names from /v1/loras (None: not asked or not answered)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class PodHealth:
     waiting: int | None = None
     running: int | None = None
     startup: dict | None = None  # what the stage said of its startup (phase while loading, durations after)
+    loras: tuple[str, ...] | None = None  # the LoRA adapters the stage has loaded (its /v1/loras)
 
     @property
     def loading_phase(self) -> str | None:
@@ -65,9 +67,10 @@ class HealthBook:
         else:
             new = PodHealth("Unhealthy" if result.dead else "Healthy", result.at, 0, True, result.dead or "",
                             result.state, result.waiting, result.running,
-                            result.startup if result.startup is not None else (old.startup if old else None))
+                            result.startup if result.startup is not None else (old.startup if old else None),
+                            result.loras if result.loras is not None else (old.loras if old else None))
         self._pods[uid] = new
-        shown = ("health", "failures", "waiting", "running", "state", "loading_phase")
+        shown = ("health", "failures", "waiting", "running", "state", "loading_phase", "loras")
         changed = old is None or any(getattr(old, k) != getattr(new, k) for k in shown)
         return new, changed
 

@@ -93,6 +93,8 @@ def _replica_status(pod: PodView, desired_hash: str | None, record: ReplicaRecor
         out["health"] = health.health
         if health.in_flight is not None:
             out["waiting"], out["running"] = health.waiting, health.running
+        if health.loras is not None:
+            out["loras"] = list(health.loras)
     return out
 
 

@@ -52,10 +52,22 @@ async def probe(session: aiohttp.ClientSession, base: str, timeout: float, api_k
                 return ProbeResult(at, error=f"/v1/stats answered {response.status}")
             stats = await _json(response)
         startup = stats.get("startup")
+        loras = await _lora_names(session, base, limit, api_key) if stats.get("state") == "ready" else None
         return ProbeResult(at, state=stats.get("state"), waiting=int(stats.get("waiting", 0)),
-                           running=int(stats.get("running", 0)), startup=startup if isinstance(startup, dict) else None)
+                           running=int(stats.get("running", 0)), startup=startup if isinstance(startup, dict) else None,
+                           loras=loras)
     except _ERRORS as exc:
         return ProbeResult(at, error=_why(exc))
+
+
+async def _lora_names(session: aiohttp.ClientSession, base: str, limit: aiohttp.ClientTimeout,
+                      api_key: str | None) -> tuple[str, ...] | None:
+    """The names the stage lists on `/v1/loras`, or None when it does not answer 200 (an older stage)."""
+    async with session.get(f"{base}/v1/loras", timeout=limit, headers=auth_headers(api_key)) as response:
+        if response.status != 200:
+            return None
+        body = await _json(response)
+    return tuple(str(a["name"]) for a in body.get("data") or () if isinstance(a, dict) and "name" in a)
 
 
 async def _abort_one(session: aiohttp.ClientSession, base: str, body: dict[str, Any],

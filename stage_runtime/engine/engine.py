@@ -17,6 +17,7 @@ from typing import Any
 
 from stage_runtime.config import StageConfig
 from stage_runtime.engine.admission import check_execution_mode
+from stage_runtime.engine.lora_table import LORA_RPCS, LoraTable
 from stage_runtime.engine.observers import ExecuteObservers
 from stage_runtime.engine.output_table import WARMUP_PREFIX, OutputTable
 from stage_runtime.engine.result_cache import ResultCache
@@ -53,6 +54,7 @@ class DiffusionEngine:
             check_execution_mode(config, self.model_info)
             step_mode = config.scheduler.execution_mode == "step"
             self.scheduler = (StepScheduler if step_mode else RequestScheduler)(config.scheduler)
+            self.loras = LoraTable(self, config)            # LoRA names, pinning, max_loras (and what ranks hold)
         except BaseException:
             self.executor.shutdown()
             raise
@@ -99,9 +101,11 @@ class DiffusionEngine:
         if resolved.sampling.preview_every is not None and self.scheduler.mode != "step":
             raise InvalidRequestError("preview_every", resolved.sampling.preview_every,
                                       "previews need execution_mode=step (or streaming_output)")
+        resolved = self.loras.resolve(resolved)       # an unknown adapter: 400 here; each file's digest recorded
         key, hit = self.result_cache.lookup(resolved)
         with self._lock:
             self._check_open()
+            self.loras.admit(resolved)                 # still loaded as resolved; LRU touched, request counted
             if hit is not None:               # an exact repeat: the stored images, nothing runs
                 self.counters["finished_total"] += 1
                 return hit
@@ -144,7 +148,14 @@ class DiffusionEngine:
     def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
                        timeout: float | None = None, unique_reply_rank: int | None = None) -> Any:
         """A declared control RPC (``stage_runtime.control``) on the busy-loop thread, ordered with waves;
-        direct before the loop starts. An undeclared name, a failed rank or a timeout: RpcError."""
+        direct before the loop starts. An undeclared name, a failed rank or a timeout: RpcError. The LoRA
+        RPCs go through the engine's adapter table (engine.lora_table), which then tells every rank."""
+        if method in LORA_RPCS:
+            return self.loras.control(method, tuple(args), kwargs or {})
+        return self.rank_rpc(method, args, kwargs, timeout, unique_reply_rank)
+
+    def rank_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None, timeout: float | None = None,
+                 unique_reply_rank: int | None = None) -> Any:
         self._check_open()
         if self._thread is None:
             with self._rpc_lock:

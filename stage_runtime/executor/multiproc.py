@@ -57,7 +57,7 @@ from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, RunnerOutput
 from stage_runtime.scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
-STARTUP_ERRORS = {"ConfigError": ConfigError, "ModelLoadError": ModelLoadError}
+STARTUP_ERRORS = {"ConfigError": ConfigError, "LoraLoadError": ConfigError, "ModelLoadError": ModelLoadError}
 JOIN_GRACE_S = 5.0
 FATAL_REASON_WAIT_S = 0.5
 DEAD_GRACE_S = 0.5

@@ -8,6 +8,7 @@ routes requests: that is the scheduler's and the engine's job.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from abc import ABC, abstractmethod
 from typing import ClassVar
@@ -41,6 +42,11 @@ class PipelineAdapter(ABC):
     supports_block_cache: ClassVar[bool] = False
     # How an edit's strength gives its step count (ModelInfo.edit_step_rule): "int" or "flow" (FLUX).
     edit_step_rule: ClassVar[str] = "int"
+    # Pipeline components LoRA files may target (their key prefix, as diffusers' save_lora_weights writes);
+    # () = this family serves no LoRA. A family that names any must set the rows of each of them
+    # (``lora_rows``) around every call of that component (models/lora).
+    lora_components: ClassVar[tuple[str, ...]] = ()
+    loras = None          # the rank's LoraManager (models.lora.manager), set by the runner when loaded
 
     def __init__(self, pipeline: DiffusionPipeline, device: torch.device):
         self.pipe = pipeline
@@ -89,6 +95,7 @@ class PipelineAdapter(ABC):
             parallel_kinds=tuple(sorted(self.parallel_kinds)), guidance=self.guidance,
             max_sequence_length=self.max_sequence_length(), edit_tasks=self.edit_tasks(),
             edit_step_rule=self.edit_step_rule,
+            lora_components=self.lora_components,
             **{name: fields for name, fields in (("request_key", self.request_key_fields),
                                                  ("step_key", self.step_key_fields)) if fields is not None})
 
@@ -150,6 +157,14 @@ class PipelineAdapter(ABC):
     @abstractmethod
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
         """One pipeline call for key-compatible requests → uint8 images (n, H, W, 3) by request id."""
+
+    def lora_rows(self, component: str, requests: list[tuple[DiffusionRequest, int]], repeat: int = 1):
+        """Context for ONE fused call of ``component``: row by row, whose adapters (request, its row count;
+        the whole list ``repeat`` times, e.g. 2 for [uncond; cond] CFG rows). A no-op without LoRA."""
+        if self.loras is None:
+            return contextlib.nullcontext()
+        rows = [r.sampling.loras for r, n in requests for _ in range(n)]
+        return self.loras.rows(component, rows * repeat)
 
     # -- helpers for subclasses -------------------------------------------------------------------------
     @staticmethod

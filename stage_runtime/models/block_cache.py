@@ -182,7 +182,9 @@ def session(adapter, rows: list[RowSegment]):
     """The block-cache session for one call, or a no-op when no row has a cache."""
     if all(s.cache is None for s in rows):
         return contextlib.nullcontext()
-    return BlockCacheSession(cache_blocks(adapter), rows)
+    loras = getattr(adapter, "loras", None)    # LoRA row plans follow the computing rows (models.lora)
+    subset = None if loras is None else (lambda keep: loras.subset(adapter.denoiser, keep))
+    return BlockCacheSession(cache_blocks(adapter), rows, subset)
 
 
 def _image(out: Any) -> torch.Tensor:
@@ -197,8 +199,9 @@ def _image_input(args: tuple, kwargs: dict) -> torch.Tensor:
 class BlockCacheSession:
     """Installs the per-row skip on the denoiser's blocks for one call (a tick, or a whole wave)."""
 
-    def __init__(self, blocks: list[torch.nn.Module], rows: list[RowSegment]):
+    def __init__(self, blocks: list[torch.nn.Module], rows: list[RowSegment], subset=None):
         self.blocks = blocks
+        self.subset = subset or (lambda keep: contextlib.nullcontext())   # per-row state that follows the rows
         self.rows = rows
         self.total = sum(s.count for s in rows)
         self.caches = list({id(s.cache): s.cache for s in rows if s.cache is not None}.values())
@@ -261,7 +264,8 @@ class BlockCacheSession:
             args = tuple(self._take(a) for a in args)
             kwargs = {k: self._take(v) for k, v in kwargs.items()}
             if len(self.compute):
-                out = forward(*args, **kwargs)
+                with self.subset(self.compute):
+                    out = forward(*args, **kwargs)
             else:                              # every row skips: the block's output shape, no work
                 image = _image_input(args, kwargs)
                 out = (kwargs.get("encoder_hidden_states"), image) if self.pairs else image

@@ -36,6 +36,7 @@ class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
     parallel_kinds = frozenset({"ulysses", "ring", "tp"})
     block_lists = ("transformer_blocks", "single_transformer_blocks")
     supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
+    lora_components = ("transformer", "text_encoder")      # as FluxPipeline.load_lora_weights (CLIP, not T5)
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale")
     step_key_fields = ("height", "width")
 
@@ -87,8 +88,13 @@ class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
 
     # -- request mode ----------------------------------------------------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
-        if requests[0].edit is not None:   # img2img: flux_edit
-            return self.run_edit_batch(requests)
+        rows = [(r, r.sampling.num_outputs) for r in requests]     # LoRA: one row per image in both components
+        with self.lora_rows("text_encoder", rows), self.lora_rows("transformer", rows):
+            if requests[0].edit is not None:   # img2img: flux_edit (the same rows)
+                return self.run_edit_batch(requests)
+            return self._generate(requests)
+
+    def _generate(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
         s = requests[0].sampling           # key-compatible: size, steps and guidance are shared
         prompts = [r.prompt for r in requests for _ in range(r.sampling.num_outputs)]
         images = self.pipe(prompt=prompts, height=s.height, width=s.width, num_inference_steps=s.num_inference_steps,
@@ -99,9 +105,10 @@ class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
     # -- step contract: the same math as FluxPipeline.__call__, one step at a time -----------------------
     def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
         s, pipe, n = request.sampling, self.pipe, request.sampling.num_outputs
-        embeds, pooled, text_ids = pipe.encode_prompt(prompt=[request.prompt] * n, prompt_2=None, device=self.device,
-                                                      num_images_per_prompt=1,
-                                                      max_sequence_length=self.max_sequence_length())
+        with self.lora_rows("text_encoder", [(request, n)]):
+            embeds, pooled, text_ids = pipe.encode_prompt(prompt=[request.prompt] * n, prompt_2=None,
+                                                          device=self.device, num_images_per_prompt=1,
+                                                          max_sequence_length=self.max_sequence_length())
         channels = pipe.transformer.config.in_channels // 4
         latents, image_ids = pipe.prepare_latents(n, channels, s.height, s.width, embeds.dtype, self.device,
                                                   self.generators([request]))
@@ -120,11 +127,13 @@ class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
         timesteps = torch.cat([st.timestep.expand(len(st.latents)).to(st.latents.dtype) for st in states])
         guidance = (torch.cat([st.cond["guidance"] for st in states]) if "guidance" in states[0].cond else None)
         first = states[0].cond            # same size and text length: the position ids are shared
-        noise = self.pipe.transformer(
-            hidden_states=torch.cat(rows), timestep=timesteps / 1000, guidance=guidance,
-            pooled_projections=torch.cat([st.cond["pooled"] for st in states]),
-            encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
-            txt_ids=first["text_ids"], img_ids=first["image_ids"], joint_attention_kwargs={}, return_dict=False)[0]
+        with self.lora_rows("transformer", [(st.request, len(st.latents)) for st in states]):
+            noise = self.pipe.transformer(
+                hidden_states=torch.cat(rows), timestep=timesteps / 1000, guidance=guidance,
+                pooled_projections=torch.cat([st.cond["pooled"] for st in states]),
+                encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
+                txt_ids=first["text_ids"], img_ids=first["image_ids"], joint_attention_kwargs={},
+                return_dict=False)[0]
         return self.split_rows(noise, rows)
 
     def post_decode(self, state: StepRequestState) -> np.ndarray:

@@ -51,19 +51,22 @@ class FluxKontextAdapter(FluxAdapter):
         kwargs = {}
         if requests[0].edit is not None:
             kwargs = {"image": [pil_image(r.edit, s.height, s.width) for r in rows], "_auto_resize": False}
-        images = self.pipe(prompt=[r.prompt for r in rows], height=s.height, width=s.width,
-                           max_area=s.height * s.width, num_inference_steps=s.num_inference_steps,
-                           guidance_scale=s.guidance_scale, generator=self.generators(requests),
-                           max_sequence_length=self.max_sequence_length(), output_type="np", return_dict=False,
-                           **kwargs)[0]
+        lora_rows = [(r, r.sampling.num_outputs) for r in requests]    # one row per image (CLIP, transformer)
+        with self.lora_rows("text_encoder", lora_rows), self.lora_rows("transformer", lora_rows):
+            images = self.pipe(prompt=[r.prompt for r in rows], height=s.height, width=s.width,
+                               max_area=s.height * s.width, num_inference_steps=s.num_inference_steps,
+                               guidance_scale=s.guidance_scale, generator=self.generators(requests),
+                               max_sequence_length=self.max_sequence_length(), output_type="np", return_dict=False,
+                               **kwargs)[0]
         return self.split_images(requests, images)
 
     # -- step contract: FluxKontextPipeline.__call__, one step at a time ---------------------------------
     def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
         s, pipe, n = request.sampling, self.pipe, request.sampling.num_outputs
-        embeds, pooled, text_ids = pipe.encode_prompt(prompt=[request.prompt] * n, prompt_2=None, device=self.device,
-                                                      num_images_per_prompt=1,
-                                                      max_sequence_length=self.max_sequence_length())
+        with self.lora_rows("text_encoder", [(request, n)]):
+            embeds, pooled, text_ids = pipe.encode_prompt(prompt=[request.prompt] * n, prompt_2=None,
+                                                          device=self.device, num_images_per_prompt=1,
+                                                          max_sequence_length=self.max_sequence_length())
         image = None
         if request.edit is not None:
             image = pipe.image_processor.preprocess(pil_image(request.edit, s.height, s.width), s.height, s.width)

@@ -19,6 +19,7 @@ from stage_runtime.models.step_state import StepRequestState
 class StableDiffusionAdapter(StableDiffusionEditMixin, StepContract, PipelineAdapter):
     default_guidance = 7.5
     parallel_kinds = frozenset({"cfg", "ulysses"})
+    lora_components = ("unet", "text_encoder")
 
     @property
     def denoiser(self) -> torch.nn.Module:
@@ -28,9 +29,20 @@ class StableDiffusionAdapter(StableDiffusionEditMixin, StepContract, PipelineAda
         side = self.pipe.unet.config.sample_size * self.vae_scale_factor
         return side, side
 
+    def do_cfg(self, guidance_scale: float) -> bool:
+        return guidance_scale > 1 and self.pipe.unet.config.time_cond_proj_dim is None
+
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
-        if requests[0].edit is not None:
-            return self.run_edit_batch(requests)
+        # LoRA rows: the text encoder sees each prompt row (positive, then negative: one call each), the UNet
+        # [uncond rows; cond rows] under CFG; every pipeline below (edits too) calls them that way.
+        rows = [(r, r.sampling.num_outputs) for r in requests]
+        cfg_rows = 2 if self.do_cfg(requests[0].sampling.guidance_scale) else 1
+        with self.lora_rows("text_encoder", rows), self.lora_rows("unet", rows, repeat=cfg_rows):
+            if requests[0].edit is not None:
+                return self.run_edit_batch(requests)
+            return self._generate(requests)
+
+    def _generate(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
         s = requests[0].sampling           # key-compatible: shape, steps and guidance are shared
         rows = [(r.prompt, r.sampling.negative_prompt or "") for r in requests for _ in range(r.sampling.num_outputs)]
         images = self.pipe(
@@ -43,9 +55,10 @@ class StableDiffusionAdapter(StableDiffusionEditMixin, StepContract, PipelineAda
     # -- step contract: the same math as StableDiffusionPipeline.__call__, one step at a time ------------
     def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
         s, pipe, n = request.sampling, self.pipe, request.sampling.num_outputs
-        do_cfg = s.guidance_scale > 1 and pipe.unet.config.time_cond_proj_dim is None
-        positive, negative = pipe.encode_prompt([request.prompt] * n, self.device, 1, do_cfg,
-                                                [s.negative_prompt or ""] * n)
+        do_cfg = self.do_cfg(s.guidance_scale)
+        with self.lora_rows("text_encoder", [(request, n)]):
+            positive, negative = pipe.encode_prompt([request.prompt] * n, self.device, 1, do_cfg,
+                                                    [s.negative_prompt or ""] * n)
         scheduler = self.request_scheduler(s.num_inference_steps)
         generators = self.generators([request])
         shape = (n, pipe.unet.config.in_channels, s.height // self.vae_scale_factor, s.width // self.vae_scale_factor)
@@ -63,9 +76,10 @@ class StableDiffusionAdapter(StableDiffusionEditMixin, StepContract, PipelineAda
 
     def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
         rows, timesteps = self.model_inputs(states)
-        noise = self.pipe.unet(torch.cat(rows), timesteps,
-                               encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
-                               return_dict=False)[0]
+        with self.lora_rows("unet", [(st.request, len(r)) for st, r in zip(states, rows, strict=True)]):
+            noise = self.pipe.unet(torch.cat(rows), timesteps,
+                                   encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
+                                   return_dict=False)[0]
         return self.guided_per_request(states, noise, rows)
 
     def post_decode(self, state: StepRequestState) -> np.ndarray:

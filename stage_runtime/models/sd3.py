@@ -30,6 +30,7 @@ class StableDiffusion3Adapter(StepContract, PipelineAdapter):
     parallel_kinds = frozenset({"cfg", "ulysses", "ring", "tp"})
     block_lists = ("transformer_blocks",)
     supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
+    lora_components = ("transformer", "text_encoder", "text_encoder_2")   # as SD3LoraLoaderMixin (not T5)
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale")
     step_key_fields = ("height", "width")
 
@@ -67,20 +68,24 @@ class StableDiffusion3Adapter(StepContract, PipelineAdapter):
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
         s = requests[0].sampling           # key-compatible: size, steps and guidance are shared
         rows = [(r.prompt, r.sampling.negative_prompt or "") for r in requests for _ in range(r.sampling.num_outputs)]
-        images = self.pipe(prompt=[p for p, _ in rows], negative_prompt=[n for _, n in rows], height=s.height,
-                           width=s.width, num_inference_steps=s.num_inference_steps, guidance_scale=s.guidance_scale,
-                           generator=self.generators(requests), max_sequence_length=self.max_sequence_length(),
-                           output_type="np", return_dict=False)[0]
+        per_request = [(r, r.sampling.num_outputs) for r in requests]    # LoRA rows: one per prompt row
+        with (self.lora_rows("text_encoder", per_request), self.lora_rows("text_encoder_2", per_request),
+              self.lora_rows("transformer", per_request, repeat=2 if s.guidance_scale > 1 else 1)):
+            images = self.pipe(prompt=[p for p, _ in rows], negative_prompt=[n for _, n in rows], height=s.height,
+                               width=s.width, num_inference_steps=s.num_inference_steps,
+                               guidance_scale=s.guidance_scale, generator=self.generators(requests),
+                               max_sequence_length=self.max_sequence_length(), output_type="np", return_dict=False)[0]
         return self.split_images(requests, images)
 
     # -- step contract: the same math as StableDiffusion3Pipeline.__call__, one step at a time -----------
     def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
         s, pipe, n = request.sampling, self.pipe, request.sampling.num_outputs
         do_cfg = s.guidance_scale > 1
-        embeds, negative, pooled, negative_pooled = pipe.encode_prompt(
-            prompt=[request.prompt] * n, prompt_2=None, prompt_3=None, device=self.device, num_images_per_prompt=1,
-            do_classifier_free_guidance=do_cfg, negative_prompt=[s.negative_prompt or ""] * n,
-            max_sequence_length=self.max_sequence_length())
+        with self.lora_rows("text_encoder", [(request, n)]), self.lora_rows("text_encoder_2", [(request, n)]):
+            embeds, negative, pooled, negative_pooled = pipe.encode_prompt(
+                prompt=[request.prompt] * n, prompt_2=None, prompt_3=None, device=self.device,
+                num_images_per_prompt=1, do_classifier_free_guidance=do_cfg,
+                negative_prompt=[s.negative_prompt or ""] * n, max_sequence_length=self.max_sequence_length())
         if do_cfg:                          # SD3's row order: unconditional first
             embeds, pooled = torch.cat([negative, embeds]), torch.cat([negative_pooled, pooled])
         latents = pipe.prepare_latents(n, pipe.transformer.config.in_channels, s.height, s.width, embeds.dtype,
@@ -94,11 +99,12 @@ class StableDiffusion3Adapter(StepContract, PipelineAdapter):
     def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
         rows = [torch.cat([st.latents] * 2) if st.do_cfg else st.latents for st in states]
         timesteps = torch.cat([st.timestep.expand(len(r)) for st, r in zip(states, rows, strict=True)])
-        noise = self.pipe.transformer(
-            hidden_states=torch.cat(rows), timestep=timesteps,
-            encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
-            pooled_projections=torch.cat([st.cond["pooled"] for st in states]), joint_attention_kwargs=None,
-            return_dict=False)[0]
+        with self.lora_rows("transformer", [(st.request, len(r)) for st, r in zip(states, rows, strict=True)]):
+            noise = self.pipe.transformer(
+                hidden_states=torch.cat(rows), timestep=timesteps,
+                encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
+                pooled_projections=torch.cat([st.cond["pooled"] for st in states]), joint_attention_kwargs=None,
+                return_dict=False)[0]
         return self.guided_per_request(states, noise, rows)
 
     def post_decode(self, state: StepRequestState) -> np.ndarray:

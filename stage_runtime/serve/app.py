@@ -14,6 +14,7 @@ from stage_runtime.errors import DiffStageError, InvalidRequestError, QueueFullE
 from stage_runtime.serve.auth import bearer_auth
 from stage_runtime.serve.bodies import read_json
 from stage_runtime.serve.images import SERVICE, create_edits, create_images
+from stage_runtime.serve.loras_route import add_routes as add_lora_routes
 from stage_runtime.serve.metrics import CONTENT_TYPE_LATEST
 from stage_runtime.serve.models_route import get_model, list_models
 from stage_runtime.serve.openapi import openapi_document
@@ -86,6 +87,8 @@ async def ready(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
+    if service.engine is not None:
+        service.metrics.observe_loras(service.engine.loras.metrics())
     return web.Response(body=service.metrics.render(service.stats()), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -105,6 +108,7 @@ def build_app(service: StageService, api_keys: tuple[bytes, ...] = ()) -> web.Ap
     app.router.add_get("/v1/requests", requests)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model_id}", get_model)
+    add_lora_routes(app)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)

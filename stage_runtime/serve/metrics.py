@@ -68,8 +68,21 @@ class StageMetrics:
                                   ["rank"], registry=r)
         self.offload_transfers = Gauge(f"{PREFIX}offload_transfers", "Offload transfers since start, by kind "
                                        "(loads, releases, evictions, prefetches)", ["rank", "kind"], registry=r)
+        self.lora_resident = Gauge(f"{PREFIX}lora_adapters_resident", "LoRA adapters loaded now", registry=r)
+        self.lora_requests = Gauge(f"{PREFIX}lora_requests", "Requests admitted with this LoRA adapter since start",
+                                   ["adapter"], registry=r)
+        self.lora_operations = Gauge(f"{PREFIX}lora_operations", "LoRA adapter operations since start, by kind "
+                                     "(loads, unloads, evictions, refused)", ["kind"], registry=r)
 
     # -- observation ------------------------------------------------------------------------------------
+    def observe_loras(self, snapshot: Mapping[str, Any]) -> None:
+        """Scrape-time LoRA gauges from ``LoraTable.metrics()``."""
+        self.lora_resident.set(snapshot["resident"])
+        for adapter, n in snapshot["requests_by_adapter"].items():
+            self.lora_requests.labels(adapter).set(n)
+        for kind, n in snapshot["operations"].items():
+            self.lora_operations.labels(kind).set(n)
+
     def count(self, outcome: str) -> None:
         self.requests.labels(outcome).inc()
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from stage_runtime.serve.loras_route import LoraAdapter, LoraList, LoraLoadBody, LoraUnloaded, openapi_paths
 from stage_runtime.serve.schemas import AbortBody, ImageEditRequest, ImageGenerationRequest, StageStats
 
 REF = "#/components/schemas/{model}"
@@ -78,7 +79,7 @@ class HealthStatus(BaseModel):
 
 
 MODELS = (ErrorResponse, ImagesResponse, AbortResult, RequestsList, ModelCard, ModelList, HealthStatus, StageStats,
-          ImageGenerationRequest, AbortBody)
+          ImageGenerationRequest, AbortBody, LoraLoadBody, LoraAdapter, LoraList, LoraUnloaded)
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -132,6 +133,7 @@ def openapi_document(api_keys: bool) -> dict[str, Any]:
             "operationId": "retrieveModel",
             "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
             "responses": _responses(ModelCard, 404, 503, *v1)}},
+        **openapi_paths(_responses, _json, v1),
         "/health": {"get": {"operationId": "health", "responses": _responses(HealthStatus, 503)}},
         "/ready": {"get": {"operationId": "ready", "responses": _responses(HealthStatus, 503)}},
         "/metrics": {"get": {"operationId": "metrics", "responses": {"200": {

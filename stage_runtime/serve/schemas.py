@@ -14,7 +14,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from stage_runtime.errors import InvalidRequestError
-from stage_runtime.request import MAX_PROMPT_CHARS, CachePolicyField, DiffusionRequest, EditInput, SamplingParams
+from stage_runtime.request import (LORA_NAME_PATTERN, MAX_LORAS_PER_REQUEST, MAX_PROMPT_CHARS, CachePolicyField,
+                                   DiffusionRequest, EditInput, LoraRef, SamplingParams)
 
 _EDGE = ConfigDict(extra="forbid", strict=True, frozen=True)
 _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
@@ -33,6 +34,14 @@ def parse_body(model: type[BaseModel], data: Any) -> Any:
         field = ".".join(str(p) for p in err["loc"]) or "body"
         value = None if err["type"] == "missing" else err.get("input")
         raise InvalidRequestError(field, value, err["msg"].removeprefix("Value error, ")) from None
+
+
+class LoraChoice(BaseModel):
+    """One entry of a request's ``loras``: a loaded adapter's name and its scale (``GET /v1/loras`` lists names)."""
+
+    model_config = _EDGE
+    name: str = Field(pattern=LORA_NAME_PATTERN)
+    scale: float = Field(1.0, ge=-16.0, le=16.0, allow_inf_nan=False)
 
 
 class ImageOptions(BaseModel):
@@ -62,6 +71,7 @@ class ImageOptions(BaseModel):
     priority: int = Field(0, ge=-1000, le=1000)             # higher first (--scheduling-policy priority)
     timeout_s: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False)   # 504 deadline_exceeded after
     cache: CachePolicyField = None                # "off" | {"threshold": x}; None: the stage's cache.mode
+    loras: list[LoraChoice] = Field(default_factory=list, max_length=MAX_LORAS_PER_REQUEST)   # applied in order
 
     @field_validator("size", check_fields=False)
     @classmethod
@@ -100,6 +110,9 @@ class ImageOptions(BaseModel):
             raise InvalidRequestError("background", "transparent", "this model produces opaque RGB images")
         if self.preview_every is not None and not self.stream:
             raise InvalidRequestError("preview_every", self.preview_every, "previews need stream=true")
+        names = [c.name for c in self.loras]
+        if len(set(names)) != len(names):
+            raise InvalidRequestError("loras", names, "names an adapter twice")
         if self.partial_images and not self.stream:
             raise InvalidRequestError("partial_images", self.partial_images, "partial images need stream=true")
 
@@ -110,7 +123,7 @@ class ImageOptions(BaseModel):
             guidance_scale=self.guidance_scale, negative_prompt=self.negative_prompt, seed=self.seed,
             num_outputs=self.n, stream=self.stream, preview_every=self.preview_every,
             partial_images=self.partial_images or 0, priority=self.priority, timeout_s=self.timeout_s,
-            cache=self.cache)
+            cache=self.cache, loras=tuple(LoraRef(name=c.name, scale=c.scale) for c in self.loras))
 
     def new_request_id(self) -> str:
         return self.request_id or f"img-{uuid.uuid4().hex}"

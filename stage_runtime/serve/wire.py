@@ -26,7 +26,7 @@ import msgpack
 import numpy as np
 
 from stage_runtime.errors import (ConfigError, DeadlineExceededError, DiffStageError, DuplicateRequestError,
-                                  EngineClosedError,
+                                  EngineClosedError, LoraConflictError, LoraNotFoundError,
                                   EngineDeadError, InvalidRequestError, QueueFullError, RequestAbortedError,
                                   RequestFailedError, RequestTooLargeError, RpcError, StageUnavailableError,
                                   UnauthorizedError)
@@ -36,12 +36,13 @@ from stage_runtime.outputs import DiffusionOutput
 STATUS_BY_TYPE = {
     InvalidRequestError.error_type: 400, RequestTooLargeError.error_type: 413, UnauthorizedError.error_type: 401,
     DuplicateRequestError.error_type: 409, QueueFullError.error_type: 429, RequestAbortedError.error_type: 409,
-    RequestFailedError.error_type: 500, DeadlineExceededError.error_type: 504, RpcError.error_type: 500,
+    RequestFailedError.error_type: 500, DeadlineExceededError.error_type: 504,
+    LoraConflictError.error_type: 409, LoraNotFoundError.error_type: 404, RpcError.error_type: 500,
     EngineClosedError.error_type: 503, EngineDeadError.error_type: 503, StageUnavailableError.error_type: 503,
 }
 ERROR_CLASSES: dict[str, type[DiffStageError]] = {
     cls.error_type: cls for cls in (DuplicateRequestError, QueueFullError, RequestAbortedError, RequestFailedError,
-                                    DeadlineExceededError,
+                                    DeadlineExceededError, LoraConflictError, LoraNotFoundError,
                                     RpcError, EngineClosedError, EngineDeadError, StageUnavailableError)}
 
 

@@ -30,6 +30,7 @@ from stage_runtime.errors import ConfigError, InvalidRequestError, WorkerFatalEr
 from stage_runtime.models import block_cache, prompt_cache
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.model_info import ModelInfo
+from stage_runtime.models.lora.manager import build_lora_manager
 from stage_runtime.models.registry import resolve_adapter_class
 from stage_runtime.offload import build_offloader
 from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, ProgressHook, RunnerOutput
@@ -83,6 +84,7 @@ class DiffusionModelRunner:
             self.adapter, self.config))
         self.offloader = build_offloader(self.config.offload, self.adapter, self.device)
         self.prompt_cache = prompt_cache.install(self.adapter.pipe, self.config.cache.prompt_max_bytes)
+        self.adapter.loras = build_lora_manager(self.adapter, self.config, self.device)   # startup adapters
         return self.model_info
 
     def execute_model(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
@@ -132,8 +134,8 @@ class DiffusionModelRunner:
         caches = {r.request_id: c for r in requests if (c := self._new_cache(r)) is not None}
         start = time.perf_counter()
         try:
-            with torch.inference_mode(), self._adapters(*requests), block_cache.session(
-                    self.adapter, block_cache.wave_rows(self.adapter, requests, caches)):
+            with (torch.inference_mode(), self._adapters(*requests), self._lora_guard(requests),
+                  block_cache.session(self.adapter, block_cache.wave_rows(self.adapter, requests, caches))):
                 images = self.adapter.run_batch(requests)
         except _Interrupted:
             images = {}
@@ -174,7 +176,9 @@ class DiffusionModelRunner:
         for rid in sched_out.resumed_req_ids:
             self._unpark(rid)
         out = BatchRunnerOutput()
-        with torch.inference_mode():
+        in_call = [new.request for new in sched_out.scheduled_new_reqs] + [
+            self.step_states[rid].request for rid in sched_out.scheduled_request_ids if rid in self.step_states]
+        with torch.inference_mode(), self._lora_guard(in_call):
             for new in sched_out.scheduled_new_reqs:
                 try:
                     self.adapter.check_request(new.request)
@@ -269,6 +273,12 @@ class DiffusionModelRunner:
         self._drop_state(request_id)
         log.warning("request %s failed: %s: %s", request_id, type(exc).__name__, str(exc))   # (a str: no tensors kept)
         return RunnerOutput(request_id, error=f"{type(exc).__name__}: {exc}")
+
+    def _lora_guard(self, requests: list[DiffusionRequest]):
+        """While a request with adapters is in the call, every adapted module must find its rows set."""
+        if self.adapter.loras is None:
+            return contextlib.nullcontext()
+        return self.adapter.loras.guard(any(r.sampling.loras for r in requests))
 
     # -- bookkeeping -----------------------------------------------------------------------------------
     def num_request_states(self) -> int:

@@ -13,7 +13,7 @@ from stage_runtime.config import StageConfig
 from stage_runtime.control import check_control_rpc
 from stage_runtime.distributed.apply import apply_parallelism
 from stage_runtime.distributed.groups import ParallelGroups, destroy_distributed, init_distributed, single_rank_groups
-from stage_runtime.errors import ConfigError
+from stage_runtime.errors import ConfigError, LoraLoadError
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.outputs import BatchRunnerOutput, ProgressHook
 from stage_runtime.scheduler_output import SchedulerOutput
@@ -95,6 +95,28 @@ class DiffusionWorker:
         """
         stats = {"mode": "none"} if self.model_runner is None else self.model_runner.offload_stats()
         return {"rank": self.rank, **stats}
+
+    # LoRA: the rank's half (the engine's LoraTable decides names, pinning and max_loras).
+    def load_lora(self, name: str, path: str, pinned: bool = False) -> dict:
+        """Read, check and hold an adapter; its summary, or ``{"error"}`` naming the adapter and key."""
+        loras = self._loras()
+        try:
+            return loras.load(name, path)
+        except LoraLoadError as exc:
+            return {"error": str(exc)}
+
+    def unload_lora(self, name: str) -> bool:
+        return self._loras().unload(name)
+
+    def list_loras(self) -> list[dict]:
+        loras = self.model_runner.adapter.loras if self.model_runner and self.model_runner.adapter else None
+        return [] if loras is None else loras.list()
+
+    def _loras(self):
+        loras = self.model_runner.adapter.loras
+        if loras is None:
+            raise LoraLoadError(f"{self.model_runner.model_info.pipeline_class} serves no LoRA adapters")
+        return loras
 
     def shutdown(self) -> None:
         if self.model_runner is not None:

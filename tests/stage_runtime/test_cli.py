@@ -268,3 +268,18 @@ def test_make_tiny_flux_then_generate_writes_the_pipelines_png(tmp_path, capsys)
                generator=torch.Generator().manual_seed(7)).images[0]
     ref = (ref * 255).round().clip(0, 255).astype(np.uint8)
     assert got.std() > 10 and np.abs(got.astype(int) - ref.astype(int)).max() <= 1
+
+
+def test_lora_flags_become_pinned_startup_adapters_and_a_bad_one_names_the_flag():
+    from stage_runtime.cli import build_parser, config_from_args
+    from stage_runtime.errors import ConfigError
+
+    parser = build_parser()
+    args = parser.parse_args(["validate", "--model", "/m", "--lora", "pixel=/a/pixel.safetensors", "--lora",
+                              "ink=/a/ink", "--max-loras", "3"])
+    config = config_from_args(args)
+    assert [(s.name, s.path, s.pinned) for s in config.loras] == [("pixel", "/a/pixel.safetensors", True),
+                                                                   ("ink", "/a/ink", True)]
+    assert config.max_loras == 3
+    with pytest.raises(ConfigError, match=r"--lora='pixel': give NAME=PATH"):
+        config_from_args(parser.parse_args(["validate", "--model", "/m", "--lora", "pixel"]))

@@ -1,6 +1,7 @@
 """Tests for stage_runtime.config: validation, topology arithmetic, rank layout, loading, merging."""
 
 import math
+import re
 import os
 import subprocess
 import sys
@@ -365,3 +366,19 @@ def test_the_cache_section_defaults_bounds_and_flags():
     cache = config_from_args(args).cache
     assert (cache.mode, cache.threshold, cache.warmup_steps, cache.result_max_bytes, cache.prompt_max_bytes) == (
         "block", 0.2, 3, 1000, 2000)
+
+
+def test_loras_are_named_distinct_and_bounded_by_max_loras():
+    from stage_runtime.config import load_config as load
+
+    config = load({"model": {"path": "/m"}, "loras": [{"name": "pixel-art", "path": "/a"},
+                                                      {"name": "ink", "path": "/b", "pinned": False}]})
+    assert [(s.name, s.pinned) for s in config.loras] == [("pixel-art", True), ("ink", False)]
+    assert config.max_loras == 8
+    for loras, extra, message in (
+            ([{"name": "a", "path": "/a"}, {"name": "a", "path": "/b"}], {}, "names must be distinct"),
+            ([{"name": "a", "path": "/a"}, {"name": "b", "path": "/b"}], {"max_loras": 1},
+             "2 startup adapters but max_loras=1"),
+            ([{"name": "../a", "path": "/a"}], {}, "loras.0.name='../a'")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load({"model": {"path": "/m"}, "loras": loras, **extra})

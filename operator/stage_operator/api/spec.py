@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field, model_validator
 from stage_operator.api.base import ApiModel, cel
 from stage_operator.api.meta import DEFAULT_GPU_RESOURCE, DEFAULT_IMAGE
 from stage_operator.api.model import ModelSource
-from stage_runtime.config import ConfigError, ParallelConfig
+from stage_runtime.config import LORA_NAME_PATTERN, ConfigError, ParallelConfig
 
 _CAMEL = ApiModel.model_config
 
@@ -65,6 +65,15 @@ class Engine(ApiModel):
     executor: Literal["uni", "mp"] | None = None
     device: Literal["auto", "cpu", "cuda"] | None = None
     extra_args: list[str] = Field(default_factory=list)
+
+
+class LoraAdapter(ApiModel):
+    """A LoRA adapter every replica loads at startup (docs/lora.md); requests name it in ``loras``."""
+
+    name: str = Field(pattern=LORA_NAME_PATTERN, description="the name requests give in `loras`")
+    path: str = Field(min_length=1, description="the adapter's safetensors file (or its folder) inside the pod: "
+                                                "in the image or on a mounted volume")
+    pinned: bool = Field(True, description="never evicted to make room under maxLoras")
 
 
 class RestartPolicy(ApiModel):
@@ -283,6 +292,12 @@ class StageSpec(ApiModel):
     disruption: Disruption = Field(default_factory=Disruption)
     auth: Auth | None = None
     network_policy: NetworkPolicy = Field(default_factory=NetworkPolicy)
+    # None (not []) when unset: the spec's wire form, hence its rollout digest, is unchanged for stages without it
+    loras: list[LoraAdapter] | None = Field(None, max_length=64, description=(
+        "LoRA adapters loaded at startup; changing the list rolls the pods"), json_schema_extra={
+        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+    max_loras: int | None = Field(None, ge=1, le=1024, description="resident adapters at most per replica "
+                                                                   "(default 8; LRU among the unpinned)")
 
     @model_validator(mode="after")
     def _topology_fits(self) -> StageSpec:

@@ -62,6 +62,7 @@ class ReplicaStatus(ApiModel):
     budget_exhausted: bool | None = None  # restarts stopped (Stalled) until the spec changes
     draining: bool | None = None  # fenced (scale-down, rollout, deletion), waiting for its in-flight requests
     message: str | None = None
+    loras: list[str] | None = Field(None, description="the LoRA adapters the replica has loaded (its /v1/loras)")
     startup_seconds: dict[str, float] | None = Field(
         None, description="how long each startup phase took (fetching, loadingWeights, warmup), once ready")
 

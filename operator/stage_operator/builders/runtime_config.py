@@ -35,7 +35,10 @@ def stage_config(spec: StageSpec, stage_name: str) -> dict[str, Any]:
                                  "streaming_output": spec.engine.streaming}
     if spec.engine.max_waiting:
         scheduler["max_waiting"] = spec.engine.max_waiting
-    return {"model": model, "device": device(spec), "executor": executor(spec), "scheduler": scheduler,
+    loras: dict[str, Any] = {"loras": [lora.wire() for lora in spec.loras]} if spec.loras else {}
+    if spec.max_loras:
+        loras["max_loras"] = spec.max_loras
+    return {"model": model, "device": device(spec), "executor": executor(spec), "scheduler": scheduler, **loras,
             "parallel": {"tensor_parallel_size": p.tensor_parallel_size, "ulysses_degree": p.ulysses_degree,
                          "ring_degree": p.ring_degree, "cfg_parallel_size": p.cfg_parallel_size,
                          "data_parallel_size": p.data_parallel_size, "pipeline_parallel_size": p.pipeline_parallel_size,

@@ -34,6 +34,7 @@ def test_facts(adapter):
     assert (info.default_steps, info.default_guidance, info.default_height, info.size_multiple) == (28, 3.5, 64, 4)
     assert info.max_sequence_length == 512 and info.num_attention_heads == 2
     assert info.supports_step_execution and info.supports_request_batch
+    assert info.lora_components == ("transformer", "text_encoder")     # CLIP only: T5 is not adapted
     assert info.request_key == ("height", "width", "num_inference_steps", "guidance_scale")
     assert info.step_key == ("height", "width")        # timesteps and guidance are per row
 

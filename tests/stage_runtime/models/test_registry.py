@@ -108,7 +108,8 @@ def test_sd_model_info(sd_adapter):
         default_height=64, default_width=64, default_steps=20, default_guidance=7.5, size_multiple=8,
         fixed_size=False, supports_request_batch=True, num_attention_heads=4, max_steps=999,
         supports_step_execution=type(sd_adapter).supports_step_execution, parallel_kinds=("cfg", "ulysses"),
-        guidance="cfg", max_sequence_length=77, edit_tasks=("img2img", "inpaint"))
+        guidance="cfg", max_sequence_length=77, edit_tasks=("img2img", "inpaint"),
+        lora_components=("unet", "text_encoder"))
     assert sd_adapter.denoiser is sd_adapter.pipe.unet
 
 

@@ -83,3 +83,26 @@ def test_stats_shape_is_exactly_the_operator_contract():
 def test_error_body():
     assert error_body("queue_full", "full") == {"error": {"type": "queue_full", "message": "full"}}
     assert error_body("invalid_request_error", "n=0: bad", "n")["error"]["param"] == "n"
+
+
+def test_loras_name_adapters_and_scales_and_never_enter_a_compatibility_key():
+    body = {"prompt": "a cat", "loras": [{"name": "pixel-art", "scale": 0.8}, {"name": "ink"}]}
+    request = parse_body(ImageGenerationRequest, body).to_request()
+    assert [(r.name, r.scale) for r in request.sampling.loras] == [("pixel-art", 0.8), ("ink", 1.0)]
+    assert request.lora_key == (("pixel-art", 0.8, None), ("ink", 1.0, None))
+    plain = parse_body(ImageGenerationRequest, {"prompt": "a cat"}).to_request()
+    assert plain.lora_key == () and plain.batch_key == request.batch_key and plain.step_key == request.step_key
+    hash(request.lora_key)
+
+
+@pytest.mark.parametrize("loras, field", [
+    ([{"name": "a", "path": "/etc/passwd"}], "loras.0.path"),          # names only, never paths
+    ([{"name": "../a"}], "loras.0.name"),
+    ([{"name": "a", "scale": 99}], "loras.0.scale"),
+    ([{"name": "a"}, {"name": "a"}], "loras"),
+    ([{"name": f"a{i}"} for i in range(9)], "loras"),
+])
+def test_bad_loras_name_the_field(loras, field):
+    with pytest.raises(InvalidRequestError) as exc:
+        parse_body(ImageGenerationRequest, {"prompt": "a cat", "loras": loras}).to_request()
+    assert exc.value.field == field

@@ -1,0 +1,70 @@
+"""The operator's probe of a stage pod reads the adapters it has loaded (/v1/loras) into the replica's status."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+
+from stage_operator.health import HealthBook
+from stage_operator.stage_http import probe
+
+
+async def _serve(loras_status: int):
+    app = web.Application()
+    app.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
+    app.router.add_get("/v1/stats", lambda r: web.json_response({"state": "ready", "waiting": 0, "running": 1}))
+    app.router.add_get("/v1/loras", lambda r: web.json_response(
+        {"object": "list", "data": [{"name": "pixel-art"}, {"name": "ink"}], "max_loras": 8}, status=loras_status))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+
+async def test_the_probe_lists_the_loaded_adapters_and_the_book_shows_a_change():
+    runner, base = await _serve(200)
+    try:
+        async with aiohttp.ClientSession() as session:
+            result = await probe(session, base, 5)
+    finally:
+        await runner.cleanup()
+    assert result.loras == ("pixel-art", "ink") and result.running == 1
+    book = HealthBook()
+    health, changed = book.record("uid", result)
+    assert changed and health.loras == ("pixel-art", "ink")
+    _, changed = book.record("uid", result)
+    assert not changed
+
+
+async def test_a_stage_without_the_route_reports_no_list():
+    runner, base = await _serve(404)
+    try:
+        async with aiohttp.ClientSession() as session:
+            result = await probe(session, base, 5)
+    finally:
+        await runner.cleanup()
+    assert result.loras is None and result.error is None
+
+
+async def test_with_an_api_key_the_loras_call_carries_it():
+    seen = []
+    app = web.Application()
+    app.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
+    app.router.add_get("/v1/stats", lambda r: web.json_response({"state": "ready", "waiting": 0, "running": 0}))
+
+    async def loras(request):
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response({"object": "list", "data": [{"name": "ink"}], "max_loras": 8})
+
+    app.router.add_get("/v1/loras", loras)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            result = await probe(session, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", 5, "k3y")
+    finally:
+        await runner.cleanup()
+    assert result.loras == ("ink",) and seen == ["Bearer k3y"]

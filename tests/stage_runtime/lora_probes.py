@@ -1,0 +1,73 @@
+"""Random PEFT LoRA adapters for the tiny pipelines, written the way users get them: peft's LoraConfig on the
+pipeline's own modules, then diffusers' ``save_lora_weights`` (the file format diffstage serves).
+
+``bare_with_loras`` is the reference: a fresh pipeline, ``load_lora_weights`` + ``set_adapters``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers import DiffusionPipeline
+from diffusers.utils import logging as diffusers_logging
+from transformers.utils import logging as transformers_logging
+
+diffusers_logging.set_verbosity_error()
+transformers_logging.set_verbosity_error()
+
+SD_UNET_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "conv1")        # conv1: the resnets' Conv2d
+FLUX_TRANSFORMER_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "proj_mlp")
+CLIP_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")
+SD3_TRANSFORMER_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj")
+DENOISER = {"StableDiffusionPipeline": ("unet", SD_UNET_TARGETS),
+            "FluxPipeline": ("transformer", FLUX_TRANSFORMER_TARGETS),
+            "FluxKontextPipeline": ("transformer", FLUX_TRANSFORMER_TARGETS),
+            "StableDiffusion3Pipeline": ("transformer", SD3_TRANSFORMER_TARGETS)}
+
+
+def load_pipe(model_path: str):
+    pipe = DiffusionPipeline.from_pretrained(model_path, local_files_only=True, low_cpu_mem_usage=False)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def write_adapter(model_path: str, out_dir: Path, seed: int, rank: int = 4, alpha: float = 8.0,
+                  text_encoder: bool = True, gain: float = 0.3) -> str:
+    """A random adapter (B ≠ 0: init_lora_weights=False, scaled by ``gain`` to stay in range) → its folder."""
+    from peft import LoraConfig, inject_adapter_in_model
+    from peft.utils import get_peft_model_state_dict
+
+    pipe = load_pipe(model_path)
+    denoiser_name, targets = DENOISER[type(pipe).__name__]
+    layers, metadata = {}, {}
+    parts = [(denoiser_name, getattr(pipe, denoiser_name), targets)]
+    if text_encoder:
+        parts.append(("text_encoder", pipe.text_encoder, CLIP_TARGETS))
+        if getattr(pipe, "text_encoder_2", None) is not None and type(pipe).__name__ == "StableDiffusion3Pipeline":
+            parts.append(("text_encoder_2", pipe.text_encoder_2, CLIP_TARGETS))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for name, module, target in parts:
+            config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(target), init_lora_weights=False)
+            inject_adapter_in_model(config, module)       # (transformers' add_adapter wants peft >= 0.22)
+            state = get_peft_model_state_dict(module)
+            layers[f"{name}_lora_layers"] = {k: v * gain for k, v in state.items()}
+            metadata[f"{name}_lora_adapter_metadata"] = config.to_dict()
+    type(pipe).save_lora_weights(str(out_dir), **layers, **metadata)
+    return str(out_dir)
+
+
+def bare_with_loras(model_path: str, adapters: dict[str, str], weights: list[float] | None, prompt: str,
+                    steps: int, seed: int, size: int = 64, n: int = 1, **kw) -> np.ndarray:
+    """The bare diffusers call with ``load_lora_weights`` + ``set_adapters(names, weights)`` (no adapters: base)."""
+    pipe = load_pipe(model_path)
+    for name, path in adapters.items():
+        pipe.load_lora_weights(path, adapter_name=name)
+    if adapters:
+        pipe.set_adapters(list(adapters), weights)
+    gens = [torch.Generator("cpu").manual_seed(seed + i) for i in range(n)]
+    images = pipe(prompt=[prompt] * n, height=size, width=size, num_inference_steps=steps, generator=gens,
+                  output_type="np", **kw).images
+    return (images * 255).round().clip(0, 255).astype(np.uint8)

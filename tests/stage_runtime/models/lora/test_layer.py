@@ -1,0 +1,86 @@
+"""The per-row hook: rows without adapters are the base forward bitwise; rows with a set get exactly their own
+delta (PEFT's formula); a wrong row count or a missing plan is an error, never a silent base output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stage_runtime.models.lora.files import LoraFactors, LoraWeights
+from stage_runtime.models.lora.layer import LoraRowsError, RowPlan
+from stage_runtime.models.lora.manager import LoraManager
+
+
+def manager_with(module: torch.nn.Module, factors: dict[str, LoraFactors]) -> LoraManager:
+    manager = LoraManager({"unet": torch.nn.ModuleDict({"m": module})}, torch.device("cpu"))
+    for name, f in factors.items():       # what load() does after read_lora
+        manager.add(LoraWeights(name, "-", name * 16, {"unet": {"m": f}}))
+    return manager
+
+
+def test_row_plan_groups_rows_by_their_adapter_set():
+    a, ab = (("a", 1.0),), (("a", 0.5), ("b", 0.5))
+    plan = RowPlan.of([(), a, ab, a], torch.device("cpu"))
+    assert plan.rows == 4 and [(idx.tolist(), s) for idx, s in plan.groups] == [([1, 3], a), ([2], ab)]
+    assert RowPlan.of([a, a], torch.device("cpu")).groups == ((None, a),)
+    assert RowPlan.of([(), ()], torch.device("cpu")).groups == ()
+
+
+@pytest.mark.parametrize("module, x", [(torch.nn.Linear(8, 6), torch.randn(4, 3, 8)),
+                                       (torch.nn.Conv2d(3, 5, 3, padding=1), torch.randn(4, 3, 6, 6))])
+def test_each_row_gets_its_own_delta_and_plain_rows_are_the_base(module, x):
+    torch.manual_seed(0)
+    conv = isinstance(module, torch.nn.Conv2d)
+    fa = LoraFactors(torch.randn(2, 3, 3, 3) if conv else torch.randn(2, 8),
+                     torch.randn(5, 2, 1, 1) if conv else torch.randn(6, 2), 2.0)
+    fb = LoraFactors(torch.randn_like(fa.a), torch.randn_like(fa.b), 0.5)
+    manager = manager_with(module, {"a": fa, "b": fb})
+    base = module(x)
+
+    def peft(f, rows):                     # PEFT: result + lora_B(lora_A(x)) * scaling
+        h = (torch.nn.functional.conv2d(torch.nn.functional.conv2d(rows, f.a, padding=1), f.b) if conv
+             else rows @ f.a.T @ f.b.T)
+        return h
+
+    with manager.rows("unet", [(), (("a", 0.8),), (("a", 0.5), ("b", -1.0)), ()]):
+        out = module(x)
+    assert torch.equal(out[0], base[0]) and torch.equal(out[3], base[3])
+    torch.testing.assert_close(out[1], base[1] + peft(fa, x[1:2])[0] * (0.8 * 2.0))
+    torch.testing.assert_close(out[2], base[2] + peft(fa, x[2:3])[0] * 1.0 - peft(fb, x[2:3])[0] * 0.5)
+    assert torch.equal(module(x), base), "the plan is cleared after the call"
+    assert manager.forward_calls() == 1
+
+
+def test_a_wrong_row_count_or_a_missing_plan_under_the_guard_is_an_error():
+    module = torch.nn.Linear(8, 6)
+    manager = manager_with(module, {"a": LoraFactors(torch.randn(2, 8), torch.randn(6, 2), 1.0)})
+    with manager.rows("unet", [(("a", 1.0),)] * 3), pytest.raises(LoraRowsError, match="4 rows in the call, the "
+                                                                                      "LoRA row plan has 3"):
+        module(torch.randn(4, 8))
+    with manager.guard(True), pytest.raises(LoraRowsError, match="unet.m ran without LoRA rows"):
+        module(torch.randn(4, 8))
+    module(torch.randn(4, 8))            # no request with adapters in the call: the base forward
+    with pytest.raises(Exception, match="not loaded on this rank"):
+        with manager.rows("unet", [(("zz", 1.0),)]):
+            pass
+    manager.unload("a")
+    with manager.rows("unet", [(("a", 1.0),)] * 0 + [()] * 4):
+        assert torch.equal(module(torch.ones(4, 8)), torch.nn.Linear.forward(module, torch.ones(4, 8)))
+
+
+def test_cfg_parallel_refuses_every_adapter_naming_why():
+    from types import SimpleNamespace
+
+    from stage_runtime.config import load_config
+    from stage_runtime.errors import LoraLoadError
+    from stage_runtime.models.lora.manager import build_lora_manager
+
+    adapter = SimpleNamespace(pipe=SimpleNamespace(unet=torch.nn.Linear(2, 2)), lora_components=("unet",))
+    config = load_config({"model": {"path": "/m"}, "parallel": {"cfg_parallel_size": 2}})
+    manager = build_lora_manager(adapter, config, torch.device("cpu"))
+    with pytest.raises(LoraLoadError, match="'a': cfg_parallel_size=2 splits the denoiser's rows across ranks"):
+        manager.load("a", "/anything")
+    with pytest.raises(LoraLoadError, match="serves no LoRA adapters"):
+        build_lora_manager(SimpleNamespace(pipe=adapter.pipe, lora_components=()),
+                           load_config({"model": {"path": "/m"}, "loras": [{"name": "a", "path": "/a"}]}),
+                           torch.device("cpu"))

@@ -1,0 +1,101 @@
+"""/v1/loras and the ``loras`` request field on the real stage process (in-process executor, step mode),
+plus the startup refusal: a startup adapter that does not fit exits 2 with a reason naming it and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import safetensors.torch as st
+from lora_probes import write_adapter
+from serve_probes import decode_png
+from stage_process import StageProcess, running_stage
+
+from stage_runtime.client import StageClient
+
+ARGS = ["--device", "cpu", "--executor", "uni", "--execution-mode", "step", "--max-num-seqs", "4"]
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_sd_path, tmp_path_factory) -> dict[str, str]:
+    out = tmp_path_factory.mktemp("http-loras")
+    files = {name: write_adapter(tiny_sd_path, out / name, seed=seed) for name, seed in (("a", 1), ("b", 2))}
+    tensors = st.load_file(str(Path(files["a"]) / "pytorch_lora_weights.safetensors"))
+    key = sorted(k for k in tensors if k.startswith("unet."))[0]
+    st.save_file({**tensors, key: tensors[key][:, :3].contiguous()}, str(out / "misshapen.safetensors"))
+    st.save_file({"transformer" + k[4:] if k.startswith("unet.") else k: v for k, v in tensors.items()},
+                 str(out / "flux-keys.safetensors"))
+    return {**files, "misshapen": str(out / "misshapen.safetensors"), "misshapen_key": key,
+            "other": str(out / "flux-keys.safetensors")}
+
+
+@pytest.fixture(scope="module")
+def lora_stage(tiny_sd_path, adapters, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("lora-stage")
+    with running_stage(["--model", tiny_sd_path, *ARGS, "--lora", f"a={adapters['a']}", "--max-loras", "3"],
+                       logs / "stage.log") as stage:
+        yield stage
+
+
+def generate(client: httpx.Client, **body) -> httpx.Response:
+    return client.post("/v1/images/generations", json={"prompt": "a cat", "size": "64x64", "seed": 3,
+                                                       "num_inference_steps": 2, **body})
+
+
+def test_loras_are_listed_loaded_used_and_unloaded_over_http(lora_stage, adapters):
+    with httpx.Client(base_url=lora_stage.http_url, timeout=120) as c:
+        listed = c.get("/v1/loras").json()
+        assert listed["max_loras"] == 3 and [(a["name"], a["pinned"]) for a in listed["data"]] == [("a", True)]
+        assert listed["data"][0]["modules"] == {"text_encoder": 8, "unet": 40}
+        loaded = c.post("/v1/loras", json={"name": "b", "path": adapters["b"]})
+        assert loaded.status_code == 200 and loaded.json()["name"] == "b" and not loaded.json()["pinned"]
+        base = decode_png(generate(c).json()["data"][0]["b64_json"])
+        styled = generate(c, loras=[{"name": "a", "scale": 0.9}, {"name": "b", "scale": 0.3}])
+        assert styled.status_code == 200, styled.text
+        assert np.abs(decode_png(styled.json()["data"][0]["b64_json"]).astype(int) - base).max() > 0
+        unknown = generate(c, loras=[{"name": "nope"}])
+        assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "loras.0.name"
+        twice = generate(c, loras=[{"name": "a"}, {"name": "a"}])
+        assert twice.status_code == 400 and twice.json()["error"]["param"] == "loras"
+        assert c.get("/v1/requests").json()["requests"] == []
+        metrics = c.get("/metrics").text
+        assert 'diffstage_lora_requests{adapter="a"} 1.0' in metrics
+        assert "diffstage_lora_adapters_resident 2.0" in metrics
+        assert c.delete("/v1/loras/b").json() == {"name": "b", "unloaded": True}
+        gone = c.delete("/v1/loras/b")
+        assert gone.status_code == 404 and "no LoRA adapter named 'b'" in gone.json()["error"]["message"]
+        assert 'diffstage_lora_operations{kind="unloads"} 1.0' in c.get("/metrics").text
+
+
+def test_a_file_that_does_not_fit_is_refused_with_400_naming_the_adapter_and_key(lora_stage, adapters):
+    with httpx.Client(base_url=lora_stage.http_url, timeout=120) as c:
+        bad = c.post("/v1/loras", json={"name": "bad", "path": adapters["misshapen"]})
+        assert bad.status_code == 400, bad.text
+        message = bad.json()["error"]["message"]
+        assert "LoRA adapter 'bad'" in message and adapters["misshapen_key"] in message and "shape" in message
+        other = c.post("/v1/loras", json={"name": "other", "path": adapters["other"]})
+        assert other.status_code == 400 and "matches no module" in other.json()["error"]["message"]
+        bad_name = c.post("/v1/loras", json={"name": "../x", "path": adapters["b"]})
+        assert bad_name.status_code == 400 and bad_name.json()["error"]["param"] == "name"
+        assert [a["name"] for a in c.get("/v1/loras").json()["data"]] == ["a"]
+
+
+async def test_the_lora_rpcs_are_declared_control_rpcs_over_zmq(lora_stage):
+    async with StageClient(lora_stage.zmq_url) as client:
+        listed = await client.collective_rpc("list_loras", timeout=30)
+    assert [a["name"] for a in listed] == ["a"]
+
+
+def test_a_startup_adapter_that_does_not_fit_exits_2_naming_it_and_the_key(tiny_sd_path, adapters, tmp_path):
+    term = tmp_path / "termination.log"
+    stage = StageProcess(["--model", tiny_sd_path, *ARGS, "--lora", f"bad={adapters['misshapen']}"],
+                         tmp_path / "stage.log", termination_log=term)
+    stage.start(wait_ready=False)
+    try:
+        assert stage.wait(120) == 2, stage.log[-2000:]
+    finally:
+        stage.kill()
+    reason = term.read_text()
+    assert reason.startswith("LoraLoadError: ") and "'bad'" in reason and adapters["misshapen_key"] in reason
