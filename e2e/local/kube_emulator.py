@@ -44,7 +44,7 @@ from kmock._internal import enums, parsing, rendering
 
 from e2e.local import openapi, service_proxy, tables
 from e2e.local.custom_resources import REPO_CRDS, CustomResource, CustomResources
-from e2e.local.kube_store import Call, KubeStore, Obj, _api_version, _error, _labels_match
+from e2e.local.kube_store import Call, KubeStore, Obj, _api_version, _labels_match
 
 VERBS = ('create', 'delete', 'deletecollection', 'get', 'list', 'patch', 'update', 'watch')
 BUILTINS = [  # resource, kind, namespaced, subresources, short names
@@ -232,7 +232,7 @@ class KubeEmulator(kmock.KubernetesScaffold, CustomResources, KubeStore):
         if raw.path.startswith('/openapi/v3/'):
             members = openapi.by_group_version(self._kinds()).get(raw.path[len('/openapi/v3/'):])
             if members is None:
-                return _json(_status(404, 'NotFound', f'the server could not find the requested resource'), 404)
+                return _json(_status(404, 'NotFound', 'the server could not find the requested resource'), 404)
             return _json(openapi.group_version_document(members))
         if raw.path == '/openapi/v2':
             accept = raw.headers.get('Accept', 'application/json')
