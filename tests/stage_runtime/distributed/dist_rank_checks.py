@@ -133,10 +133,14 @@ def replaced_processor_error(adapter) -> str | None:
     return None
 
 
-def run_rank(rank: int, world: int, rendezvous: list[str], runs: list[dict], results) -> None:
+def run_rank(rank: int, world: int, rendezvous: list[str], runs: list[dict], results,
+             jobs_module: str | None = None) -> None:
     """Entry point of one spawned rank. For each run (in order): init a world from ``run['parallel']``
-    at its own rendezvous, run ``JOBS[run['job']]``, destroy. Reports the payloads (one per run) or the error.
+    at its own rendezvous, run ``JOBS[run['job']]`` (this module's table, or ``jobs_module``'s: a spawned
+    child imports it by name), destroy. Reports the payloads (one per run) or the error.
     A job returning ``{"exit": True}`` makes this rank's process exit right after reporting."""
+    import importlib
+
     import torch
 
     torch.set_num_threads(1)
@@ -144,13 +148,14 @@ def run_rank(rank: int, world: int, rendezvous: list[str], runs: list[dict], res
         from stage_runtime.config import ParallelConfig
         from stage_runtime.distributed.groups import destroy_distributed, init_distributed
 
+        jobs = importlib.import_module(jobs_module).JOBS if jobs_module else JOBS
         payloads = []
         for init_method, run in zip(rendezvous, runs, strict=True):
             parallel = ParallelConfig(**run["parallel"])
             groups = init_distributed(parallel, rank, init_method, torch.device("cpu"),
                                       run.get("timeout_s", TIMEOUT_S))
             try:
-                payloads.append(JOBS[run["job"]](rank, groups, parallel, run))
+                payloads.append(jobs[run["job"]](rank, groups, parallel, run))
             finally:
                 destroy_distributed()
         results.put((rank, "ok", payloads))
@@ -215,9 +220,10 @@ JOBS = {"models": _job_models, "peer_gone": _job_peer_gone}
 
 
 class Ranks:
-    """``world`` spawned processes running :func:`run_rank`; :meth:`wait` returns each rank's payload."""
+    """``world`` spawned processes running :func:`run_rank` with ``jobs_module``'s job table (default: this
+    module's); :meth:`wait` returns each rank's payload."""
 
-    def __init__(self, world: int, runs: list[dict], target=None):
+    def __init__(self, world: int, runs: list[dict], jobs_module: str | None = None):
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")
@@ -226,7 +232,7 @@ class Ranks:
         # could be taken meanwhile by another process (seen: EADDRINUSE under a busy machine).
         self._dir = tempfile.TemporaryDirectory(prefix="ds-rendezvous-")
         rendezvous = [f"file://{self._dir.name}/run-{i}" for i in range(len(runs))]
-        self.procs = [ctx.Process(target=target or run_rank, args=(r, world, rendezvous, runs, self.results),
+        self.procs = [ctx.Process(target=run_rank, args=(r, world, rendezvous, runs, self.results, jobs_module),
                                   daemon=True)
                       for r in range(world)]
         for p in self.procs:

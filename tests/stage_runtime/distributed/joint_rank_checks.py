@@ -6,12 +6,7 @@ also checks the joint Ulysses processors, and its own spawn (a spawned child imp
 
 from __future__ import annotations
 
-import traceback
-
 import dist_rank_checks as checks
-
-TIMEOUT_S = checks.TIMEOUT_S
-
 
 def installed(denoiser) -> dict:
     """CFG forward wrapper present; how many attentions run the joint Ulysses processor."""
@@ -50,27 +45,9 @@ def job(rank, groups, parallel, run) -> dict:
     return payload
 
 
-def run_rank(rank: int, world: int, rendezvous: list[str], runs: list[dict], results) -> None:
-    import torch
-
-    torch.set_num_threads(1)
-    try:
-        from stage_runtime.config import ParallelConfig
-        from stage_runtime.distributed.groups import destroy_distributed, init_distributed
-
-        payloads = []
-        for init_method, run in zip(rendezvous, runs, strict=True):
-            parallel = ParallelConfig(**run["parallel"])
-            groups = init_distributed(parallel, rank, init_method, torch.device("cpu"), TIMEOUT_S)
-            try:
-                payloads.append(job(rank, groups, parallel, run))
-            finally:
-                destroy_distributed()
-        results.put((rank, "ok", payloads))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the test
-        results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+JOBS = {"models": job}
 
 
 def Ranks(world: int, runs: list[dict]) -> checks.Ranks:  # noqa: N802 - a constructor, as dist_rank_checks.Ranks
-    """``world`` spawned ranks running this module's :func:`run_rank` (the spawn and reaping are shared)."""
-    return checks.Ranks(world, runs, target=run_rank)
+    """``world`` spawned ranks running this module's :func:`job` for every run (spawn and reaping are shared)."""
+    return checks.Ranks(world, [{**run, "job": "models"} for run in runs], jobs_module=__name__)

@@ -7,8 +7,6 @@ image) and ``kernels`` (the sequence-parallel attention of distributed.usp again
 
 from __future__ import annotations
 
-import traceback
-
 import dist_rank_checks as checks
 
 TIMEOUT_S = 60.0
@@ -74,31 +72,11 @@ def _job_kernels(rank, groups, parallel, run) -> dict:
 JOBS = {"models": _job_models, "kernels": _job_kernels}
 
 
-def run_rank(rank: int, world: int, rendezvous: list[str], runs: list[dict], results) -> None:
-    import torch
-
-    torch.set_num_threads(1)
-    try:
-        from stage_runtime.config import ParallelConfig
-        from stage_runtime.distributed.groups import destroy_distributed, init_distributed
-
-        payloads = []
-        for init_method, run in zip(rendezvous, runs, strict=True):
-            parallel = ParallelConfig(**run["parallel"])
-            groups = init_distributed(parallel, rank, init_method, torch.device("cpu"), TIMEOUT_S)
-            try:
-                payloads.append(JOBS[run["job"]](rank, groups, parallel, run))
-            finally:
-                destroy_distributed()
-        results.put((rank, "ok", payloads))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the test
-        results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-
-
 def spawn(world: int, plan: dict[str, dict], models: dict[str, str], timeout_s: float = 600):
     """Run ``plan`` (name → run) on ``world`` ranks while computing the single-rank references of ``models``
     here; returns ({name: {rank: payload}}, {kind: {scenario: image}})."""
-    ranks = checks.Ranks(world, list(plan.values()), target=run_rank)
+    ranks = checks.Ranks(world, [{"timeout_s": TIMEOUT_S, **run} for run in plan.values()],
+                         jobs_module=__name__)
     try:
         references = {kind: checks.scenarios(checks.load_adapter(path)) for kind, path in models.items()}
     finally:
