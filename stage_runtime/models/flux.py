@@ -102,13 +102,17 @@ class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
                            max_sequence_length=self.max_sequence_length(), output_type="np", return_dict=False)[0]
         return self.split_images(requests, images)
 
+    def encode_request_prompt(self, request: DiffusionRequest):
+        """(T5 embeds [n, seq, d], pooled CLIP [n, d], text ids [seq, 3]) for the request's n images, its LoRA rows set."""
+        n = request.sampling.num_outputs
+        with self.lora_rows("text_encoder", [(request, n)]):
+            return self.pipe.encode_prompt(prompt=[request.prompt] * n, prompt_2=None, device=self.device,
+                                           num_images_per_prompt=1, max_sequence_length=self.max_sequence_length())
+
     # -- step contract: the same math as FluxPipeline.__call__, one step at a time -----------------------
     def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
         s, pipe, n = request.sampling, self.pipe, request.sampling.num_outputs
-        with self.lora_rows("text_encoder", [(request, n)]):
-            embeds, pooled, text_ids = pipe.encode_prompt(prompt=[request.prompt] * n, prompt_2=None,
-                                                          device=self.device, num_images_per_prompt=1,
-                                                          max_sequence_length=self.max_sequence_length())
+        embeds, pooled, text_ids = self.encode_request_prompt(request)
         channels = pipe.transformer.config.in_channels // 4
         latents, image_ids = pipe.prepare_latents(n, channels, s.height, s.width, embeds.dtype, self.device,
                                                   self.generators([request]))

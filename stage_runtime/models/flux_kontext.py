@@ -63,10 +63,7 @@ class FluxKontextAdapter(FluxAdapter):
     # -- step contract: FluxKontextPipeline.__call__, one step at a time ---------------------------------
     def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
         s, pipe, n = request.sampling, self.pipe, request.sampling.num_outputs
-        with self.lora_rows("text_encoder", [(request, n)]):
-            embeds, pooled, text_ids = pipe.encode_prompt(prompt=[request.prompt] * n, prompt_2=None,
-                                                          device=self.device, num_images_per_prompt=1,
-                                                          max_sequence_length=self.max_sequence_length())
+        embeds, pooled, text_ids = self.encode_request_prompt(request)
         image = None
         if request.edit is not None:
             image = pipe.image_processor.preprocess(pil_image(request.edit, s.height, s.width), s.height, s.width)
