@@ -1,10 +1,12 @@
-"""Startup checks: can this model run in the configured execution mode (and cache mode)?"""
+"""Startup checks (can this model run in the configured execution and cache mode?) and the per-request check
+the scheduler's mode adds at admission."""
 
 from __future__ import annotations
 
 from stage_runtime.config import StageConfig
-from stage_runtime.errors import ConfigError
+from stage_runtime.errors import ConfigError, InvalidRequestError
 from stage_runtime.model_info import ModelInfo
+from stage_runtime.request import DiffusionRequest
 
 
 def check_execution_mode(config: StageConfig, info: ModelInfo) -> None:
@@ -19,3 +21,10 @@ def check_execution_mode(config: StageConfig, info: ModelInfo) -> None:
                           f"fuse requests into one call; use max_num_seqs=1")
     if config.cache.mode == "block" and info.block_cache_refusal:
         raise ConfigError(f"cache.mode='block': {info.block_cache_refusal}; use cache.mode='none'")
+
+
+def check_request_mode(request: DiffusionRequest, execution_mode: str) -> None:
+    """Previews are step-mode output: a 400 naming the field in request mode."""
+    if request.sampling.preview_every is not None and execution_mode != "step":
+        raise InvalidRequestError("preview_every", request.sampling.preview_every,
+                                  "previews need execution_mode=step (or streaming_output)")

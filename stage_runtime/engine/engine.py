@@ -16,15 +16,14 @@ import uuid
 from typing import Any
 
 from stage_runtime.config import StageConfig
-from stage_runtime.engine.admission import check_execution_mode
+from stage_runtime.engine.admission import check_execution_mode, check_request_mode
 from stage_runtime.engine.lora_table import LORA_RPCS, LoraTable
 from stage_runtime.engine.observers import ExecuteObservers
 from stage_runtime.engine.output_table import WARMUP_PREFIX, OutputTable
 from stage_runtime.engine.result_cache import ResultCache
 from stage_runtime.engine.rpc_queue import ControlRpcQueue
 from stage_runtime.engine.stream import RequestStream
-from stage_runtime.errors import (DuplicateRequestError, EngineClosedError, EngineDeadError, EngineStartupError,
-                                  InvalidRequestError)
+from stage_runtime.errors import DuplicateRequestError, EngineClosedError, EngineDeadError, EngineStartupError
 from stage_runtime.executor.abstract import DiffusionExecutor
 from stage_runtime.outputs import BatchRunnerOutput, DiffusionOutput, ProgressEvent, RunnerOutput
 from stage_runtime.request import DiffusionRequest, RequestStatus, SamplingParams
@@ -98,9 +97,7 @@ class DiffusionEngine:
         """Admit one request (resolved against the model once); its outputs arrive on the returned stream."""
         self._check_open()
         resolved = request.resolve(self.model_info)
-        if resolved.sampling.preview_every is not None and self.scheduler.mode != "step":
-            raise InvalidRequestError("preview_every", resolved.sampling.preview_every,
-                                      "previews need execution_mode=step (or streaming_output)")
+        check_request_mode(resolved, self.scheduler.mode)
         resolved = self.loras.resolve(resolved)       # an unknown adapter: 400 here; each file's digest recorded
         key, hit = self.result_cache.lookup(resolved)
         with self._lock:
@@ -305,12 +302,7 @@ class DiffusionEngine:
     def requests_snapshot(self) -> list[dict[str, Any]]:
         """In-flight requests with state and step progress (``GET /v1/requests``)."""
         with self._lock:
-            states = [self.scheduler.get_request_state(rid) for rid in self.outputs.streams]
-        return [{"request_id": s.request_id, "state": s.status.name.lower(), "step": s.step_index,
-                 "num_steps": s.request.num_steps, "priority": s.request.sampling.priority,
-                 "preempted": s.status == RequestStatus.PREEMPTED, "preemptions": s.preemptions,
-                 **((s.result and s.result.cache) or {})}           # steps_computed, steps_skipped (block cache)
-                for s in states if s is not None]
+            return [s.snapshot() for rid in self.outputs.streams if (s := self.scheduler.get_request_state(rid))]
 
     def num_request_states(self) -> int:
         """Per-request state held by the engine and its scheduler (0 when idle)."""

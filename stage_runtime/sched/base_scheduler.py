@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from stage_runtime.config import SchedulerConfig
 from stage_runtime.errors import DeadlineExceededError, DuplicateRequestError, QueueFullError
@@ -43,6 +43,13 @@ class RequestState:
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    def snapshot(self) -> dict[str, Any]:
+        """One row of ``GET /v1/requests``: state, step progress, priority, preemptions, block-cache counts."""
+        return {"request_id": self.request_id, "state": self.status.name.lower(), "step": self.step_index,
+                "num_steps": self.request.num_steps, "priority": self.request.sampling.priority,
+                "preempted": self.status == RequestStatus.PREEMPTED, "preemptions": self.preemptions,
+                **((self.result and self.result.cache) or {})}   # steps_computed, steps_skipped (block cache)
 
 
 class BaseScheduler(ABC):

@@ -64,22 +64,42 @@ def edit_request(family: str, rid: str, prompt: str, seed: int, image: np.ndarra
                             edit=EditInput(image, mask, FAMILIES[family][2]))
 
 
-@pytest.fixture(scope="module", params=[(f, m) for f in FAMILIES for m in ("request", "step")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
-def case(request):
-    family, mode = request.param
-    path = request.getfixturevalue(FAMILIES[family][0])
-    config = load_config({"model": {"path": path}, "device": "cpu",
-                          "scheduler": {"execution_mode": mode, "max_num_seqs": 4, "request_batch_max_wait_ms": 300}})
-    engine = DiffusionEngine.make_engine(config)
-    yield family, path, engine
-    engine.close()
+ALL = [(f, m) for f in FAMILIES for m in ("request", "step")]
+STEP = [(f, "step") for f in FAMILIES]
+TRANSFORMERS = [(f, m) for f, m in ALL if f != "sdxl"]          # the block cache is a transformer-stack feature
+
+
+def cases(which: list[tuple[str, str]]):
+    return pytest.mark.parametrize("family, mode", which, ids=[f"{f}-{m}" for f, m in which])
+
+
+@pytest.fixture(scope="module")
+def engines():
+    """One engine per (family, mode), made when a test first asks for it and shared by the module."""
+    made: dict[tuple[str, str], tuple[str, DiffusionEngine]] = {}
+
+    def get(family: str, mode: str, path: str) -> tuple[str, DiffusionEngine]:
+        if (family, mode) not in made:
+            config = load_config({"model": {"path": path}, "device": "cpu", "scheduler": {
+                "execution_mode": mode, "max_num_seqs": 4, "request_batch_max_wait_ms": 300}})
+            made[family, mode] = path, DiffusionEngine.make_engine(config)
+        return made[family, mode]
+
+    yield get
+    for _, engine in made.values():
+        engine.close()
+
+
+@pytest.fixture
+def case(request, engines, family, mode):
+    return (family, *engines(family, mode, request.getfixturevalue(FAMILIES[family][0])))
 
 
 def tolerance(engine) -> int:
     return 1 if engine.scheduler.mode == "request" else 2
 
 
+@cases(ALL)
 def test_edit_equals_the_diffusers_pipeline(case):
     family, path, engine = case
     ref = reference(family, path, "a red fox", 3, picture(0))
@@ -91,6 +111,7 @@ def test_edit_equals_the_diffusers_pipeline(case):
     assert_no_state(engine)
 
 
+@cases(ALL)
 def test_same_shape_edits_fuse_and_each_equals_its_solo_run(case):
     family, path, engine = case
     pairs = (("a cat", 1, 1), ("a dog", 2, 2))             # (prompt, seed, images)
@@ -108,10 +129,9 @@ def test_same_shape_edits_fuse_and_each_equals_its_solo_run(case):
     assert_no_state(engine)
 
 
+@cases(STEP)
 def test_step_mode_reports_the_edit_step_count(case):
     family, _, engine = case
-    if engine.scheduler.mode != "step":
-        pytest.skip("progress per step is a step-mode stream")
     stream = engine.add_request(edit_request(family, "progress", "a cat", 5, picture(5), stream=True))
     items = list(stream)
     steps = FAMILIES[family][3]
@@ -120,6 +140,7 @@ def test_step_mode_reports_the_edit_step_count(case):
     assert_no_state(engine)
 
 
+@cases(ALL)
 def test_abort_mid_edit_releases_everything(case):
     family, _, engine = case
     stream = engine.add_request(edit_request(family, "abort-edit", "a cat", 4, picture(4), steps=200, stream=True))
@@ -131,6 +152,7 @@ def test_abort_mid_edit_releases_everything(case):
     assert_no_state(engine)
 
 
+@cases(ALL)
 def test_a_task_the_family_cannot_do_is_refused_naming_the_field(case):
     family, _, engine = case
     info = engine.model_info
@@ -147,10 +169,9 @@ def test_a_task_the_family_cannot_do_is_refused_naming_the_field(case):
     assert_no_state(engine)
 
 
+@cases([("kontext", "request"), ("kontext", "step")])
 def test_kontext_serves_generations_which_never_share_a_forward_with_edits(case):
     family, path, engine = case
-    if family != "kontext":
-        pytest.skip("Kontext only: its edits double the image tokens")
     gen = DiffusionRequest("kontext-gen", "a cat", SamplingParams(num_inference_steps=STEPS, seed=7))
     edit = edit_request(family, "kontext-edit", "a cat", 7, picture(7))
     info = engine.model_info
@@ -164,10 +185,9 @@ def test_kontext_serves_generations_which_never_share_a_forward_with_edits(case)
     assert_no_state(engine)
 
 
+@cases([("kontext", "request")])
 def test_kontext_refuses_in_model_parallelism_with_the_reason(case):
-    family, _, engine = case
-    if family != "kontext" or engine.scheduler.mode != "request":
-        pytest.skip("Kontext's facts, once")
+    _, _, engine = case
     with pytest.raises(ConfigError, match=r"ulysses_degree=2 is not supported by FluxKontextPipeline.*conditioning"):
         apply_parallelism(runner_of(engine).adapter, None, ParallelConfig(ulysses_degree=2))
 
@@ -191,12 +211,11 @@ def test_sdxl_step_edit_encodes_with_the_vae_upcast_and_puts_it_back(tiny_sdxl_p
     assert torch.isfinite(state.latents.float()).all() and state.t_start == STEPS - FAMILIES["sdxl"][3]
 
 
+@cases(TRANSFORMERS)
 def test_transformer_edits_run_under_the_block_cache(case):
     """FLUX img2img and Kontext edits take a request's ``cache`` (models.block_cache): blocks are skipped,
     and the image stays near the uncached one (the tiny model's residuals barely move)."""
     family, path, engine = case
-    if family == "sdxl":
-        pytest.skip("a UNet family: no block cache")
     request = edit_request(family, "cached", "a red fox", 3, picture(0), cache={"threshold": 0.3})
     out = engine.add_request(request).result(timeout=120)
     assert out.metrics["steps_skipped"] > 0
