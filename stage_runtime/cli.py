@@ -153,7 +153,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from stage_runtime.serve.proc import serve
     from stage_runtime.serve.termination import EXIT_CONFIG, termination_log_path, write_termination_log
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -164,6 +163,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         write_termination_log(termination_log_path(args.termination_log), "ConfigError", str(exc))
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    from stage_runtime.executor.procs import start_fork_server
+
+    start_fork_server(config.resolved_executor, config.worker_start_method)   # before torch is imported here
+    from stage_runtime.serve.proc import serve
+
     return serve(config)
 
 

@@ -31,6 +31,7 @@ SchedulingPolicyName = Literal["fcfs", "priority", "srpt"]
 ParallelDim = Literal["tp", "sp", "pp", "cfg", "dp"]
 OffloadMode = Literal["none", "model", "layerwise"]
 CacheMode = Literal["none", "block"]
+WorkerStartMethod = Literal["forkserver", "spawn"]
 MAX_CACHE_THRESHOLD = 10.0          # a relative L1 change; 10 (1000 %) already means "skip whenever allowed"
 # Rank layout order, fastest-varying first (Megatron-style orthogonal groups): tp-sp-pp-cfg-dp.
 _LAYOUT: tuple[str, ...] = ("tp", "sp", "pp", "cfg", "dp")
@@ -299,6 +300,7 @@ class StageConfig(BaseModel):
     executor: str | None = None  # "uni" | "mp" | "package.module:ClassName"; None → resolved_executor
     warmup: bool = True
     worker_startup_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)  # mp: every rank loaded and ready
+    worker_start_method: WorkerStartMethod = "forkserver"   # mp: ranks fork from one preloaded server, or spawn
     collective_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)      # a stuck collective is fatal
     server: ServerConfig = Field(default_factory=ServerConfig)
     max_loras: int = Field(8, ge=1, le=1024)        # resident LoRA adapters at most (LRU among the unpinned)

@@ -50,6 +50,7 @@ from stage_runtime.executor.procs import (
     last_resort,
     recv_or_none,
     signal_all,
+    worker_context,
 )
 from stage_runtime.executor.result_pump import ResultPump
 from stage_runtime.executor.worker_proc import EXIT_FATAL, WorkerSpec, worker_main
@@ -102,14 +103,14 @@ class MultiprocExecutor(DiffusionExecutor):
 
     # -- startup ---------------------------------------------------------------------------------------
     def _start_workers(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
+        ctx = worker_context(self.config.worker_start_method)
         init_method = f"tcp://127.0.0.1:{free_port()}" if self.world_size > 1 else None
         ready: dict[int, Any] = {}
         for rank in range(self.world_size):
             ready_r, ready_w = ctx.Pipe(duplex=False)
             alive_r, alive_w = ctx.Pipe(duplex=False)
             spec = WorkerSpec(rank, self.config, f"ipc://{self._ipc_dir}/bcast", f"ipc://{self._ipc_dir}/result-{rank}",
-                              self.shm_prefix, init_method, dict(self.worker_options))
+                              self.shm_prefix, init_method, dict(self.worker_options), dict(os.environ))
             proc = ctx.Process(target=worker_main, args=(spec, ready_w, alive_r), name=f"DiffusionWorker-{rank}",
                                daemon=True)
             proc.start()

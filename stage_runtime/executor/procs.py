@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import shutil
 import signal
@@ -11,6 +13,28 @@ import time
 from stage_runtime.executor import shm
 
 KILL_GRACE_S = 2.0
+# What the fork server imports once, before any rank: torch, diffusers and the runner (no CUDA context, no
+# threads). Every rank forks from it instead of importing them again (seconds of CPU per rank).
+WORKER_PRELOAD = ["stage_runtime.executor.fork_preload"]
+
+
+def worker_context(method: str) -> multiprocessing.context.BaseContext:
+    """The multiprocessing context ranks start in. ``forkserver``: one clean server process per engine process
+    imports WORKER_PRELOAD, then forks each rank (it starts on first use and exits with its parent); ``spawn``:
+    every rank is a fresh interpreter. Either way a rank begins with the engine process's environment as it is
+    when the rank starts (``worker_proc.worker_main`` applies the snapshot the spec carries)."""
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(WORKER_PRELOAD)
+    return ctx
+
+
+def start_fork_server(executor: str, method: str) -> None:
+    """Start the fork server now (``serve`` calls this first), so that its imports overlap the engine
+    process's own instead of following them; a no-op unless the ranks will fork from it."""
+    if executor == "mp" and method == "forkserver":
+        worker_context(method)
+        multiprocessing.forkserver.ensure_running()
 
 
 def describe_exit(rank: int, pid: int | None, exitcode: int | None) -> str:

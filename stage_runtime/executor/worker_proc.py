@@ -61,10 +61,14 @@ class WorkerSpec:
     shm_prefix: str
     init_method: str | None                  # torch.distributed rendezvous; None for a world of one
     options: dict[str, Any] = field(default_factory=dict)   # for tests: delays, shm_threshold
+    environ: dict[str, str] | None = None    # the engine process's environment when the rank started
 
 
 def worker_main(spec: WorkerSpec, ready_conn, alive_conn) -> None:
-    """Process entry point (spawned)."""
+    """Process entry point (forked from the fork server, or spawned)."""
+    if spec.environ is not None:              # a forked rank has the fork server's; give it the engine's
+        os.environ.clear()
+        os.environ.update(spec.environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     threading.Thread(target=_exit_with_parent, args=(alive_conn, spec), name="parent-watch", daemon=True).start()

@@ -13,9 +13,10 @@ from stage_runtime.request import DiffusionRequest, SamplingParams
 
 
 def mp_engine(path: str, parallel: dict | None = None, adapter: str | None = None, executor_class=None,
-              **scheduler) -> DiffusionEngine:
+              start_method: str = "forkserver", **scheduler) -> DiffusionEngine:
     config = load_config({"model": {"path": path, "adapter": adapter}, "device": "cpu", "executor": "mp",
-                          "warmup": False, "parallel": parallel or {}, "scheduler": scheduler})
+                          "warmup": False, "parallel": parallel or {}, "scheduler": scheduler,
+                          "worker_start_method": start_method})
     kwargs = {} if executor_class is None else {"executor_class": executor_class}
     return DiffusionEngine.make_engine(config, **kwargs)
 

@@ -108,6 +108,7 @@ def test_describe_names_every_dimension():
         ({"scheduler": {"execution_mode": "batch"}}, ["scheduler.execution_mode='batch'"]),
         ({"executor": "uni", "parallel": {"num_gpus": 2}}, ["executor='uni'", "world_size=2"]),
         ({"executor": "not a path"}, ["executor='not a path'", "package.module:ClassName"]),
+        ({"worker_start_method": "fork"}, ["worker_start_method='fork'", "'forkserver' or 'spawn'"]),
         ({"model": {**MODEL, "adapter": "my_pkg.adapters.Thing"}},
          ["model.adapter='my_pkg.adapters.Thing'", "package.module:ClassName"]),
         ({"model": {**MODEL, "adapter": "pkg.mod:Cls:extra"}}, ["model.adapter="]),

@@ -220,13 +220,13 @@ JOBS = {"models": _job_models, "peer_gone": _job_peer_gone}
 
 
 class Ranks:
-    """``world`` spawned processes running :func:`run_rank` with ``jobs_module``'s job table (default: this
-    module's); :meth:`wait` returns each rank's payload."""
+    """``world`` processes running :func:`run_rank` with ``jobs_module``'s job table (default: this module's),
+    forked from the executor's fork server as the engine's ranks are; :meth:`wait` returns each rank's payload."""
 
     def __init__(self, world: int, runs: list[dict], jobs_module: str | None = None):
-        import multiprocessing as mp
+        from stage_runtime.executor.procs import worker_context
 
-        ctx = mp.get_context("spawn")
+        ctx = worker_context("forkserver")
         self.world, self.results = world, ctx.Queue()
         # One file rendezvous per run: a TCP port picked now and bound minutes later (the runs go in turn)
         # could be taken meanwhile by another process (seen: EADDRINUSE under a busy machine).

@@ -1,16 +1,10 @@
 """World 8 on gloo: TP 2 × Ulysses 2 × CFG 2 in one world equals one plain rank (tiny DiT: 4 heads = TP 2 ×
-Ulysses 2), request and step mode. Eight ranks on 2 cores take minutes: opt in with DIFFSTAGE_SLOW_TESTS=1."""
+Ulysses 2), request and step mode. The eight ranks fork from the fork server (torch and diffusers imported once)."""
 
 from __future__ import annotations
 
-import os
-
 import parallel_rank_checks as prc
-import pytest
 from parallel_equality import check_images
-
-pytestmark = pytest.mark.skipif(os.environ.get("DIFFSTAGE_SLOW_TESTS") != "1",
-                                reason="8 spawned ranks (minutes on 2 cores): set DIFFSTAGE_SLOW_TESTS=1")
 
 
 def test_tp2_ulysses2_cfg2_equals_one_rank(tiny_dit_path):

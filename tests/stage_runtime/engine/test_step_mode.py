@@ -122,7 +122,9 @@ def test_request_mode_streams_progress_from_the_step_hook(tiny_sd_path):
 
 
 def _shm_segments() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    """This process's segments (the executor names them ``ds-<engine pid>-…``): other test processes share /dev/shm."""
+    ours = f"ds-{os.getpid()}-"
+    return {s for s in os.listdir("/dev/shm") if s.startswith(ours)} if os.path.isdir("/dev/shm") else set()
 
 
 def test_abort_at_random_steps_for_50_requests(tiny_dit_path):

@@ -1,8 +1,10 @@
-"""MultiprocExecutor with real spawned ranks on the real tiny SD pipeline: results, RPC, async output,
-shared memory, progress and abort in request mode, and that nothing is left behind."""
+"""MultiprocExecutor with real rank processes on the real tiny SD pipeline: results, RPC, async output, shared
+memory, progress and abort in request mode, either start method, and that nothing is left behind."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
 
 import numpy as np
@@ -15,6 +17,7 @@ from stage_runtime.engine.engine import DiffusionEngine
 from stage_runtime.errors import RequestAbortedError, RpcError
 from stage_runtime.executor.messages import RpcMessage
 from stage_runtime.executor.multiproc import MultiprocExecutor
+from stage_runtime.executor.procs import start_fork_server
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +51,32 @@ def test_one_rank_mp_equals_uni(engine, uni_engine):
     assert a.images.shape == (1, 64, 64, 3)
     assert max_diff(a.images, b.images) <= 1
     assert_idle(engine)
+
+
+def parent_pid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_rank_starts_with_the_engine_process_environment_by_either_method(method, tiny_sd_path, uni_engine,
+                                                                             monkeypatch, tmp_path):
+    """forkserver (the default) forks the rank from a server process started before the variable below existed;
+    the rank still sees the engine process's environment as it is at the rank's start, as a spawned rank does."""
+    start_fork_server("mp", "forkserver")
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("DIFFSTAGE_TEST_TRACE", str(trace))
+    eng = mp_engine(tiny_sd_path, adapter="adapters_for_tests:TracingSDAdapter", start_method=method)
+    try:
+        (rank,) = eng.executor.procs
+        forked = parent_pid(rank.pid) != os.getpid()          # a forked rank is the fork server's child
+        out = eng.add_request(req("env", "a red cat", 4, 7)).result(60)
+    finally:
+        eng.close()
+    assert_released(eng)
+    assert forked == (method == "forkserver")
+    assert [json.loads(line)["pid"] for line in trace.read_text().splitlines()] == [rank.pid]
+    assert max_diff(out.images, uni_engine.add_request(req("env-uni", "a red cat", 4, 7)).result(60).images) <= 1
 
 
 def test_control_rpc_answers_per_rank_with_status(engine):

@@ -70,7 +70,9 @@ ENGINE_CHILD = textwrap.dedent("""
             "r", "a cat", __import__("stage_runtime.request", fromlist=["x"]).SamplingParams(
                 num_inference_steps=500, stream=True)))
         stream.get(timeout=60)
-        print(eng.executor.shm_prefix, *[p.pid for p in eng.executor.procs], flush=True)
+        from multiprocessing import forkserver
+        print(eng.executor.shm_prefix, forkserver._forkserver._forkserver_pid, *[p.pid for p in eng.executor.procs],
+              flush=True)
         time.sleep(120)
 """)
 
@@ -81,12 +83,13 @@ def test_sigkill_of_the_engine_process_takes_its_workers_down(tiny_sd_path, tmp_
     child = subprocess.Popen([sys.executable, str(script), tiny_sd_path], stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
-        prefix, *pids = child.stdout.readline().split()
+        prefix, server, *pids = child.stdout.readline().split()
         pids = [int(p) for p in pids]
-        assert len(pids) == 2 and all(pid_alive(p) for p in pids)
+        assert len(pids) == 2 and all(pid_alive(p) for p in [*pids, int(server)])
         child.kill()                                           # SIGKILL: no cleanup code runs in the engine
         child.wait(10)
         assert wait_gone(pids, 5) == [], "worker ranks outlived their engine process"
+        assert wait_gone([int(server)], 5) == [], "the fork server outlived its engine process"
         wait_until(lambda: segments(prefix) == [], timeout=5, what=f"no /dev/shm segment {prefix}*")
     finally:
         child.kill()
