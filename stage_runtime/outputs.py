@@ -37,6 +37,11 @@ class BatchRunnerOutput:
     def of(cls, *outputs: RunnerOutput) -> "BatchRunnerOutput":
         return cls({o.request_id: o for o in outputs})
 
+    @classmethod
+    def failed(cls, request_ids: list[str], exc: BaseException) -> "BatchRunnerOutput":
+        """Every request of a call that raised fails with the exception's type and message."""
+        return cls.of(*(RunnerOutput(rid, error=f"{type(exc).__name__}: {exc}") for rid in request_ids))
+
     def get(self, request_id: str) -> RunnerOutput | None:
         return self.outputs.get(request_id)
 

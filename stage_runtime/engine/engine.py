@@ -19,13 +19,13 @@ from stage_runtime.config import StageConfig
 from stage_runtime.engine.admission import check_execution_mode, check_request_mode
 from stage_runtime.engine.lora_table import LORA_RPCS, LoraTable
 from stage_runtime.engine.observers import ExecuteObservers
-from stage_runtime.engine.output_table import WARMUP_PREFIX, OutputTable
+from stage_runtime.engine.output_table import OutputTable, warmup_request
 from stage_runtime.engine.result_cache import ResultCache
 from stage_runtime.engine.rpc_queue import ControlRpcQueue
 from stage_runtime.engine.stream import RequestStream
 from stage_runtime.errors import DuplicateRequestError, EngineClosedError, EngineDeadError, EngineStartupError
 from stage_runtime.executor.abstract import DiffusionExecutor
-from stage_runtime.outputs import BatchRunnerOutput, DiffusionOutput, ProgressEvent, RunnerOutput
+from stage_runtime.outputs import BatchRunnerOutput, DiffusionOutput, ProgressEvent
 from stage_runtime.request import DiffusionRequest, RequestStatus, SamplingParams
 from stage_runtime.sched import RequestScheduler, StepScheduler
 from stage_runtime.scheduler_output import SchedulerOutput
@@ -41,9 +41,7 @@ class DiffusionEngine:
         self._rpcs = ControlRpcQueue()
         self._rpc_lock = threading.Lock()          # serialises direct RPCs before the loop starts
         self._thread: threading.Thread | None = None
-        self._stop = False
-        self._closed = False
-        self._shut_down = False
+        self._stop = self._closed = self._shut_down = False
         self.dead_reason: str | None = None
         self.ready = False
         self.observers = ExecuteObservers()      # metrics hooks after every wave / tick (engine thread)
@@ -51,8 +49,8 @@ class DiffusionEngine:
         try:
             self.model_info = self.executor.collective_rpc("model_info", unique_reply_rank=0)
             check_execution_mode(config, self.model_info)
-            step_mode = config.scheduler.execution_mode == "step"
-            self.scheduler = (StepScheduler if step_mode else RequestScheduler)(config.scheduler)
+            self.scheduler = (StepScheduler if config.scheduler.execution_mode == "step" else RequestScheduler)(
+                config.scheduler)
             self.loras = LoraTable(self, config)            # LoRA names, pinning, max_loras (and what ranks hold)
         except BaseException:
             self.executor.shutdown()
@@ -85,10 +83,8 @@ class DiffusionEngine:
             self._thread.start()
 
     def run_warmup(self) -> None:
-        request = DiffusionRequest(f"{WARMUP_PREFIX}{uuid.uuid4().hex[:8]}", "warmup",
-                                   SamplingParams(num_inference_steps=2, seed=0))
         try:
-            self.add_request(request).result(timeout=600)
+            self.add_request(warmup_request()).result(timeout=600)
         except Exception as exc:
             raise EngineStartupError(f"Warmup failed: {type(exc).__name__}: {exc}") from exc
 
@@ -165,9 +161,7 @@ class DiffusionEngine:
     # -- the engine step: schedule → execute_model → update_from_output ---------------------------------
     def step(self) -> bool:
         """One iteration of the engine; the busy loop calls it, a test may call it directly (no thread).
-
-        Returns False once the engine must stop (the executor died).
-        """
+        Returns False once the engine must stop (the executor died)."""
         sched_out = self._schedule()
         if not self.scheduler.should_execute(sched_out):
             return True
@@ -197,8 +191,7 @@ class DiffusionEngine:
             return None
         except Exception as exc:
             log.exception("execute failed for %s", sched_out.scheduled_request_ids)
-            runner_out = BatchRunnerOutput.of(*(RunnerOutput(rid, error=f"{type(exc).__name__}: {exc}")
-                                                for rid in sched_out.scheduled_request_ids))
+            runner_out = BatchRunnerOutput.failed(sched_out.scheduled_request_ids, exc)
         # Observed before delivery: a wave is counted by the time its requests' outputs are visible.
         self.observers.notify(sched_out, time.perf_counter() - started, runner_out)
         return runner_out
@@ -208,9 +201,8 @@ class DiffusionEngine:
             self._apply_aborts_locked()
             self._finalize_locked(self.scheduler.update_from_output(sched_out, runner_out))
             if sched_out.mode == "step":
-                states = [self.scheduler.get_request_state(rid) for rid in sched_out.scheduled_request_ids]
-                previews = {rid: out.images for rid, out in runner_out.outputs.items()}
-                self.outputs.progress([st for st in states if st is not None], previews)
+                self.outputs.progress(self.scheduler.live_states(sched_out.scheduled_request_ids),
+                                      {rid: out.images for rid, out in runner_out.outputs.items()})
 
     def _busy_loop(self) -> None:
         while self._wait_for_work() and self.step():
@@ -224,13 +216,10 @@ class DiffusionEngine:
             while not self._stop and not self._abort_ids and not self._rpcs:
                 if self.scheduler.has_unreported_finished():
                     break                     # an empty tick retires the runner state of aborted requests
-                if self.scheduler.has_requests():
-                    delay = self.scheduler.admission_delay()
-                    if delay <= 0:
-                        break
-                    self._lock.wait(delay)
-                else:
-                    self._lock.wait(1.0)
+                delay = self.scheduler.admission_delay() if self.scheduler.has_requests() else 1.0
+                if delay <= 0:
+                    break                     # a wave is due now
+                self._lock.wait(delay)
             return not self._stop
 
     def _on_progress(self, event: ProgressEvent) -> set[str]:
@@ -240,8 +229,7 @@ class DiffusionEngine:
             self._apply_aborts_locked()
             self._finalize_locked(self.scheduler.expire_deadlines())
             if event.step_index:
-                self.outputs.progress([st for rid in event.request_ids
-                                       if (st := self.scheduler.get_request_state(rid)) is not None])
+                self.outputs.progress(self.scheduler.live_states(event.request_ids))
             if self._stop:
                 return set(event.request_ids)
             return {rid for rid in event.request_ids if self.scheduler.get_request_state(rid) is None}
@@ -302,7 +290,7 @@ class DiffusionEngine:
     def requests_snapshot(self) -> list[dict[str, Any]]:
         """In-flight requests with state and step progress (``GET /v1/requests``)."""
         with self._lock:
-            return [s.snapshot() for rid in self.outputs.streams if (s := self.scheduler.get_request_state(rid))]
+            return [state.snapshot() for state in self.scheduler.live_states(self.outputs.streams)]
 
     def num_request_states(self) -> int:
         """Per-request state held by the engine and its scheduler (0 when idle)."""

@@ -15,6 +15,7 @@ re-entrant: a claim whose images already arrived delivers on the caller's thread
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
 
 import numpy as np
@@ -24,9 +25,16 @@ from stage_runtime.engine.stream import RequestStream
 from stage_runtime.errors import RequestAbortedError, RequestFailedError
 from stage_runtime.executor.abstract import DiffusionExecutor
 from stage_runtime.outputs import DiffusionOutput
+from stage_runtime.request import DiffusionRequest, SamplingParams
 from stage_runtime.sched import RequestState
 
 WARMUP_PREFIX = "warmup-"
+
+
+def warmup_request() -> DiffusionRequest:
+    """The 2-step request a stage runs before it reports ready (left out of the outcome counters)."""
+    return DiffusionRequest(f"{WARMUP_PREFIX}{uuid.uuid4().hex[:8]}", "warmup",
+                            SamplingParams(num_inference_steps=2, seed=0))
 
 
 class OutputTable:

@@ -189,6 +189,10 @@ class BaseScheduler(ABC):
     def get_request_state(self, request_id: str) -> RequestState | None:
         return self._states.get(request_id)
 
+    def live_states(self, request_ids: Iterable[str]) -> list[RequestState]:
+        """The states of those requests the scheduler still holds, in the given order."""
+        return [st for rid in request_ids if (st := self._states.get(rid)) is not None]
+
     def has_requests(self) -> bool:
         return bool(self._waiting or self._running)
 
