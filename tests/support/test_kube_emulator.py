@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import sys
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -374,10 +375,14 @@ OPERATOR = textwrap.dedent('''
 ''')
 
 
-def test_kopf_operator_end_to_end(kube_emulator, kubeconfig, custom, tmp_path):
+def test_kopf_operator_end_to_end(kube_emulator, kubeconfig, custom, tmp_path, monkeypatch):
     from kopf.testing import KopfRunner
 
-    path = tmp_path / 'operator.py'
+    # kopf imports the file as a module named after it and puts its folder on sys.path: a name that is not a
+    # stdlib module's (an "operator.py" shadowed `operator` for every later subprocess given this sys.path),
+    # and sys.path restored afterwards.
+    monkeypatch.setattr(sys, 'path', [*sys.path])
+    path = tmp_path / 'emulator_smoke_operator.py'
     path.write_text(OPERATOR)
     with KopfRunner(['run', '--namespace=default', '--standalone', str(path)], timeout=30) as runner:
         wait_for(lambda: kube_emulator.watching('diffusionstages'))  # the object arrives as a watch event
