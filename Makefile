@@ -36,8 +36,11 @@ cluster: $(STAMP)
 demo-engine: $(STAMP)
 	$(PY) -m stage_runtime.demo
 
+# Two workers, one test module at a time each (its module and session fixtures are built once, on one worker):
+# the suite waits on processes, probes and resyncs about as much as it computes.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The CRD is generated from stage_operator/api (never edited by hand; tests fail on drift).
 crds: $(STAMP)
