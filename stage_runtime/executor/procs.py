@@ -1,4 +1,5 @@
-"""Rank processes from the engine's side: how an exit reads, stopping, and the last-resort cleanup."""
+"""Rank processes from the engine's side: how they start (fork server or spawn), how an exit reads, stopping, and
+the last-resort cleanup."""
 
 from __future__ import annotations
 
