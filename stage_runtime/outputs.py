@@ -26,6 +26,11 @@ class RunnerOutput:
     compute_ms: float | None = None          # request mode: wall time of the pipeline call that produced it
     cache: dict[str, int] | None = None      # block cache on: {"steps_computed", "steps_skipped"} so far
 
+    @classmethod
+    def failed(cls, request_id: str, exc: BaseException) -> "RunnerOutput":
+        """The request failed with ``exc``: its type and message, as plain text (no tensors kept)."""
+        return cls(request_id, error=f"{type(exc).__name__}: {exc}")
+
 
 @dataclass
 class BatchRunnerOutput:
@@ -40,7 +45,7 @@ class BatchRunnerOutput:
     @classmethod
     def failed(cls, request_ids: list[str], exc: BaseException) -> "BatchRunnerOutput":
         """Every request of a call that raised fails with the exception's type and message."""
-        return cls.of(*(RunnerOutput(rid, error=f"{type(exc).__name__}: {exc}") for rid in request_ids))
+        return cls.of(*(RunnerOutput.failed(rid, exc) for rid in request_ids))
 
     def get(self, request_id: str) -> RunnerOutput | None:
         return self.outputs.get(request_id)

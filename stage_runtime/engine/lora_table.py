@@ -87,12 +87,8 @@ class LoraTable:
 
     def users(self, name: str) -> list[str]:
         """Ids of in-flight requests (waiting, running, preempted) that name adapter ``name``."""
-        sched, ids = self.engine.scheduler, []
-        for rid in list(self.engine.outputs.streams):
-            state = sched.get_request_state(rid)
-            if state is not None and any(ref.name == name for ref in state.request.sampling.loras):
-                ids.append(rid)
-        return ids
+        return [state.request_id for state in self.engine.scheduler.live_states(list(self.engine.outputs.streams))
+                if any(ref.name == name for ref in state.request.sampling.loras)]
 
     # -- management (any thread) -------------------------------------------------------------------------
     def control(self, method: str, args: tuple, kwargs: dict) -> Any:

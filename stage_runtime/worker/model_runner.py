@@ -118,7 +118,7 @@ class DiffusionModelRunner:
             if len(requests) == 1:
                 rid = requests[0].request_id
                 log.warning("request %s failed: %s: %s", rid, type(exc).__name__, exc)
-                return {rid: RunnerOutput(rid, error=f"{type(exc).__name__}: {exc}")}
+                return {rid: RunnerOutput.failed(rid, exc)}
             log.warning("fused call of %d requests failed (%s); retrying one by one", len(requests), exc)
             results: dict[str, RunnerOutput] = {}
             for request in requests:
@@ -272,7 +272,7 @@ class DiffusionModelRunner:
             raise exc
         self._drop_state(request_id)
         log.warning("request %s failed: %s: %s", request_id, type(exc).__name__, str(exc))   # (a str: no tensors kept)
-        return RunnerOutput(request_id, error=f"{type(exc).__name__}: {exc}")
+        return RunnerOutput.failed(request_id, exc)
 
     def _lora_guard(self, requests: list[DiffusionRequest]):
         """While a request with adapters is in the call, every adapted module must find its rows set."""
