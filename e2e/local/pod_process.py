@@ -213,18 +213,28 @@ class LocalPod:
         return end_groups(self.groups)
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, pgrp, …); None once the process is gone
+    (a process that exits between the open and the read raises ESRCH: every OSError means gone)."""
+    try:
+        text = Path(f'/proc/{pid}/stat').read_text()
+    except OSError:
+        return None
+    return text[text.rindex(')') + 2:].split()
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of a live process; None once it is gone."""
+    fields = proc_stat(pid)
+    return None if fields is None else int(fields[1])
+
+
 def group_members(groups: list[int]) -> list[int]:
     """Live (non-zombie) processes in these process groups."""
     members = []
-    for entry in os.listdir('/proc'):
-        if not entry.isdigit():
-            continue
-        try:
-            text = Path(f'/proc/{entry}/stat').read_text()
-        except OSError:
-            continue  # it exited while we looked
-        fields = text[text.rindex(')') + 2:].split()
-        if int(fields[2]) in groups and fields[0] != 'Z':
+    for entry in filter(str.isdigit, os.listdir('/proc')):
+        fields = proc_stat(int(entry))
+        if fields is not None and int(fields[2]) in groups and fields[0] != 'Z':
             members.append(int(entry))
     return members
 

@@ -15,6 +15,7 @@ import yaml
 
 from e2e import scenario
 from e2e.local.kubectl import KUBECTL, KUBECTL_MISSING, Kubectl
+from e2e.local.pod_process import parent_pid, proc_stat
 
 pytestmark = [pytest.mark.skipif(KUBECTL is None, reason=KUBECTL_MISSING),
               pytest.mark.skipif(not sys.platform.startswith('linux'), reason='reads /proc: Linux only')]
@@ -23,11 +24,8 @@ pytestmark = [pytest.mark.skipif(KUBECTL is None, reason=KUBECTL_MISSING),
 def descendants(root: int) -> set[int]:
     parents: dict[int, list[int]] = {}
     for entry in filter(str.isdigit, os.listdir('/proc')):
-        try:
-            text = Path(f'/proc/{entry}/stat').read_text()
-        except OSError:
-            continue
-        parents.setdefault(int(text[text.rindex(')') + 2:].split()[1]), []).append(int(entry))
+        if (parent := parent_pid(int(entry))) is not None:
+            parents.setdefault(parent, []).append(int(entry))
     found, todo = set(), [root]
     while todo:
         for child in parents.get(todo.pop(), []):
@@ -68,4 +66,4 @@ def test_make_cluster_serves_kubectl_until_ctrl_c(tmp_path):
         reader.join(10)
     output = ''.join(lines)
     assert 'stopped: no process left, no /dev/shm segment left' in output, output
-    assert not {pid for pid in children if Path(f'/proc/{pid}').exists()}, 'every child process has exited'
+    assert not {pid for pid in children if (st := proc_stat(pid)) and st[0] != 'Z'}, 'every child process has exited'

@@ -6,6 +6,8 @@ import multiprocessing
 import os
 import time
 
+from stage_process import proc_stat
+
 from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
 from stage_runtime.executor import shm
@@ -26,12 +28,9 @@ def req(rid: str, prompt: str = "a red cat", steps: int = 3, seed: int = 0, **kw
 
 
 def pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    """True while ``pid`` exists and is not a zombie (a process that exits while we read is gone)."""
+    stat = proc_stat(pid)
+    return stat is not None and stat[1] != "Z"
 
 
 def wait_gone(pids: list[int], timeout: float) -> list[int]:

@@ -28,8 +28,10 @@ _LISTENING = re.compile(r"listening http=(\S+) zmq=(\S+)")
 SHM = Path("/dev/shm")
 
 
-def _proc_stat(pid: int) -> tuple[int, str, int] | None:
-    """(ppid, state, start time) of a live process, None when it is gone."""
+def proc_stat(pid: int) -> tuple[int, str, int] | None:
+    """(ppid, state, start time) of a process, None when it is gone: the one reader of ``/proc/PID/stat`` in the
+    runtime tests. A process that exits between the open and the read raises ESRCH (ProcessLookupError), not
+    FileNotFoundError: every OSError here means gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -44,7 +46,7 @@ def descendants(root: int) -> dict[int, int]:
     starts: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            stat = _proc_stat(int(entry))
+            stat = proc_stat(int(entry))
             if stat is not None:
                 children.setdefault(stat[0], []).append(int(entry))
                 starts[int(entry)] = stat[2]
@@ -150,7 +152,7 @@ class StageProcess:
         deadline = time.monotonic() + 5
         while True:
             alive = {pid for pid, start in self.seen.items()
-                     if (st := _proc_stat(pid)) is not None and st[2] == start and st[1] != "Z"}
+                     if (st := proc_stat(pid)) is not None and st[2] == start and st[1] != "Z"}
             if not alive or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
@@ -169,7 +171,7 @@ class StageProcess:
             self.proc.kill()
             self.proc.wait(10)
         for pid, start in self.seen.items():
-            stat = _proc_stat(pid)
+            stat = proc_stat(pid)
             if stat is not None and stat[2] == start:          # the same process, not a reused pid
                 try:
                     os.kill(pid, signal.SIGKILL)

@@ -12,6 +12,7 @@ import pytest
 
 from engine_probes import max_diff, wait_until
 from mp_probes import assert_released, mp_engine, req, segments
+from stage_process import proc_stat
 from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
 from stage_runtime.errors import RequestAbortedError, RpcError
@@ -54,8 +55,9 @@ def test_one_rank_mp_equals_uni(engine, uni_engine):
 
 
 def parent_pid(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    stat = proc_stat(pid)
+    assert stat is not None, f"rank {pid} is gone"
+    return stat[0]
 
 
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
