@@ -279,7 +279,9 @@ class KubeEmulator(kmock.KubernetesScaffold, CustomResources, KubeStore):
         accept = request.headers.get('Accept', '')
         if tables.wants_table(accept) and call.method == 'GET' and call.subresource is None:
             payload = self._table(call, payload)
-        headers = {'Content-Type': 'application/json'}
+        # Every header of an answer is named on every answer: kmock 0.8 merges a callback's headers into the
+        # reaction itself, so a header sent once (a Warning) stuck to every later answer; None sends nothing.
+        headers: dict[str, str | None] = {'Content-Type': 'application/json', 'Warning': None}
         if call.warnings:  # RFC 7234 warn-code 299, as kube-apiserver sends them (kubectl prints "Warning: ...")
             headers['Warning'] = ', '.join(f'299 - {json.dumps(w)}' for w in call.warnings)
         return rendering.Response(status=status, payload=payload, headers=headers)

@@ -105,6 +105,17 @@ def test_unknown_fields_are_pruned_or_refused_by_field_validation(http, api):
     http.delete(f'{STAGES}/pruned')
 
 
+def test_a_warning_belongs_to_its_answer_only(http):
+    """Regression: kmock merged a Warning header into its reaction, so every later answer carried it."""
+    warned = http.post(STAGES, params={'fieldValidation': 'Warn'}, json=stage('warned-once', bogus=1))
+    assert warned.status_code == 201 and 'unknown field \\"spec.bogus\\"' in warned.headers['Warning']
+    for later in (http.get(f'{STAGES}/warned-once'), http.get(STAGES), http.get('/api/v1/namespaces/default/pods'),
+                  http.post(STAGES, json=stage('clean'))):
+        assert later.is_success and 'Warning' not in later.headers, (later.request.url, later.headers)
+    http.delete(f'{STAGES}/warned-once')
+    http.delete(f'{STAGES}/clean')
+
+
 def test_defaults_come_from_the_schema(http):
     created = http.post(STAGES, json=stage('defaults')).json()
     assert created['spec']['parallel'] == {'tensorParallelSize': 1, 'ulyssesDegree': 1, 'ringDegree': 1,
