@@ -70,6 +70,30 @@ def wait_ready(driver: Driver, name: str, replicas: int, timeout: float) -> Obj:
     return status(driver, name)
 
 
+def replacing(current: Obj, desired: Obj) -> Obj:
+    """A JSON merge patch that turns `current` into `desired`: every key `desired` lacks is removed (null)."""
+    patch: Obj = {key: None for key in current if key not in desired}
+    for key, value in desired.items():
+        old = current.get(key)
+        patch[key] = replacing(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+    return patch
+
+
+def restore(driver: Driver, manifest: Obj, timeout: float) -> Obj:
+    """The stage exactly as `manifest` says and Ready, whatever a test before left: a deleted stage is applied
+    again (after its deletion ends), a changed spec is patched back (server defaults refill what the patch
+    removes, so an unchanged stage is not touched), then Ready with `spec.replicas` replicas. Its status."""
+    name = manifest['metadata']['name']
+    wait_for(lambda: not ((driver.stage(name) or {}).get('metadata') or {}).get('deletionTimestamp'), timeout,
+             f'the deletion of {name} to end')
+    current = driver.stage(name)
+    if current is None:
+        driver.apply(manifest)
+    else:
+        driver.patch_spec(name, replacing(current['spec'], manifest['spec']))
+    return wait_ready(driver, name, manifest['spec'].get('replicas', 1), timeout)
+
+
 def generate(driver: Driver, service: str, prompt: str = 'a lighthouse', seed: int = 1, steps: int = 4,
              timeout: float = 60) -> bytes:
     """One image through the Service; the PNG bytes (checked to decode as a 64x64 image)."""
