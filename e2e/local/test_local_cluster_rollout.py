@@ -2,10 +2,12 @@
 PodDisruptionBudget, on the embedded local cluster (the emulated API, the operator as a process, every pod as
 real `stage-runtime serve` processes) under steady load through the Service (e2e/local/load.py).
 
-One cluster and one stage `roll` (3 replicas of one CPU rank) serve the module, in file order: 3→1 in mode None
-with the busiest replica the highest index → back to 3 in mode External, 3→1 through /scale (as an HPA) with
-the busiest in the middle → a rolling update with maxSurge 1 → a rollout to a config that exits 2, rolled back
-→ the PDB, and the stage's deletion through the drain.
+One cluster serves the module; the `roll` fixture gives each test the stage `roll` (3 replicas of one CPU rank)
+as SPEC says and Ready, whatever the test before it left (applied again after a deletion, its spec patched
+back, scaled back), so each test stands alone in any order: 3→1 in mode None with the busiest replica the
+highest index; 3→1 through /scale (as an HPA) in mode External with the busiest in the middle; a rolling update
+with maxSurge 1; a rollout to a config that exits 2, rolled back; the PDB, and the stage's deletion through the
+drain.
 """
 from __future__ import annotations
 
@@ -40,12 +42,20 @@ def cluster(tmp_path_factory):
     assert not local.runner.errors, local.runner.errors
 
 
-@pytest.fixture(scope='module')
+MANIFEST = {'apiVersion': 'diffstage.io/v1alpha1', 'kind': 'DiffusionStage', 'metadata': {'name': ROLL}, 'spec': SPEC}
+
+
+@pytest.fixture
 def roll(cluster):
-    cluster.apply({'apiVersion': 'diffstage.io/v1alpha1', 'kind': 'DiffusionStage', 'metadata': {'name': ROLL},
-                   'spec': SPEC})
-    scenario.wait_ready(cluster, ROLL, 3, timeout=240)
+    scenario.restore(cluster, MANIFEST, timeout=240)
+    scenario.wait_for(lambda: all_at_current_revision(cluster), 60, 'every pod at the current revision',
+                      lambda: sorted(pods(cluster)))
     return ROLL
+
+
+def all_at_current_revision(cluster) -> bool:
+    current = scenario.status(cluster, ROLL).get('templateHash')
+    return all(p['metadata']['labels']['diffstage.io/template-hash'] == current for p in pods(cluster).values())
 
 
 def pods(cluster) -> dict[str, dict]:
@@ -86,8 +96,10 @@ def deleted_pods(cluster) -> list[str]:
             if verb == 'delete' and plural == 'pods' and not sub]
 
 
-def scale_down_to_one_keeping(cluster, busy_pod: str, scale) -> None:
-    assert set(pods(cluster)) == {'roll-0', 'roll-1', 'roll-2'}
+def scale_down_to_one_keeping(cluster, busy_index: int, scale) -> None:
+    names = sorted(pods(cluster), key=lambda name: int(name.rsplit('-', 1)[1]))
+    assert len(names) == 3, names
+    busy_pod = names[busy_index]
     before = len(deleted_pods(cluster))
     busy = Busy(cluster, busy_pod)
     probed = lambda: all(r.get('health') == 'Healthy' and 'running' in r  # noqa: E731 (victims go by measured load)
@@ -104,19 +116,18 @@ def scale_down_to_one_keeping(cluster, busy_pod: str, scale) -> None:
     assert busy.join() == [200, 200], 'the busy replica kept serving its requests'
     assert load.answers >= 3 and not load.failures, (load.answers, load.failures[:5])
     gone = deleted_pods(cluster)[before:]
-    assert sorted(gone) == sorted({'roll-0', 'roll-1', 'roll-2'} - {busy_pod}), gone  # the least loaded went
+    assert sorted(gone) == sorted(set(names) - {busy_pod}), gone  # the least loaded went
     scenario.wait_ready(cluster, ROLL, 1, timeout=60)
 
 
 def test_a_scale_down_in_mode_none_removes_the_least_loaded_and_loses_no_request(cluster, roll):
-    scale_down_to_one_keeping(cluster, 'roll-2', lambda n: cluster.patch_spec(roll, {'replicas': n}))
+    scale_down_to_one_keeping(cluster, 2, lambda n: cluster.patch_spec(roll, {'replicas': n}))  # the highest index
 
 
 def test_a_scale_down_in_mode_external_removes_the_least_loaded_and_loses_no_request(cluster, roll):
     cluster.patch_spec(roll, {'autoscaling': {'mode': 'External'}})
-    cluster.scale(roll, 3)  # through /scale, as an HPA or KEDA does
     scenario.wait_ready(cluster, roll, 3, timeout=240)
-    scale_down_to_one_keeping(cluster, 'roll-1', lambda n: cluster.scale(roll, n))
+    scale_down_to_one_keeping(cluster, 1, lambda n: cluster.scale(roll, n))  # through /scale, as an HPA or KEDA does
 
 
 def test_a_surge_rollout_under_load_loses_no_request(cluster, roll):
@@ -144,12 +155,14 @@ def test_a_surge_rollout_under_load_loses_no_request(cluster, roll):
 
 
 def test_a_rollout_to_a_config_that_exits_2_rolls_back_and_keeps_serving(cluster, roll):
+    scenario.scale(cluster, roll, 2, timeout=120)
     before = scenario.status(cluster, roll)
     good_hash, restarts = before['templateHash'], before['restarts']['total']
     config = cluster.api.get(f'/api/v1/namespaces/default/configmaps/{roll}-config').json()['data']
     created = len([m for m in cluster.emulator.mutations if m[0] == 'create' and m[1] == 'pods'])
     with Load(cluster, roll) as load:
-        cluster.patch_spec(roll, {'engine': {'executionMode': 'step', 'maxNumSeqs': 2,
+        cluster.patch_spec(roll, {'rollout': {'maxSurge': 1, 'maxUnavailable': 0},
+                                  'engine': {'executionMode': 'step', 'maxNumSeqs': 2,
                                              'extraArgs': ['--cfg-parallel-size', '2']}})  # 2 ranks on 1: exit 2
         degraded = scenario.wait_for(
             lambda: (c := scenario.condition(cluster, roll, 'Degraded')).get('reason') == 'RolloutFailed' and c,

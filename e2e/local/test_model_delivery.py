@@ -8,6 +8,9 @@ file server on loopback that this test starts. Through the real operator and the
 - `source.pvc` and `source.image` (an image volume, and the init-container copy out of the image) serve the
   same pipeline, bitwise the same images for one seed;
 - a stage not ready within `startupTimeoutSeconds` fails with StartupTimeout naming the budget and the phase.
+
+Each test stands alone, in any order: its own stages (deleted at its end) and, where a cache matters, a node
+cache path of its own (a cold start is a cold start whatever ran before).
 """
 from __future__ import annotations
 
@@ -69,11 +72,6 @@ def cluster(tmp_path_factory, model):
     assert not local.runner.errors, local.runner.errors
 
 
-@pytest.fixture(scope='module')
-def seen() -> dict:
-    return {}
-
-
 def manifest(name: str, model: dict, replicas: int = 1, **spec) -> dict:
     return {'apiVersion': 'diffstage.io/v1alpha1', 'kind': 'DiffusionStage', 'metadata': {'name': name},
             'spec': {'model': model, 'replicas': replicas, 'resources': {'gpusPerPod': 1, 'gpuResourceName': ''},
@@ -99,35 +97,38 @@ def events(cluster, reason: str) -> list[str]:
     return [e['message'] for e in items if e.get('reason') == reason]
 
 
-def test_uri_with_the_right_checksum_becomes_ready_and_serves(cluster, server, model, seen):
+def cached_uri(server, model, cache: str) -> dict:
     uri = {'url': server.url('tiny-sd.tar.gz'), 'sha256': model['sha256']}
-    cluster.apply(manifest('fetched', {'source': {'uri': uri}, 'cache': {'hostPath': CACHE, 'maxBytes': 10 ** 9}}))
+    return {'source': {'uri': uri}, 'cache': {'hostPath': cache, 'maxBytes': 10 ** 9}}
+
+
+def test_uri_with_the_right_checksum_serves_and_a_second_replica_starts_from_the_cache(cluster, server, model):
+    # step 1: the first replica fetches (one GET) into a node cache of its own, becomes Ready and serves
+    gets = server.gets('tiny-sd.tar.gz')
+    cluster.apply(manifest('fetched', cached_uri(server, model, f'{CACHE}-fetched')))
     scenario.wait_ready(cluster, 'fetched', 1, timeout=150)
-    seen['image'] = scenario.generate(cluster, 'fetched', seed=7)
-    assert server.gets('tiny-sd.tar.gz') == 1
-    first = scenario.wait_for(lambda: startup_seconds(cluster, 'fetched', 0), 30, 'startupSeconds',
-                              lambda: scenario.status(cluster, 'fetched'))
+    image = scenario.generate(cluster, 'fetched', seed=7)
+    assert server.gets('tiny-sd.tar.gz') == gets + 1
+    cold = scenario.wait_for(lambda: startup_seconds(cluster, 'fetched', 0), 30, 'startupSeconds',
+                             lambda: scenario.status(cluster, 'fetched'))
     status_model = scenario.wait_for(lambda: scenario.status(cluster, 'fetched').get('model', {}).get('sizeBytes')
                                      and scenario.status(cluster, 'fetched')['model'], 30, 'status.model sizes')
-    assert status_model['source'] == f'uri:{uri["url"]}' and status_model['digest'] == f'sha256:{model["sha256"]}'
+    url = server.url('tiny-sd.tar.gz')
+    assert status_model['source'] == f'uri:{url}' and status_model['digest'] == f'sha256:{model["sha256"]}'
     assert status_model['sizeBytes'] > 100_000 and status_model['loadSeconds'] > 0, status_model
     assert any(m.startswith('fetched-0 ready after fetching ') for m in events(cluster, 'ReplicaReady'))
-    seen['cold'] = first
-
-
-def test_a_second_replica_on_the_node_starts_from_the_cache(cluster, server, seen):
-    assert seen, 'test_uri_with_the_right_checksum_becomes_ready_and_serves ran first'
+    # step 2: a second replica on the same node starts from the cache: still one GET for both
     scenario.scale(cluster, 'fetched', 2, timeout=150)
-    assert server.gets('tiny-sd.tar.gz') == 1, f'one GET for two replicas: {server.access_log}'
-    second = scenario.wait_for(lambda: startup_seconds(cluster, 'fetched', 1), 30, 'startupSeconds',
+    assert server.gets('tiny-sd.tar.gz') == gets + 1, f'one GET for two replicas: {server.access_log}'
+    cached = scenario.wait_for(lambda: startup_seconds(cluster, 'fetched', 1), 30, 'startupSeconds',
                                lambda: scenario.status(cluster, 'fetched'))
-    seen['cached'] = second
-    print(f'\nstartup seconds: cold {seen["cold"]}  cached {second}')
+    print(f'\nstartup seconds: cold {cold}  cached {cached}')
     pods = {p['metadata']['name']: p for p in cluster.pods('fetched')}
     fetch = pods['fetched-1']['status']['initContainerStatuses'][0]
     assert fetch['name'] == 'fetch-model' and fetch['state']['terminated']['exitCode'] == 0
     for _ in range(2):  # round robin over both replicas: the same pipeline, the same image
-        assert scenario.generate(cluster, 'fetched', seed=7) == seen['image']
+        assert scenario.generate(cluster, 'fetched', seed=7) == image
+    scenario.delete(cluster, 'fetched', 30)
 
 
 def test_a_wrong_checksum_ends_in_last_failure_and_backoff(cluster, server, model):
@@ -145,20 +146,23 @@ def test_a_wrong_checksum_ends_in_last_failure_and_backoff(cluster, server, mode
     scenario.delete(cluster, 'badsum', 30)
 
 
-def test_pvc_and_image_sources_serve_the_same_pipeline(cluster, seen):
+def test_pvc_and_image_sources_serve_the_same_pipeline(cluster, server, model):
     stages = {'from-pvc': {'source': {'pvc': {'claimName': 'models', 'subPath': 'sd/tiny'}}},
               'from-image-volume': {'source': {'image': {'reference': IMAGE}}, 'imageVolume': 'always'},
               'from-image-copy': {'source': {'image': {'reference': IMAGE}}, 'imageVolume': 'never'}}
-    for name, model in stages.items():
-        cluster.apply(manifest(name, model))
+    stages['from-uri'] = cached_uri(server, model, f'{CACHE}-sources')
+    for name, source in stages.items():
+        cluster.apply(manifest(name, source))
     for name in stages:
         scenario.wait_ready(cluster, name, 1, timeout=180)
     copied = cluster.pods('from-image-copy')[0]['status']['initContainerStatuses'][0]
     assert copied['name'] == 'copy-model' and copied['state']['terminated']['exitCode'] == 0
+    image = scenario.generate(cluster, 'from-uri', seed=7)
+    del stages['from-uri']
     for name in stages:
-        assert scenario.generate(cluster, name, seed=7) == seen['image'], f'{name} serves the same pipeline'
+        assert scenario.generate(cluster, name, seed=7) == image, f'{name} serves the same pipeline as the uri'
         assert scenario.status(cluster, name)['model']['source'].startswith(('pvc:models/sd/tiny', f'image:{IMAGE}'))
-    for name in stages:
+    for name in (*stages, 'from-uri'):
         scenario.delete(cluster, name, 30)
 
 
@@ -177,12 +181,15 @@ def test_a_stage_not_ready_within_its_startup_budget_fails_saying_so(cluster):
     scenario.delete(cluster, 'slow', 30)
 
 
-def test_delete_leaves_no_process_and_the_cache_unlocked(cluster):
-    scenario.delete(cluster, 'fetched', 30)
+def test_delete_leaves_no_process_and_the_cache_unlocked(cluster, server, model):
+    cache_path = f'{CACHE}-deleted'
+    cluster.apply(manifest('deleted', cached_uri(server, model, cache_path)))
+    scenario.wait_ready(cluster, 'deleted', 1, timeout=150)
+    scenario.delete(cluster, 'deleted', 30)
     scenario.wait_for(lambda: not cluster.runner.running(), 60, 'every pod process to stop', cluster.runner.running)
     assert not cluster.runner.leftovers, cluster.runner.leftovers
     from stage_runtime.fetch.cache import ModelCache
 
-    cache = ModelCache(cluster.runner.sources.node_root / CACHE.lstrip('/'))
+    cache = ModelCache(cluster.runner.sources.node_root / cache_path.lstrip('/'))
     assert len(cache.entries()) == 1
     assert len(cache.evict(0, grace_s=0).removed) == 1, 'no stage holds the model any more: it can go'
