@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
+from support.waiting import async_wait_until
 
 from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
@@ -19,10 +20,7 @@ async def test_offload_stats_in_stats_and_metrics(tiny_sd_path):
     service = StageService(config, StageMetrics())
     try:
         service.attach(engine)
-        for _ in range(500):
-            if service.offload is not None:
-                break
-            await asyncio.sleep(0.01)
+        await async_wait_until(lambda: service.offload is not None, 30, what="the first offload poll")
         stats = service.stats()
         (rank0,) = stats["offload"]
         assert rank0["rank"] == 0 and rank0["mode"] == "model" and rank0["tier"] == "cpu<->disk"
