@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: demo demo-engine cluster test venv bench crds images e2e-kind clean
+.PHONY: demo demo-engine cluster test test-stress test-alone venv bench crds images e2e-kind clean
 
 venv: $(STAMP)
 
@@ -37,10 +37,21 @@ demo-engine: $(STAMP)
 	$(PY) -m stage_runtime.demo
 
 # Two workers, one test module at a time each (its module and session fixtures are built once, on one worker):
-# the suite waits on processes, probes and resyncs about as much as it computes.
+# the suite waits on processes, probes and resyncs about as much as it computes. PYTEST_ARGS adds options
+# (a shuffled run: PYTEST_ARGS='--random-order-bucket=module --random-order-seed=N').
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The flake finder (docs/testing.md): the timing-sensitive modules N times each, shuffled within the module, without
+# and with a CPU hog on one core; a table of passes per test. STRESS_ARGS narrows it (--hog on, module paths).
+STRESS_RUNS ?= 5
+test-stress: $(STAMP)
+	$(PY) tests/stress.py --runs $(STRESS_RUNS) $(STRESS_ARGS)
+
+# Every test module in a pytest process of its own, its tests shuffled (a module that needs another one first fails).
+test-alone: $(STAMP)
+	$(PY) tests/alone.py $(ALONE_ARGS)
 
 # The CRD is generated from stage_operator/api (never edited by hand; tests fail on drift).
 crds: $(STAMP)
