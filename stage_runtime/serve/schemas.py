@@ -178,8 +178,20 @@ class WorkerStatus(BaseModel):
     alive: bool
 
 
+class StartupView(BaseModel):
+    """``startup`` in ``/v1/stats``: the phase while starting (None once ready) and its detail, the seconds so far,
+    each finished phase's seconds, the model's size on disk (the operator reports them in status)."""
+
+    model_config = ConfigDict(extra="forbid")
+    phase: str | None
+    detail: str
+    elapsed_s: float
+    phases: dict[str, float]
+    model_bytes: int | None
+
+
 class StageStats(BaseModel):
-    """``GET /v1/stats`` — what the operator polls. Exactly these keys."""
+    """``GET /v1/stats`` — what the operator polls. Exactly these keys (``offload`` only with offload on)."""
 
     model_config = ConfigDict(extra="forbid")
     state: Literal["starting", "ready", "draining", "dead"]
@@ -192,6 +204,8 @@ class StageStats(BaseModel):
     world_size: int
     topology: str
     workers: list[WorkerStatus]
+    startup: StartupView
+    offload: list[dict[str, Any]] | None = None
 
 
 def error_body(error_type: str, message: str, param: str | None = None) -> dict[str, Any]:
