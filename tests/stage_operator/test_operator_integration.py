@@ -1,4 +1,5 @@
-"""The real operator (kopf, in a thread) against the emulated Kubernetes API over HTTP; the test plays kubelet."""
+"""The real operator (kopf, in a thread) against the emulated Kubernetes API over HTTP; the test plays kubelet.
+Where the operator probes a healthy stage, real `stage-runtime serve` processes answer at their pod IPs."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.operator_harness import STAGES_PATH, Cluster, manifest, operator, wait_for
-from support.live_pods import StandIn, map_pod
+from support.live_pods import live_stages, map_pod
 from support.rbac import allowed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,20 +65,21 @@ def resyncs(count: int, timeout: float = 20) -> None:
     wait_for(lambda: unchanged_reconciles() >= start + count, timeout, what=f'{count} idle reconciles')
 
 
-def test_scale_up_and_down(cluster, kube_emulator):
-    with operator(kube_emulator), StandIn() as zero, StandIn() as one, StandIn() as two:
-        # the pods answer the operator's probes (idle) at their pod IPs: fenced, then deleted once a probe
-        # after the fence saw nothing in flight
-        cluster.apply(manifest('tiny', healthCheck={'periodSeconds': 0.25}))
+def test_scale_up_and_down(cluster, kube_emulator, tiny_sd_path, tmp_path):
+    with live_stages(tiny_sd_path, tmp_path, 3) as (zero, one, two), operator(kube_emulator):
+        # real one-rank stages answer the operator's probes (idle) at their pod IPs: fenced, then deleted once a
+        # probe after the fence saw nothing in flight
+        cluster.apply(manifest('tiny', parallel={}, resources={'gpusPerPod': 1, 'gpuResourceName': ''},
+                               healthCheck={'periodSeconds': 0.25}))
         wait_for(lambda: len(cluster.pods('tiny')) == 2, what='two pods')
-        map_pod(cluster, 'tiny-0', zero.url)
-        map_pod(cluster, 'tiny-1', one.url)
+        map_pod(cluster, 'tiny-0', zero.http_url)
+        map_pod(cluster, 'tiny-1', one.http_url)
         wait_for(lambda: ready(cluster, 'tiny', 2), what='Ready 2/2')
         cluster.scale('tiny', 3)
         wait_for(lambda: set(cluster.pods('tiny')) == {'tiny-0', 'tiny-1', 'tiny-2'}, what='a third pod')
         wait_for(lambda: cluster.condition('tiny', 'Progressing').get('status') == 'True', what='Progressing')
         assert cluster.status('tiny')['phase'] == 'Progressing'
-        map_pod(cluster, 'tiny-2', two.url)
+        map_pod(cluster, 'tiny-2', two.http_url)
         wait_for(lambda: ready(cluster, 'tiny', 3, generation=2) and all(  # victims go by measured load:
             r.get('health') == 'Healthy' for r in cluster.status('tiny')['replicaStatuses']), what='Ready 3/3, probed')
         cluster.scale('tiny', 1)  # all idle: the highest indices go

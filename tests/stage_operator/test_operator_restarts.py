@@ -132,6 +132,8 @@ def test_exit_code_2_stalls_at_once_with_the_stage_message(cluster, kube_emulato
 
 
 def test_a_hung_stage_answering_503_is_fenced_and_replaced(cluster, kube_emulator):
+    """A hung stage is a fault a real one cannot be made to show: the stand-in plays it, saying only what the
+    stage's own /openapi.json allows (tests/support/test_live_pods.py)."""
     unhealthy_before = metric('diffstage_operator_probe_failures_total', kind='unhealthy')
     with StandIn() as hung, operator(kube_emulator):
         cluster.apply(manifest('h', replicas=1, **ONE_RANK, **FAST))

@@ -1,5 +1,7 @@
-"""Pods of the emulated cluster played by local processes: a real `stage-runtime serve` per pod, or a small
-stand-in HTTP server where a stage must misbehave in a way a real one does not (hang with /health 503).
+"""Pods of the emulated cluster played by local processes: a real `stage-runtime serve` per pod (`live_stages`),
+or a small stand-in HTTP server (`StandIn`) only where a stage must misbehave in a way a real one cannot be made
+to (hang with /health 503). What the stand-in answers is written once (`stand_in_answers`) and checked against
+the real stage's own /openapi.json (tests/support/test_live_pods.py), so the two cannot drift.
 
 Each listens on its own loopback pod address at the stage's port (8000), drawn from the pod runner's
 sequence (`pod_address()`), so the operator reaches it at `http://<podIP>:8000` as in a cluster. The test
@@ -8,15 +10,18 @@ termination-log contents once the process exits."""
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 from aiohttp import web
 
+from stage_process import StageProcess
 from support.operator_harness import Cluster, wait_for
 
 from e2e.local.pod_runner import next_pod_ip
@@ -27,6 +32,41 @@ def pod_address() -> tuple[str, list[str]]:
     """A free pod IP, and the `stage-runtime serve` flags that listen there as a pod would."""
     ip = next_pod_ip()
     return ip, ['--host', ip, '--http-port', str(HTTP_PORT)]
+
+
+# The cheapest live stage: one CPU rank in the server process, step scheduling, four sequences.
+ONE_RANK_STAGE = ('--device', 'cpu', '--executor', 'uni', '--execution-mode', 'step', '--max-num-seqs', '4')
+
+
+@contextlib.contextmanager
+def live_stages(model: str, logs: Path, count: int,
+                args: tuple[str, ...] = ONE_RANK_STAGE) -> Iterator[list[StageProcess]]:
+    """`count` real stages, each at its own pod address: all started, then each waited for (they load side by
+    side). On the way out, whatever happened in the block: SIGTERM to all, then each must exit 0 and leave no
+    process or /dev/shm segment behind (killed in any case)."""
+    stages = [StageProcess(['--model', model, *args, *pod_address()[1]], logs / f'stage-{i}.log') for i in range(count)]
+    try:
+        for s in stages:
+            s.start(wait_ready=False)
+        for s in stages:
+            s.wait_ready()
+        yield stages
+    finally:
+        problems = []
+        started = [s for s in stages if s.proc is not None]
+        for s in started:
+            if s.proc.poll() is None:
+                s.signal(signal.SIGTERM)
+        for s in started:
+            try:
+                code = s.wait()
+                assert code == 0, f'{s.log_path.name} exited with {code}:\n{s.log[-2000:]}'
+                s.assert_no_leaks()
+            except AssertionError as exc:
+                problems.append(str(exc))
+        for s in stages:
+            s.kill()
+        assert not problems, '\n'.join(problems)
 
 
 def map_pod(cluster: Cluster, pod: str, url: str, ready: bool = True) -> None:
@@ -83,33 +123,40 @@ def wait_in_flight(url: str, count: int, calls: list[Generation], timeout: float
     wait_for(check, timeout, what=f'{count} requests in flight at {url}')
 
 
+def stand_in_answers(dead: str | None = None) -> dict[str, tuple[int, dict[str, Any]]]:
+    """Every route a StandIn serves (GET) → (status, JSON body): a one-rank stage, idle, alive or dead for
+    `dead`. The one place its bodies are written; checked against the real stage's /openapi.json."""
+    health = ((503, {'error': {'type': 'engine_dead', 'message': f'Engine is dead: {dead}'}}) if dead
+              else (200, {'status': 'ok', 'state': 'ready'}))
+    stats = {'state': 'dead' if dead else 'ready', 'waiting': 0, 'running': 0, 'capacity': 4, 'finished_total': 0,
+             'aborted_total': 0, 'failed_total': 0, 'world_size': 1,
+             'topology': 'world_size=1 (tp=1 sp=1[ulysses=1 ring=1] pp=1 cfg=1 dp=1)',
+             'workers': [{'rank': 0, 'pid': None, 'alive': not dead}],
+             'startup': {'phase': None, 'detail': '', 'elapsed_s': 4.0, 'phases': {'loadingWeights': 1.0},
+                         'model_bytes': None}}
+    return {'/health': health, '/v1/stats': (200, stats)}
+
+
 class StandIn:
-    """A stage that answers like a hung one: /health 503 with a reason (or 200 until told otherwise)."""
+    """A stage that answers like a hung one: /health 503 with a reason once `dead` is set (200 until then);
+    `stand_in_answers` is all it says. `app`: its routes."""
 
     def __init__(self, dead: str | None = None):
         self.dead = dead
         self.url = ''
+        self.app = web.Application()
+        for path in stand_in_answers():
+            self.app.router.add_get(path, self._answer)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
 
-    def _json(self, body: dict[str, Any], status: int = 200) -> web.Response:
-        return web.Response(text=json.dumps(body), status=status, content_type='application/json')
-
-    async def _health(self, _: web.Request) -> web.Response:
-        if self.dead:
-            return self._json({'error': {'type': 'engine_dead', 'message': f'Engine is dead: {self.dead}'}}, 503)
-        return self._json({'status': 'ok', 'state': 'ready'})
-
-    async def _stats(self, _: web.Request) -> web.Response:
-        return self._json({'state': 'dead' if self.dead else 'ready', 'waiting': 0, 'running': 0, 'capacity': 1,
-                           'workers': []})
+    async def _answer(self, request: web.Request) -> web.Response:
+        status, body = stand_in_answers(self.dead)[request.path]
+        return web.json_response(body, status=status)
 
     async def _serve(self) -> str:
-        app = web.Application()
-        app.router.add_get('/health', self._health)
-        app.router.add_get('/v1/stats', self._stats)
-        self._runner = web.AppRunner(app)
+        self._runner = web.AppRunner(self.app)
         await self._runner.setup()
         ip = next_pod_ip()
         await web.TCPSite(self._runner, ip, HTTP_PORT).start()
