@@ -35,7 +35,7 @@ Obj = dict[str, Any]
 
 class LocalCluster:
     def __init__(self, workdir: Path, namespace: str = 'default', resync_seconds: float = 2.0, port: int | None = None):
-        self.workdir, self.namespace, self.resync_seconds, self.port = Path(workdir), namespace, resync_seconds, port
+        self.workdir, self.namespace, self.resync_seconds, self.port = Path(workdir).resolve(), namespace, resync_seconds, port
         self.emulator: KubeEmulator | None = None
         self.operator: subprocess.Popen | None = None
         self.runner: PodRunner | None = None

@@ -72,7 +72,9 @@ def _bindable(address: str, port: int) -> bool:
 class PodRunner:
     def __init__(self, base_url: str, root: Path | None = None):
         self.base_url = base_url
-        self.root = Path(tempfile.mkdtemp(prefix='pod-runner-', dir=root))
+        # absolute: each pod runs in a sandbox of its own as working directory, so a relative root (make cluster's
+        # default --workdir .cluster) would make every volume path miss
+        self.root = Path(tempfile.mkdtemp(prefix='pod-runner-', dir=root)).resolve()
         self.api = httpx.Client(base_url=base_url, timeout=10)
         self.pods: dict[tuple[str, str], _PodThread] = {}
         self._every: list[_PodThread] = []  # every pod ever run, also those replaced by a new pod of the same name

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import copy
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
 from e2e import scenario
 from e2e.local.pod_process import LocalPod, LocalSources, PodSpecError
+from e2e.local.pod_runner import PodRunner
 from stage_operator.builders.children import build_configmap
 from stage_operator.builders.pod import build_pod
 from stage_operator.stage import parse_stage
@@ -120,3 +123,17 @@ def test_claims_images_and_host_paths_are_local_folders(tmp_path):
     lp = LocalPod(pod, '127.9.0.2', lambda ns, name: configmaps.get(name), tmp_path, sources)
     fetch = lp.argv(pod['spec']['initContainers'][0])
     assert fetch[fetch.index('--cache') + 1] == str(tmp_path / 'node' / 'var' / 'cache' / 'm')
+
+
+def test_a_relative_workdir_gives_every_pod_absolute_paths(tmp_path, monkeypatch):
+    """Regression: `make cluster` passes --workdir .cluster; each pod runs with its own sandbox as working
+    directory, so the runner's root (volumes, config files, the node's disk) must not stay relative."""
+    monkeypatch.chdir(tmp_path)
+    Path('.cluster').mkdir()
+    runner = PodRunner('http://127.0.0.1:9', root=Path('.cluster'))
+    try:
+        assert runner.root.is_absolute() and runner.root.parent == tmp_path / '.cluster', runner.root
+        assert runner.sources.node_root.is_absolute()
+    finally:
+        runner.api.close()
+        shutil.rmtree(runner.root)
