@@ -3,7 +3,10 @@
 Pydantic's JSON schema becomes a *structural* OpenAPI v3 schema: $refs inlined, titles dropped, optional
 fields as plain properties (never `nullable`), Kubernetes-native shapes as `x-kubernetes-preserve-unknown-fields`,
 nested objects defaulted to `{}` so the API server fills their field defaults, CEL rules kept as
-`x-kubernetes-validations`. `crds/` is never edited by hand; a test fails when it drifts from this output.
+`x-kubernetes-validations`. Descriptions (`Field(description=...)`, else the model's docstring) go on one line;
+a list item or map value the models leave undescribed gets "One entry of <field>." / "One value of <field>.",
+so `kubectl explain` shows no field empty. `crds/` is never edited by hand; a test fails when it drifts from
+this output.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
             continue
         if key == "properties":
             out[key] = {name: _property(name, sub, node, defs) for name, sub in value.items()}
+        elif key == "description" and isinstance(value, str):  # a docstring's line breaks: kubectl explain rewraps
+            out[key] = " ".join(value.split())
         else:
             out[key] = _structural(value, defs)
     if node.get("type") == "object" and "properties" not in node:
@@ -61,6 +66,9 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
 
 def _property(name: str, sub: dict[str, Any], parent: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     converted = _structural(sub, defs)
+    for key, words in (("items", f"One entry of {name}."), ("additionalProperties", f"One value of {name}.")):
+        if isinstance(converted.get(key), dict) and "description" not in converted[key]:
+            converted[key] = {**converted[key], "description": words}  # `kubectl explain` leaves no node empty
     required = name in parent.get("required", ())
     if converted.get("type") == "object" and "properties" in converted and "default" not in converted \
             and not required and "anyOf" not in sub and not converted.get("required"):
@@ -84,6 +92,9 @@ def _without_defaults(node: Any) -> Any:
         return {k: _without_defaults(v) for k, v in node.items() if k != "default"}
     return [_without_defaults(n) for n in node] if isinstance(node, list) else node
 
+
+API_VERSION_WORDS = f"The versioned schema of this object: {meta.API_VERSION}."
+KIND_WORDS = f"The REST resource this object represents: {meta.KIND}."
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -115,7 +126,10 @@ def build_crd() -> dict[str, Any]:
                 "additionalPrinterColumns": PRINTER_COLUMNS,
                 "schema": {"openAPIV3Schema": {
                     "type": "object", "required": ["spec"], "description": "A diffusion-model serving stage.",
-                    "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                    "properties": {"apiVersion": {"type": "string", "description": API_VERSION_WORDS},
+                                   "kind": {"type": "string", "description": KIND_WORDS},
+                                   # the API server forbids anything but name/generateName restrictions here (a
+                                   # description too) and publishes ObjectMeta's own description in its place
                                    "metadata": {"type": "object"}, "spec": spec_schema, "status": _status_schema()}}},
             }],
         },

@@ -91,7 +91,7 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
             plan.patch.extend(Patch("Pod", name, body) for name, body in drained.patch)
             plan.delete.extend(Delete("Pod", name, why) for name, why in drained.delete)
             events += drained.events
-        rs = restarts.decide(spec.restart_policy, stage.status, stage.generation, kept, observed.health,
+        rs = restarts.decide(spec.restart_policy, stage.status, kept, observed.health,
                              spec.health_check.failure_threshold, desired_hash, now)
         extras = report.Extras(members, rs, observed.health, observed.abort, autoscaling, target.status, target.failed,
                                quota_refused=observed.quota_refused)

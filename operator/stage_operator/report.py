@@ -189,7 +189,7 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
         "updatedReplicas": sum(1 for p in live if p.template_hash == desired_hash),
         "selector": selector_string(stage_selector(stage.name)),
         "replicaStatuses": sorted(statuses, key=lambda r: r["index"]),
-        "restarts": {"total": total},
+        "restarts": {"total": total, "policyDigest": extras.restarts.policy_digest},  # None: dropped by wire()
     }
     if desired_hash:
         status["templateHash"] = desired_hash

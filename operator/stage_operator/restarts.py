@@ -6,15 +6,23 @@ termination message) or when the operator's probe finds it unhealthy (`/health` 
 `healthCheck.failureThreshold` probes in a row without an answer once it had answered). Then:
 fence (label serving=false: out of the Service) → lastFailure → Event → recreate once `backoffUntil`
 (initial·2ⁿ, capped; n = restarts inside the window) has passed → when the restarts inside
-`windowSeconds` reach `maxRestarts`: stop, keep the failed pod, Stalled/RestartBudgetExhausted (sticky
-until the spec changes). Exit code 2 is a configuration error: Stalled/InvalidConfiguration at once, never
-restarted. An evicted or preempted pod (reason Evicted, condition DisruptionTarget) is replaced at once,
-without backoff and without counting against the budget; its lastFailure says why. A new generation resets
-the budget. Pending pods are never restarted; outdated or draining pods are the rollout's and the drain's.
+`windowSeconds` reach `maxRestarts`: stop, keep the failed pod, Stalled/RestartBudgetExhausted (sticky).
+Exit code 2 is a configuration error: Stalled/InvalidConfiguration at once, never restarted. An evicted or
+preempted pod (reason Evicted, condition DisruptionTarget) is replaced at once, without backoff and without
+counting against the budget; its lastFailure says why. Pending pods are never restarted; outdated or
+draining pods are the rollout's and the drain's.
+
+The budget (`recentRestarts` and `budgetExhausted`) resets only when something that can change the outcome
+changes: the pod template the pods are built from (the desired template hash against `status.templateHash`)
+or the restart policy itself (its digest against `status.restarts.policyDigest`). Not a new generation
+alone: `kubectl scale` or an HPA writing `/scale`, the operator's autoscaler, a `spec.abort` or new
+autoscaling bounds never un-stall a crash-looping stage. The `restarts` counts are not part of the budget.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +43,7 @@ class ReplicaRecord:
     recent: tuple[float, ...] = ()  # restart times inside the window
     last_failure: dict[str, Any] | None = None
     backoff_until: float | None = None
-    exhausted: bool = False  # sticky until the spec changes
+    exhausted: bool = False  # sticky until the pod template or the restart policy changes
 
     def wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"restarts": self.restarts,
@@ -59,18 +67,30 @@ class Restarts:
     stalled: tuple[str, str] | None = None  # (reason, message)
     events: list[tuple[str, str, str]] = field(default_factory=list)
     requeue_after: float | None = None
+    policy_digest: str | None = None  # what the budget is counted under: status.restarts.policyDigest
 
 
-def previous_records(status: Mapping[str, Any], generation: int) -> dict[int, ReplicaRecord]:
-    """Per index from the last status; a new generation empties the window (the budget resets)."""
-    same_generation = status.get("observedGeneration") == generation
+def policy_digest(policy: RestartPolicy) -> str:
+    """sha256 of the effective restart policy (first 16 hex digits): any change to it resets the budget."""
+    return hashlib.sha256(json.dumps(policy.wire(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def same_budget(status: Mapping[str, Any], policy: RestartPolicy, desired_hash: str | None) -> bool:
+    """Whether the last status counted the budget under this pod template and this restart policy. A status
+    written before the policy digest was recorded counts as the same policy (an upgrade un-stalls nothing)."""
+    recorded = (status.get("restarts") or {}).get("policyDigest")
+    return status.get("templateHash") == desired_hash and recorded in (None, policy_digest(policy))
+
+
+def previous_records(status: Mapping[str, Any], same: bool) -> dict[int, ReplicaRecord]:
+    """Per index from the last status; not `same` budget: the window is emptied and the stop lifted."""
     out = {}
     for r in status.get("replicaStatuses") or ():
-        recent = tuple(parse_time(t) for t in r.get("recentRestarts") or ()) if same_generation else ()
+        recent = tuple(parse_time(t) for t in r.get("recentRestarts") or ()) if same else ()
         until = r.get("backoffUntil")
         out[int(r["index"])] = ReplicaRecord(int(r.get("restarts", 0)), recent, r.get("lastFailure"),
                                              parse_time(until) if until else None,
-                                             bool(r.get("budgetExhausted")) and same_generation)
+                                             bool(r.get("budgetExhausted")) and same)
     return out
 
 
@@ -100,10 +120,10 @@ def _describe(pod: str, f: Failure) -> str:
     return f"{pod}: {f.reason}{code}" + (f": {f.message}" if f.message else "")
 
 
-def decide(policy: RestartPolicy, status: Mapping[str, Any], generation: int, pods: Mapping[int, PodView],
+def decide(policy: RestartPolicy, status: Mapping[str, Any], pods: Mapping[int, PodView],
            health: Mapping[str, PodHealth], threshold: int, desired_hash: str | None, now: float) -> Restarts:
-    out = Restarts()
-    previous = previous_records(status, generation)
+    out = Restarts(policy_digest=policy_digest(policy))
+    previous = previous_records(status, same_budget(status, policy, desired_hash))
     stalls: list[tuple[str, str]] = []
     for index, pod in sorted(pods.items()):
         prev = previous.get(index, ReplicaRecord())

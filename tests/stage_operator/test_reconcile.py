@@ -323,3 +323,48 @@ def test_a_gated_pod_reports_waiting_for_quota_and_counts_no_restart():
     assert 's-0 (kueue.x-k8s.io/admission)' in progressing['message']
     assert plan.status['replicaStatuses'][0]['message'] == 'waiting for quota: scheduling gates kueue.x-k8s.io/admission'
     assert plan.status['restarts']['total'] == 0 and plan.delete == [] and plan.create == []
+
+
+RESTART_POLICY = {'maxRestarts': 2, 'windowSeconds': 600, 'backoffInitialSeconds': 1, 'backoffMaxSeconds': 1}
+
+
+def _budget_spent():
+    """Replica 0 crash-looped through its budget (2 restarts within the window): Stalled, its failed pod kept."""
+    st = stage({**CPU, 'restartPolicy': RESTART_POLICY})
+    pods = [pod(st, 0, 'failed'), pod(st, 1)]
+    spent = {'index': 0, 'pod': 's-0', 'phase': 'Failed', 'restarts': 2,
+             'recentRestarts': ['2026-01-01T00:03:00.000Z', '2026-01-01T00:04:00.000Z']}
+    st = stage(st.spec.wire(), {'observedGeneration': 1, 'templateHash': template_hash(st), 'replicaStatuses': [spent]})
+    st, plan = settle(st, world(st, pods))
+    assert cond(plan.status, 'Stalled')['reason'] == 'RestartBudgetExhausted'
+    st, plan = settle(st, world(st, pods))  # the same generation: sticky
+    assert st.status['replicaStatuses'][0]['budgetExhausted'] is True and deleted(plan) == []
+    return st, pods
+
+
+@pytest.mark.parametrize('change', [{'replicas': 3}, {'abort': {'id': 'a1', 'all': True}},
+                                    {'autoscaling': {'mode': 'External'}},
+                                    {'autoscaling': {'mode': 'Operator', 'minReplicas': 2, 'maxReplicas': 4}}],
+                         ids=['scale', 'abort', 'hpa-mode', 'operator-autoscaling'])
+def test_a_new_generation_that_builds_the_same_pods_keeps_a_spent_restart_budget(change):
+    """kubectl scale or an HPA (/scale), a spec.abort, autoscaling settings: a new generation, but nothing the
+    failing pod is built from or the budget is counted under: the stage stays Stalled, the failed pod kept."""
+    st, pods = _budget_spent()
+    bumped = stage({**st.spec.wire(), **change}, st.status, generation=2)
+    for _ in range(2):  # the first reconcile of the new generation, and the next one
+        bumped, plan = settle(bumped, world(bumped, pods))
+        assert cond(bumped.status, 'Stalled')['reason'] == 'RestartBudgetExhausted'
+        replica = bumped.status['replicaStatuses'][0]
+        assert replica['budgetExhausted'] is True and len(replica['recentRestarts']) == 2
+        assert 's-0' not in deleted(plan) and 's-0' not in [o['metadata']['name'] for o in plan.create]
+
+
+@pytest.mark.parametrize('change', [{'restartPolicy': {**RESTART_POLICY, 'maxRestarts': 3}},
+                                    {'engine': {'maxNumSeqs': 8}}], ids=['restart-policy', 'pod-template'])
+def test_a_change_to_the_restart_policy_or_the_pod_template_resets_the_budget(change):
+    st, pods = _budget_spent()
+    changed = stage({**st.spec.wire(), **change}, st.status, generation=2)
+    changed, plan = settle(changed, world(changed, pods))
+    assert cond(changed.status, 'Stalled')['status'] == 'False'
+    replica = changed.status['replicaStatuses'][0]
+    assert 'budgetExhausted' not in replica and replica['recentRestarts'] == []

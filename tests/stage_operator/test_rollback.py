@@ -75,7 +75,7 @@ def test_a_revision_that_exits_2_is_rolled_back_without_counting_a_restart():
     # the rollout drained s-1 (maxUnavailable 1); its replacement, of the new revision, exited 2
     plan = reconcile(bad, world(good, [pod(good, 0, READY), pod(bad, 1, EXIT_2)], T1))
     assert [(d.name, d.reason) for d in plan.delete] == [('s-1', 'Outdated')]  # the failed pod leaves (no work)
-    assert plan.create == [] and after(bad, plan)['restarts'] == {'total': 0}
+    assert plan.create == [] and after(bad, plan)['restarts']['total'] == 0
     degraded = cond(plan.status, 'Degraded')
     assert (degraded['status'], degraded['reason']) == ('True', 'RolloutFailed')
     assert 's-1: ConfigError (exit code 2): unknown engine flag --bad-flag' in degraded['message']  # its words
@@ -99,7 +99,7 @@ def test_a_revision_that_exits_2_is_rolled_back_without_counting_a_restart():
     assert served.create == [] and served.delete == [] and served.status is not None
     status = after(stage(BAD, status, generation=2), served)
     assert status['phase'] == 'Degraded' and cond(status, 'Progressing')['reason'] == 'RolloutFailed'
-    assert status['readyReplicas'] == 2 and status['restarts'] == {'total': 0}
+    assert status['readyReplicas'] == 2 and status['restarts']['total'] == 0
     settled = reconcile(stage(BAD, status, generation=2),
                         world(good, [pod(good, 0, READY), pod(good, 1, READY)], T2))
     assert settled.writes == 0, settled.summary()
@@ -144,7 +144,7 @@ def test_an_evicted_pod_is_replaced_at_once_and_not_counted():
     plan = reconcile(st, world(st, [pod(st, 0, evicted), pod(st, 1, READY)], T1))
     assert [(d.name, d.reason) for d in plan.delete] == [('s-0', 'Restart')]
     assert [o['metadata']['name'] for o in plan.create] == ['s-0'] and plan.requeue_after is None  # no backoff
-    assert after(st, plan)['restarts'] == {'total': 0}
+    assert after(st, plan)['restarts']['total'] == 0
     replica = plan.status['replicaStatuses'][0]
     assert replica['restarts'] == 0 and replica['lastFailure']['reason'] == 'Evicted'
     assert replica['lastFailure']['message'] == 'The node was low on resource: memory.'

@@ -8,7 +8,7 @@ same rule `stage_runtime.config.ParallelConfig` enforces (world size = product o
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal
+from typing import Literal
 
 import annotated_types
 from pydantic import ConfigDict, Field, model_validator
@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field, model_validator
 from stage_operator.api.base import ApiModel, cel
 from stage_operator.api.meta import DEFAULT_GPU_RESOURCE, DEFAULT_IMAGE
 from stage_operator.api.model import ModelSource
+from stage_operator.api.pod import Auth, NetworkPolicy, PodTemplate
 from stage_runtime.config import LORA_NAME_PATTERN, ConfigError, ParallelConfig
 
 _CAMEL = ApiModel.model_config
@@ -33,14 +34,26 @@ def _bounds(field: str) -> dict[str, int]:
 
 
 class Parallel(ApiModel):
-    """Parallel degrees inside one pod's engine; their product is the world size (= resources.gpusPerPod)."""
+    """Parallel degrees inside one pod's engine; their product is the world size (= resources.gpusPerPod).
+    A degree the model's family does not run makes the stage exit 2 at startup (Stalled, InvalidConfiguration)."""
 
-    tensor_parallel_size: int = Field(1, **_bounds("tensor_parallel_size"))
-    ulysses_degree: int = Field(1, **_bounds("ulysses_degree"))
-    ring_degree: int = Field(1, **_bounds("ring_degree"))
-    cfg_parallel_size: int = Field(1, **_bounds("cfg_parallel_size"))
-    data_parallel_size: int = Field(1, ge=1)
-    pipeline_parallel_size: int = Field(1, **_bounds("pipeline_parallel_size"))
+    tensor_parallel_size: int = Field(1, **_bounds("tensor_parallel_size"), description=(
+        "Tensor parallel: each block's weights split over this many ranks (DiT, SD3, FLUX.1); times "
+        "ulyssesDegree it must divide the attention heads. Default 1."))
+    ulysses_degree: int = Field(1, **_bounds("ulysses_degree"), description=(
+        "Ulysses sequence parallel: each attention's tokens split over this many ranks, traded for heads; it "
+        "must divide the attention heads. Default 1."))
+    ring_degree: int = Field(1, **_bounds("ring_degree"), description=(
+        "Ring attention: the sequence split over this many ranks passing keys and values around a ring, "
+        "across the Ulysses groups (DiT, SD3, FLUX.1). Default 1."))
+    cfg_parallel_size: int = Field(1, **_bounds("cfg_parallel_size"), description=(
+        "1 or 2: 2 computes the conditional and unconditional guidance branches on two ranks (not for "
+        "guidance-distilled FLUX.1). Default 1."))
+    data_parallel_size: int = Field(1, ge=1, description=(
+        "Full model copies inside the pod, each serving its own requests. Default 1; not inferred from "
+        "gpusPerPod: give it explicitly."))
+    pipeline_parallel_size: int = Field(1, **_bounds("pipeline_parallel_size"), description=(
+        "Pipeline parallel: not run by this runtime; above 1 the stage exits 2 at startup. Default 1."))
 
     @property
     def product(self) -> int:
@@ -49,53 +62,99 @@ class Parallel(ApiModel):
 
 
 class Resources(ApiModel):
-    gpus_per_pod: int = Field(1, ge=1, description="ranks per pod: GPUs, or CPU processes when gpuResourceName is ''")
-    gpu_resource_name: str = Field(DEFAULT_GPU_RESOURCE, description="extended resource; '' = CPU ranks")
-    cpu: str | None = None
-    memory: str | None = None
-    shm_size: str | None = Field(None, description="size of the memory-backed /dev/shm")
+    """What each pod asks of its node: the ranks' GPUs, and the stage container's CPU and memory."""
+
+    gpus_per_pod: int = Field(1, ge=1, description=(
+        "Ranks per pod: GPUs, or CPU rank processes when gpuResourceName is \"\". Default 1; it must equal the "
+        "product of the parallel degrees (CEL). No schedulable node with this many allocatable: no pod is "
+        "created (Accepted=False, InsufficientGPUCapacity)."))
+    gpu_resource_name: str = Field(DEFAULT_GPU_RESOURCE, description=(
+        "The extended resource the stage container's limit asks gpusPerPod of (default nvidia.com/gpu); "
+        "\"\" asks for none and runs the ranks as CPU processes (dev clusters)."))
+    cpu: str | None = Field(None, description=(
+        "The stage container's CPU request, a quantity (e.g. \"8\", 500m); no CPU limit is set. Default: none."))
+    memory: str | None = Field(None, description=(
+        "The stage container's memory request and limit, a quantity (e.g. 32Gi); past it the kernel kills the "
+        "stage (OOMKilled) and the operator restarts it with backoff. Default: none."))
+    shm_size: str | None = Field(None, description=(
+        "Size limit of the memory-backed /dev/shm, a quantity (e.g. 8Gi); what it holds counts as the pod's "
+        "memory. Default: no limit of its own."))
 
 
 class Engine(ApiModel):
-    execution_mode: Literal["request", "step"] = "request"
-    max_num_seqs: int = Field(1, ge=1, le=1024)
-    request_batch_max_wait_ms: int = Field(0, ge=0)
-    max_waiting: int | None = Field(None, ge=1)
-    streaming: bool = False
-    executor: Literal["uni", "mp"] | None = None
-    device: Literal["auto", "cpu", "cuda"] | None = None
-    extra_args: list[str] = Field(default_factory=list)
+    """How each pod's engine schedules and runs requests: the `stage-runtime serve` flags of the same names
+    (docs/stage-process.md). A value the model cannot run makes the stage exit 2 at startup (Stalled)."""
+
+    execution_mode: Literal["request", "step"] = Field("request", description=(
+        "request (default): each call runs whole pipelines for a wave of compatible requests; step: one "
+        "denoising step at a time, so requests join and leave between steps (continuous batching, previews, "
+        "preemption). step needs a model with the step contract."))
+    max_num_seqs: int = Field(1, ge=1, le=1024, description=(
+        "Requests running at once per pod (1-1024, default 1): in request mode a wave fused into one call, in "
+        "step mode the running set. Also the default autoscaling.targetInFlightPerReplica."))
+    request_batch_max_wait_ms: int = Field(0, ge=0, description=(
+        "Request mode: milliseconds a wave may wait for compatible requests to join before it starts "
+        "(default 0: at once); adds up to this much latency."))
+    max_waiting: int | None = Field(None, ge=1, description=(
+        "Bound of each pod's waiting queue (default: the runtime's 256); beyond it a new request is answered 429 "
+        "queue_full with Retry-After."))
+    streaming: bool = Field(False, description=(
+        "true: every request gets per-step progress, not only those that ask to stream. Needs executionMode "
+        "step: with request the stage refuses its config and exits 2 (Stalled). Default false."))
+    executor: Literal["uni", "mp"] | None = Field(None, description=(
+        "uni: the one rank runs in the stage process; mp: one worker process per rank. Default: uni for a "
+        "world of one rank, else mp; uni with more ranks makes the stage exit 2."))
+    device: Literal["auto", "cpu", "cuda"] | None = Field(None, description=(
+        "auto (CUDA when visible, else CPU), cpu or cuda. Default: cpu when resources.gpuResourceName is \"\", "
+        "else auto."))
+    extra_args: list[str] = Field(default_factory=list, description=(
+        "More `stage-runtime serve` flags, appended after the operator's as given (e.g. --scheduling-policy, "
+        "--cache-mode block); an unknown flag makes the stage exit 2 (Stalled). Changing them rolls the pods."))
 
 
 class LoraAdapter(ApiModel):
-    """A LoRA adapter every replica loads at startup (docs/lora.md); requests name it in ``loras``."""
+    """A LoRA adapter every replica loads at startup (docs/lora.md); requests name it in `loras`."""
 
-    name: str = Field(pattern=LORA_NAME_PATTERN, description="the name requests give in `loras`")
-    path: str = Field(min_length=1, description="the adapter's safetensors file (or its folder) inside the pod: "
-                                                "in the image or on a mounted volume")
-    pinned: bool = Field(True, description="never evicted to make room under maxLoras")
+    name: str = Field(pattern=LORA_NAME_PATTERN, description="The name requests give in `loras`; unique in the list.")
+    path: str = Field(min_length=1, description=(
+        "The adapter's safetensors file (or its folder) inside the pod: in the image or on a podTemplate volume."))
+    pinned: bool = Field(True, description=(
+        "true (default): never evicted to make room under maxLoras; false: evictable like adapters loaded later."))
 
 
 class RestartPolicy(ApiModel):
-    """Fail-closed restarts of a replica: backoff initial·2ⁿ capped; at most maxRestarts per window."""
+    """Fail-closed restarts of a replica: backoff initial·2ⁿ capped; at most maxRestarts per window. A pod
+    that exits 2 (a configuration error) is never restarted; evictions are replaced at once, uncounted."""
 
     model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [cel(
         "self.backoffInitialSeconds <= self.backoffMaxSeconds",
         "'restartPolicy.backoffInitialSeconds (' + string(self.backoffInitialSeconds) + "
         "') must not exceed backoffMaxSeconds (' + string(self.backoffMaxSeconds) + ')'")]})
-    max_restarts: int = Field(5, ge=0)
-    window_seconds: int = Field(600, ge=1)
-    backoff_initial_seconds: int = Field(10, ge=1)
-    backoff_max_seconds: int = Field(300, ge=1)
+    max_restarts: int = Field(5, ge=0, description=(
+        "Restarts of one replica allowed inside windowSeconds (default 5; 0: none). A failure past them is not "
+        "restarted: the stage is Stalled (RestartBudgetExhausted) until the pod template or restartPolicy changes."))
+    window_seconds: int = Field(600, ge=1, description=(
+        "The sliding window, in seconds, the restarts are counted in, for the budget and the backoff (default 600)."))
+    backoff_initial_seconds: int = Field(10, ge=1, description=(
+        "Seconds before the first restart, doubled for each restart already in the window (default 10); at most "
+        "backoffMaxSeconds (CEL)."))
+    backoff_max_seconds: int = Field(300, ge=1, description=(
+        "The longest delay before a restart, in seconds (default 300)."))
 
 
 class HealthCheck(ApiModel):
     """The operator's own probe of each serving pod (`/health` and `/v1/stats`): `/health` 503 fails at once;
     `failureThreshold` consecutive probes without an answer fail too. Seconds may be fractional."""
 
-    period_seconds: float = Field(10.0, ge=0.1, le=3600)
-    timeout_seconds: float = Field(2.0, ge=0.1, le=60)
-    failure_threshold: int = Field(3, ge=1, le=100)
+    period_seconds: float = Field(10.0, ge=0.1, le=3600, description=(
+        "Seconds between probe rounds (0.1-3600, default 10); also how fresh status' waiting/running and the "
+        "autoscaler's load samples are."))
+    timeout_seconds: float = Field(2.0, ge=0.1, le=60, description=(
+        "Timeout of each probe call and of the spec.abort calls, in seconds (0.1-60, default 2); a call past it "
+        "is no answer."))
+    failure_threshold: int = Field(3, ge=1, le=100, description=(
+        "Probes in a row without an answer that fail a pod which had answered or was Ready (1-100, default 3): "
+        "it is restarted (ProbeFailed). A stage still loading is never failed."))
 
 
 class Abort(ApiModel):
@@ -104,9 +163,14 @@ class Abort(ApiModel):
     model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [cel(
         "has(self.requestIds) != (has(self.all) && self.all)",
         "'abort: set exactly one of requestIds or all: true'")]})
-    id: str = Field(min_length=1)
-    request_ids: list[str] | None = None
-    all: bool | None = None
+    id: str = Field(min_length=1, description=(
+        "Any non-empty string; each new value makes the operator POST /v1/abort once to every running pod. "
+        "Change it to abort again; status.abort.observedId is the last one carried out."))
+    request_ids: list[str] | None = Field(None, description=(
+        "The ids of the requests to abort (the `id` of their answers); ids no pod had are listed in "
+        "status.abort.notFound. Exactly one of requestIds or all: true."))
+    all: bool | None = Field(None, description=(
+        "true: abort every request in flight on every pod. Exactly one of requestIds or all: true."))
 
 
 _OPERATOR_ONLY = ("minReplicas", "maxReplicas", "targetInFlightPerReplica",
@@ -132,13 +196,24 @@ class Autoscaling(ApiModel):
             " + string(self.maxReplicas) + ')'"),
         cel("self.mode != 'Operator' || !has(self.minReplicas) || self.minReplicas >= 1", f"'{SCALE_TO_ZERO}'"),
     ]})
-    mode: Literal["None", "External", "Operator"] = "None"
-    min_replicas: int | None = Field(None, ge=0)
-    max_replicas: int | None = Field(None, ge=1)
-    target_in_flight_per_replica: int | None = Field(None, ge=1)
-    scale_up_stabilization_seconds: int | None = Field(None, ge=0)
-    scale_down_stabilization_seconds: int | None = Field(None, ge=0)
-    drain_timeout_seconds: int = Field(60, ge=0, description="how long a removed replica may finish its work")
+    mode: Literal["None", "External", "Operator"] = Field("None", description=(
+        "None (default): spec.replicas is yours; External: an HPA or KEDA scales through /scale; Operator: the "
+        "operator scales on the in-flight requests its probe sees (status.autoscaling), never writing replicas."))
+    min_replicas: int | None = Field(None, ge=0, description=(
+        "Operator mode: the fewest replicas (default 1). 0 is refused: nothing could scale the stage back up."))
+    max_replicas: int | None = Field(None, ge=1, description=(
+        "Operator mode, required there: the most replicas (at least minReplicas)."))
+    target_in_flight_per_replica: int | None = Field(None, ge=1, description=(
+        "Operator mode: in-flight requests (waiting + running) per replica to aim for: desired replicas = "
+        "ceil(in flight / this). Default: engine.maxNumSeqs."))
+    scale_up_stabilization_seconds: int | None = Field(None, ge=0, description=(
+        "Operator mode: scale up only to the smallest recommendation seen over this many seconds (default 0: "
+        "at once)."))
+    scale_down_stabilization_seconds: int | None = Field(None, ge=0, description=(
+        "Operator mode: scale down only to the largest recommendation seen over this many seconds (default 300)."))
+    drain_timeout_seconds: int = Field(60, ge=0, description=(
+        "Seconds a removed replica (scale-down, rollout, the stage's deletion; any mode) may finish its requests "
+        "before it is deleted (default 60); also the stage's --drain-timeout. Pod grace period: 5 + this + 10 s."))
 
     @model_validator(mode="after")
     def _wakes_up(self) -> Autoscaling:
@@ -156,11 +231,13 @@ class Rollout(ApiModel):
         "self.maxSurge + self.maxUnavailable >= 1",
         "'rollout: maxSurge (' + string(self.maxSurge) + ') and maxUnavailable (' + string(self.maxUnavailable)"
         " + ') cannot both be 0: the rollout could never replace a pod'")]})
-    max_surge: int = Field(0, ge=0, description="extra pods during a rollout (each needs gpusPerPod free GPUs)")
-    max_unavailable: int = Field(1, ge=0, description="replicas that may be unavailable during a rollout")
+    max_surge: int = Field(0, ge=0, description=(
+        "Extra pods during a rollout (default 0), each created only when a node has gpusPerPod free GPUs."))
+    max_unavailable: int = Field(1, ge=0, description=(
+        "Replicas that may be below `replicas` ready during a rollout (default 1); not 0 together with maxSurge."))
     progress_deadline_seconds: int | None = Field(None, ge=1, description=(
-        "seconds without a new replica becoming ready before the rollout is rolled back; "
-        "default startupTimeoutSeconds + 60"))
+        "Seconds without a new replica becoming ready before the rollout is rolled back; "
+        "default startupTimeoutSeconds + 60."))
 
     @model_validator(mode="after")
     def _can_progress(self) -> Rollout:
@@ -174,90 +251,8 @@ class Disruption(ApiModel):
     """The stage's PodDisruptionBudget (voluntary disruptions: node drains, evictions)."""
 
     max_unavailable: int | None = Field(None, ge=0, description=(
-        "replicas a voluntary disruption may take at once; default 1 when replicas >= 2, else no budget"))
-
-
-class LocalObjectReference(ApiModel):
-    name: str = Field(min_length=1)
-
-
-KubeObject = dict[str, Any]  # a Kubernetes-native shape (toleration, volume, ...): validated by the API server
-
-
-OWNED_LABELS = "diffstage.io/"  # the operator's label and annotation prefix (stage, replica, serving, hash, draining)
-MAX_POD_METADATA = 128
-_OWNED_LABEL = f"k.startsWith('{OWNED_LABELS}') || k == 'app.kubernetes.io/managed-by'"
-
-
-class PodTemplate(ApiModel):
-    """What reaches every stage pod besides what the operator builds. The operator's own fields cannot be
-    overridden: its labels and annotations (`diffstage.io/*`, `app.kubernetes.io/managed-by`: CEL refuses
-    them), the stage container's command, probes, ports and GPU limits, the restart policy. `securityContext`
-    and `containerSecurityContext` are merged key by key over the restricted defaults (docs/crd.md);
-    every `resourceClaims` entry is also claimed by the stage container (`resources.claims`)."""
-
-    model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [
-        cel(f"!has(self.labels) || !self.labels.exists(k, {_OWNED_LABEL})",
-            "'podTemplate.labels: diffstage.io/* and app.kubernetes.io/managed-by are labels of the operator "
-            "(it selects and fences pods by them) and cannot be set'"),
-        cel(f"!has(self.annotations) || !self.annotations.exists(k, k.startsWith('{OWNED_LABELS}'))",
-            "'podTemplate.annotations: diffstage.io/* are annotations of the operator and cannot be set'"),
-    ]})
-    node_selector: dict[str, str] | None = None
-    tolerations: list[KubeObject] | None = None
-    affinity: KubeObject | None = None
-    env: list[KubeObject] | None = None
-    volumes: list[KubeObject] | None = None
-    volume_mounts: list[KubeObject] | None = None
-    service_account_name: str | None = None
-    priority_class_name: str | None = None
-    image_pull_secrets: list[LocalObjectReference] | None = None
-    # maxProperties bounds the CEL cost estimate of the owned-key rules (the API server refuses unbounded ones)
-    labels: dict[str, str] | None = Field(None, max_length=MAX_POD_METADATA, description=(
-        "pod labels (Kueue's queue-name, ...)"))
-    annotations: dict[str, str] | None = Field(None, max_length=MAX_POD_METADATA)
-    topology_spread_constraints: list[KubeObject] | None = None
-    scheduler_name: str | None = Field(None, min_length=1)
-    runtime_class_name: str | None = Field(None, min_length=1)
-    resource_claims: list[KubeObject] | None = Field(None, description=(
-        "pod resourceClaims (DRA); the stage container claims each of them"))
-    security_context: KubeObject | None = Field(None, description=(
-        "pod securityContext, merged over the restricted defaults (runAsNonRoot, seccomp RuntimeDefault)"))
-    container_security_context: KubeObject | None = Field(None, description=(
-        "the stage container's securityContext, merged over the restricted defaults (no privilege "
-        "escalation, capabilities drop ALL, readOnlyRootFilesystem)"))
-
-    @model_validator(mode="after")
-    def _not_owned(self) -> PodTemplate:
-        owned = [k for k in self.labels or {} if k.startswith(OWNED_LABELS) or k == "app.kubernetes.io/managed-by"]
-        owned += [k for k in self.annotations or {} if k.startswith(OWNED_LABELS)]
-        if owned:
-            raise ValueError(f"podTemplate: {', '.join(owned)} belong to the operator and cannot be set")
-        return self
-
-
-class NetworkPolicy(ApiModel):
-    """The NetworkPolicy the operator owns per stage (`<stage>`, ingress only): the HTTP port from `httpFrom`
-    and the operator; the ZMQ port only from the stage's own pods and the operator. Disabled: none is made
-    (an existing one is deleted)."""
-
-    enabled: bool = True
-    http_from: list[KubeObject] | None = Field(None, description=(
-        "NetworkPolicyPeers allowed on the HTTP port (8000); default: every pod in the stage's namespace. "
-        "Add your ingress controller's or Prometheus' namespace here"))
-
-
-class SecretKeyRef(ApiModel):
-    name: str = Field(min_length=1, description="a Secret in the stage's namespace")
-    key: str = Field("api-keys", min_length=1, description="its key: API keys, one a line")
-
-
-class Auth(ApiModel):
-    """API keys for the stage's /v1/* routes (`--api-key-file`); /health, /ready and /metrics stay open.
-    The operator mounts the Secret and reads it (RBAC `get` on secrets in the namespace) for its own
-    /v1/stats and /v1/abort calls, with the first key in it."""
-
-    secret_ref: SecretKeyRef
+        "Serving replicas a voluntary disruption may take at once. Default: 1 when replicas >= 2, else no budget "
+        "(one on a single replica would block every node drain); set it to get a budget there too."))
 
 
 _PRODUCT = ("self.parallel.tensorParallelSize * self.parallel.ulyssesDegree * self.parallel.ringDegree"
@@ -265,6 +260,10 @@ _PRODUCT = ("self.parallel.tensorParallelSize * self.parallel.ulyssesDegree * se
 
 
 class StageSpec(ApiModel):
+    """The stage you want: which model, how many pods of how many GPUs, and how the operator runs, restarts,
+    rolls out and scales them. Only `model` is required; nested objects default to {}, so the API server
+    fills their defaults. The product of the parallel degrees must equal resources.gpusPerPod (CEL)."""
+
     model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [cel(
         f"{_PRODUCT} == self.resources.gpusPerPod",
         "'parallel degrees multiply to ' + string(" + _PRODUCT + ") + ' (tensor ' + "
@@ -275,11 +274,16 @@ class StageSpec(ApiModel):
         "string(self.resources.gpusPerPod)",
         reason="FieldValueInvalid")]})
     model: ModelSource
-    image: str = Field(DEFAULT_IMAGE, min_length=1)
+    image: str = Field(DEFAULT_IMAGE, min_length=1, description=(
+        f"The stage container's image (default {DEFAULT_IMAGE}), also run by the fetch-model and make-model "
+        "init containers; it must hold stage-runtime. Changing it rolls the pods."))
     startup_timeout_seconds: int = Field(600, ge=1, le=86400, description=(
-        "how long a replica may take from its container start to ready (loading weights, warmup); the "
-        "stage fails with StartupTimeout beyond it, and the startup probe is sized from it"))
-    replicas: int = Field(1, ge=0)
+        "Seconds a replica may take from its container start to ready (loading weights, warmup; 1-86400, "
+        "default 600); beyond it the stage exits with StartupTimeout and is restarted with backoff. The "
+        "startup probe is sized from it."))
+    replicas: int = Field(1, ge=0, description=(
+        "Pods of the stage, one engine each (default 1; 0 stops it). kubectl scale, an HPA or KEDA set it "
+        "through /scale; with autoscaling.mode Operator it is only the starting count."))
     parallel: Parallel = Field(default_factory=Parallel)
     resources: Resources = Field(default_factory=Resources)
     engine: Engine = Field(default_factory=Engine)
@@ -294,10 +298,11 @@ class StageSpec(ApiModel):
     network_policy: NetworkPolicy = Field(default_factory=NetworkPolicy)
     # None (not []) when unset: the spec's wire form, hence its rollout digest, is unchanged for stages without it
     loras: list[LoraAdapter] | None = Field(None, max_length=64, description=(
-        "LoRA adapters loaded at startup; changing the list rolls the pods"), json_schema_extra={
-        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
-    max_loras: int | None = Field(None, ge=1, le=1024, description="resident adapters at most per replica "
-                                                                   "(default 8; LRU among the unpinned)")
+        "LoRA adapters every replica loads at startup (at most 64, unique names); changing the list rolls the "
+        "pods."), json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+    max_loras: int | None = Field(None, ge=1, le=1024, description=(
+        "Adapters resident at most per replica (1-1024, default 8); a load past it evicts the least recently "
+        "used unpinned one."))
 
     @model_validator(mode="after")
     def _topology_fits(self) -> StageSpec:
