@@ -185,7 +185,9 @@ class KubeStore:
             return 200, self._watch(request)
         with self._lock:
             if request.name is None and method in ('GET', 'DELETE'):
-                keys = [k for k, o in self._store.items() if k[0] == res and self._selected(request, o)]
+                # by namespace and name, as a real API server lists (etcd's key order): kubectl prints rows so
+                keys = sorted((k for k, o in self._store.items() if k[0] == res and self._selected(request, o)),
+                              key=lambda k: (k[1] or '', k[2]))
                 items = [self._delete(k) if method == 'DELETE' else copy.deepcopy(self._store[k])
                          for k in keys if k in self._store]
                 return 200, {'apiVersion': _api_version(res), 'kind': f'{info.kind}List',
