@@ -7,34 +7,19 @@ import time
 
 import httpx
 import pytest
-from stage_process import StageProcess
-from support.live_pods import Generation, events, map_pod, pod_address, replica, wait_in_flight, watch_until
+from support.live_pods import Generation, events, live_stages, map_pod, replica, wait_in_flight, watch_until
 from support.operator_harness import STAGES_PATH, Cluster, manifest, operator, settle, wait_for
 
 ONE_RANK = {'parallel': {}, 'resources': {'gpusPerPod': 1, 'gpuResourceName': ''},
             'engine': {'executionMode': 'step', 'maxNumSeqs': 4},
             'healthCheck': {'periodSeconds': 0.25, 'timeoutSeconds': 1, 'failureThreshold': 3}}
-STAGE_ARGS = ['--device', 'cpu', '--executor', 'uni', '--execution-mode', 'step', '--max-num-seqs', '4']
 
 
 @pytest.fixture(scope='module')
 def live(tiny_sd_path, tmp_path_factory):
-    """Two live stages (A, B) for the module; each test leaves them idle."""
-    logs = tmp_path_factory.mktemp('live-stages')
-    stages = [StageProcess(['--model', tiny_sd_path, *STAGE_ARGS, *pod_address()[1]], logs / f'{n}.log')
-              for n in 'ab']  # each at its own pod IP
-    try:
-        for s in stages:
-            s.start(wait_ready=False)
-        for s in stages:
-            s.wait_ready()
+    """Two live stages (A, B) for the module, one CPU rank each; each test leaves them idle."""
+    with live_stages(tiny_sd_path, tmp_path_factory.mktemp('live-stages'), 2) as stages:
         yield stages
-        for s in stages:
-            assert s.stop() == 0, s.log[-2000:]
-            s.assert_no_leaks()
-    finally:
-        for s in stages:
-            s.kill()
 
 
 @pytest.fixture
