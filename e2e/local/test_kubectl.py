@@ -90,6 +90,14 @@ def test_get_pods_prints_the_builtin_columns(kubectl, api):
     assert row.split()[:3] == ['p-0', '1/1', 'Running'] and '127.0.0.9' in row, lines
 
 
+def test_get_lists_rows_by_name_not_by_creation(kubectl, api):
+    """As a real API server lists (etcd's key order): a recreated tiny-0 prints before tiny-1."""
+    for name in ('order-1', 'order-0', 'order-10'):
+        api.seed('configmaps', {'metadata': {'name': name}, 'data': {}})
+    rows = [line.split()[0] for line in kubectl('get', 'configmaps').stdout.splitlines()[1:]]
+    assert [name for name in rows if name.startswith('order-')] == ['order-0', 'order-1', 'order-10'], rows
+
+
 def test_explain_reads_the_schema_from_openapi_v3(kubectl):
     out = kubectl('explain', 'dstage.spec.parallel').stdout
     assert 'KIND:       DiffusionStage' in out and 'FIELD: parallel <Object>' in out, out

@@ -109,16 +109,6 @@ def test_label_selectors_on_list(core, selector, names):
     assert {item.metadata.name for item in listed.items} == names
 
 
-def test_a_list_is_ordered_by_namespace_and_name_not_by_creation(core):
-    """As a real API server lists (etcd's key order): kubectl prints a recreated tiny-0 before tiny-1."""
-    core.create_namespace({'metadata': {'name': 'a-first'}})
-    for namespace, name in [('default', 'tiny-1'), ('default', 'tiny-0'), ('a-first', 'z'), ('default', 'tiny-10')]:
-        core.create_namespaced_config_map(namespace, configmap(name))
-    listed = core.list_config_map_for_all_namespaces().items
-    assert [(i.metadata.namespace, i.metadata.name) for i in listed] == [
-        ('a-first', 'z'), ('default', 'tiny-0'), ('default', 'tiny-1'), ('default', 'tiny-10')]
-
-
 def test_field_selectors_on_list(core):
     core.create_namespace({'metadata': {'name': 'other'}})
     core.create_namespaced_config_map('default', configmap('one'))
