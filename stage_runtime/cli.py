@@ -41,6 +41,8 @@ ENGINE_FLAGS = {
     "cache_warmup_steps": ("cache", "warmup_steps"), "cache_final_steps": ("cache", "final_steps"),
     "result_cache_bytes": ("cache", "result_max_bytes"), "prompt_cache_bytes": ("cache", "prompt_max_bytes"),
     "max_loras": (None, "max_loras"),
+    "max_request_cost": ("limits", "max_request_cost"), "stall_unready_s": ("limits", "stall_unready_s"),
+    "stall_fail_s": ("limits", "stall_fail_s"),
 }
 
 
@@ -73,6 +75,11 @@ def add_engine_flags(p: argparse.ArgumentParser, model_required: bool = False) -
     p.add_argument("--lora", action="append", metavar="NAME=PATH",
                    help="a LoRA adapter loaded (and pinned) at startup; repeatable")
     p.add_argument("--max-loras", type=int, help="resident LoRA adapters at most (default 8; LRU among unpinned)")
+    p.add_argument("--max-request-cost", type=int, help="most pixels x steps x outputs one request may cost (default: "
+                                                        "1000 steps of one output at the model's native size)")
+    p.add_argument("--stall-unready-s", type=float, help="a running request makes no step progress this long: "
+                                                         "/ready 503 (default 120)")
+    p.add_argument("--stall-fail-s", type=float, help="... this long: fail closed, exit 3 StepStalled (default 600)")
 
 
 def config_from_args(args: argparse.Namespace, defaults: dict | None = None) -> StageConfig:

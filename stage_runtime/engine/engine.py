@@ -17,12 +17,14 @@ from typing import Any
 
 from stage_runtime.config import StageConfig
 from stage_runtime.engine.admission import check_execution_mode, check_request_mode
+from stage_runtime.engine.limits import check_request_cost, max_request_cost
 from stage_runtime.engine.lora_table import LORA_RPCS, LoraTable
 from stage_runtime.engine.observers import ExecuteObservers
 from stage_runtime.engine.output_table import OutputTable, warmup_request
 from stage_runtime.engine.result_cache import ResultCache
 from stage_runtime.engine.rpc_queue import ControlRpcQueue
 from stage_runtime.engine.stream import RequestStream
+from stage_runtime.engine.watchdog import StepWatchdog
 from stage_runtime.errors import DuplicateRequestError, EngineClosedError, EngineDeadError, EngineStartupError
 from stage_runtime.executor.abstract import DiffusionExecutor
 from stage_runtime.outputs import BatchRunnerOutput, DiffusionOutput, ProgressEvent
@@ -43,6 +45,7 @@ class DiffusionEngine:
         self._thread: threading.Thread | None = None
         self._stop = self._closed = self._shut_down = False
         self.dead_reason: str | None = None
+        self.dead_kind = "WorkerDied"              # the termination reason: WorkerDied, or StepStalled (watchdog)
         self.ready = False
         self.observers = ExecuteObservers()      # metrics hooks after every wave / tick (engine thread)
         self.executor = (executor_class or DiffusionExecutor.get_class(config))(config)
@@ -57,6 +60,8 @@ class DiffusionEngine:
             raise
         self.outputs = OutputTable(self._lock, self.executor, config.scheduler.streaming_output)
         self.counters = self.outputs.counters
+        self.max_request_cost = max_request_cost(config.limits, self.model_info)
+        self.watchdog = StepWatchdog(config.limits, self._fail_stalled)      # armed once ready
         self.result_cache = ResultCache.from_config(config)      # off (never hits) unless result_max_bytes > 0
         self.outputs.on_final = self.result_cache.on_delivered
         self.executor.set_progress_hook(self._on_progress)
@@ -75,6 +80,7 @@ class DiffusionEngine:
             engine.close()
             raise
         engine.ready = True
+        engine.watchdog.start()
         return engine
 
     def start(self) -> None:
@@ -94,6 +100,7 @@ class DiffusionEngine:
         self._check_open()
         resolved = request.resolve(self.model_info)
         check_request_mode(resolved, self.scheduler.mode)
+        check_request_cost(resolved, self.max_request_cost, self.model_info)
         resolved = self.loras.resolve(resolved)       # an unknown adapter: 400 here; each file's digest recorded
         key, hit = self.result_cache.lookup(resolved)
         with self._lock:
@@ -184,6 +191,7 @@ class DiffusionEngine:
     def _execute_model(self, sched_out: SchedulerOutput) -> BatchRunnerOutput | None:
         """The executor call, timed for the observers; a failed call fails its requests (None: engine dead)."""
         started = time.perf_counter()
+        self.watchdog.begin(sched_out.scheduled_request_ids)
         try:
             runner_out = self.executor.execute_model(sched_out)
         except EngineDeadError as exc:
@@ -192,6 +200,8 @@ class DiffusionEngine:
         except Exception as exc:
             log.exception("execute failed for %s", sched_out.scheduled_request_ids)
             runner_out = BatchRunnerOutput.failed(sched_out.scheduled_request_ids, exc)
+        finally:
+            self.watchdog.end()
         # Observed before delivery: a wave is counted by the time its requests' outputs are visible.
         self.observers.notify(sched_out, time.perf_counter() - started, runner_out)
         return runner_out
@@ -224,6 +234,7 @@ class DiffusionEngine:
 
     def _on_progress(self, event: ProgressEvent) -> set[str]:
         """Called by the runner once per denoising step: apply aborts and deadlines now; return the ids to stop."""
+        self.watchdog.progress(event.step_index, event.num_steps)
         with self._lock:
             self.scheduler.update_progress(event.request_ids, event.step_index)
             self._apply_aborts_locked()
@@ -245,6 +256,18 @@ class DiffusionEngine:
         self.outputs.finalize([self.scheduler.pop_request_state(rid) for rid in request_ids])
 
     # -- failure and close -----------------------------------------------------------------------------
+    def _fail_stalled(self, reason: str) -> None:
+        """The watchdog's verdict: fail closed as a dead worker would (the executor stops its ranks)."""
+        with self._lock:
+            if self.dead_reason is None:
+                self.dead_kind = "StepStalled"
+        self.executor.mark_dead(f"step stalled: {reason}")
+
+    @property
+    def stall_reason(self) -> str | None:
+        """Why this replica should get no new work now (a running step made no progress), or None."""
+        return self.watchdog.stalled()
+
     def _on_executor_failure(self, reason: str) -> None:
         """Fail closed: every in-flight request ends with EngineDeadError; nothing new is admitted."""
         with self._lock:
@@ -259,6 +282,8 @@ class DiffusionEngine:
         with self._lock:
             self._closed = self._stop = True
             self.ready = False
+        self.watchdog.stop()
+        with self._lock:
             self._lock.notify_all()
             self.outputs.fail_all("DiffusionEngine is closed.", EngineClosedError.error_type)
         thread = self._thread

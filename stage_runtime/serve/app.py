@@ -72,7 +72,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """Readiness: 200 only after warmup while admitting work; 503 while starting, draining or dead."""
+    """Readiness: 200 only after warmup while admitting work; 503 while starting, stalled, draining or dead."""
     service = request.app[SERVICE]
     state = service.state
     if state == "starting":           # loading: say what it is doing (phase, seconds so far)
@@ -80,6 +80,10 @@ async def ready(request: web.Request) -> web.Response:
         body = error_body("stage_unavailable", f"the stage is loading: {service.startup.describe()}")
         return web.json_response({**body, "state": "loading", "phase": view["phase"], "detail": view["detail"],
                                   "elapsed_s": view["elapsed_s"]}, status=503)
+    if state == "stalled":            # the watchdog: out of the Service until the step moves again
+        reason = service.engine.stall_reason or "progress resumed"
+        return web.json_response({**error_body("stage_unavailable", f"the stage is stalled: {reason}"),
+                                  "state": "stalled"}, status=503)
     if state != "ready":
         return web.json_response(error_body("stage_unavailable", f"the stage is {state}"), status=503)
     return web.json_response({"status": "ready"})

@@ -8,6 +8,8 @@
       → ready (/ready 200) … until SIGTERM / SIGINT / a ZMQ shutdown, or the engine dies
     SIGTERM: draining (/ready 503, nothing admitted) → in-flight requests finish within --drain-timeout,
              the rest are aborted with a clear error → close the engine → exit 0
+    a running step makes no progress for --stall-unready-s: /ready 503 "stalled" (out of the Service) until it
+             moves; for --stall-fail-s: the engine fails closed as below, with "StepStalled: …"
     engine dead: termination log "WorkerDied: <reason>", /health 503, in-flight requests fail with
              engine_dead, exit 3 — within DEAD_EXIT_DEADLINE_S of noticing, whatever still runs.
 """
@@ -34,7 +36,7 @@ from stage_runtime.serve.auth import load_api_keys
 from stage_runtime.serve.metrics import StageMetrics
 from stage_runtime.serve.service import StageService
 from stage_runtime.serve.startup import LOADING_WEIGHTS, WARMUP, StartupProgress
-from stage_runtime.serve.termination import (EXIT_DEAD, EXIT_OK, WORKER_DIED, exit_code_for, reason_for,
+from stage_runtime.serve.termination import (EXIT_DEAD, EXIT_OK, exit_code_for, reason_for,
                                              termination_log_path, write_termination_log)
 from stage_runtime.serve.zmq_server import ZmqServer
 
@@ -172,7 +174,7 @@ class StageDiffusionProc:
         stop.cancel()
         dead.cancel()
         if engine.dead_reason is not None:
-            return await self._fail_closed(engine.dead_reason)
+            return await self._fail_closed(engine.dead_kind, engine.dead_reason)
         return EXIT_OK
 
     @staticmethod
@@ -180,9 +182,9 @@ class StageDiffusionProc:
         while engine.dead_reason is None:
             await asyncio.sleep(DEATH_POLL_S)
 
-    async def _fail_closed(self, reason: str) -> int:
+    async def _fail_closed(self, kind: str, reason: str) -> int:
         """The engine is dead: say why first (the message must survive a hard exit), answer for a moment, exit 3."""
-        write_termination_log(self.termination_log, WORKER_DIED, reason)
+        write_termination_log(self.termination_log, kind, reason)
         timer = threading.Timer(DEAD_EXIT_DEADLINE_S, _hard_exit, args=(EXIT_DEAD,))
         timer.daemon = True
         timer.start()

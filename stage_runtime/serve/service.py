@@ -88,7 +88,9 @@ class StageService:
             return "dead"
         if self.draining:
             return "draining"
-        return "ready" if self.engine is not None and self.engine.ready else "starting"
+        if self.engine is None or not self.engine.ready:
+            return "starting"
+        return "stalled" if self.engine.stall_reason is not None else "ready"
 
     @property
     def served_name(self) -> str | None:
@@ -155,14 +157,23 @@ class StageService:
         return int(min(60, max(1, math.ceil((self._exec_s or 1.0) * ahead / max(1, stats["capacity"])))))
 
     # -- control ----------------------------------------------------------------------------------------
-    def abort(self, request_ids: list[str] | None = None, all: bool = False) -> dict[str, list[str]]:
+    def abort(self, request_ids: list[str] | None = None, all: bool = False) -> dict[str, Any]:
+        """``aborted`` (were in flight), ``not_found``; ``in_step`` the aborted ones inside a step now: a step
+        in progress is never interrupted, so they stop at its end (the next step boundary) and answer then."""
         if self.engine is None:
-            return {"aborted": [], "not_found": list(dict.fromkeys(request_ids or []))}
+            return {"aborted": [], "not_found": list(dict.fromkeys(request_ids or [])), "in_step": []}
+        executing = set(self.engine.watchdog.running())
         if all:
-            return {"aborted": self.engine.abort_all(), "not_found": []}
-        ids = list(dict.fromkeys(request_ids or []))
-        known = set(self.engine.abort(ids))
-        return {"aborted": [i for i in ids if i in known], "not_found": [i for i in ids if i not in known]}
+            aborted, not_found = self.engine.abort_all(), []
+        else:
+            ids = list(dict.fromkeys(request_ids or []))
+            known = set(self.engine.abort(ids))
+            aborted, not_found = [i for i in ids if i in known], [i for i in ids if i not in known]
+        answer = {"aborted": aborted, "not_found": not_found, "in_step": [i for i in aborted if i in executing]}
+        if answer["in_step"]:
+            answer["message"] = (f"{', '.join(answer['in_step'])}: inside a step; stops at the next step boundary "
+                                 f"(its answer, 409 request_aborted, comes then)")
+        return answer
 
     def collective_rpc(self, method: str, args: tuple, kwargs: dict, timeout: float | None,
                        unique_reply_rank: int | None) -> Any:

@@ -91,3 +91,15 @@ class StepFaultDiTAdapter(DiTAdapter):
         if state.request.prompt == "late-boom" and state.step_index == 2:
             raise RuntimeError("boom in step 3")
         super().step_scheduler(state, noise_pred)
+
+
+class HangUntilFileSDAdapter(StableDiffusionAdapter):
+    """Prompt "hang:PATH" blocks the pipeline call until PATH exists: a step that makes no progress (a wedged
+    kernel, a size far past the hardware), released when the test says so, or never."""
+
+    def run_batch(self, requests):
+        for r in requests:
+            if r.prompt.startswith("hang:"):
+                while not os.path.exists(r.prompt[len("hang:"):]):
+                    time.sleep(0.02)
+        return super().run_batch(requests)

@@ -12,6 +12,8 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 from support.waiting import async_wait_until as wait_until
 
+UNI = ["--device", "cpu", "--executor", "uni"]                                     # every rank in the stage process
+MP_CFG2 = ["--device", "cpu", "--executor", "mp", "--cfg-parallel-size", "2"]      # two gloo rank processes
 LONG_STEPS = 999             # a request that runs until the test aborts it (~20 ms a step at 64 px)
 
 

@@ -14,6 +14,7 @@ import annotated_types
 from pydantic import ConfigDict, Field, model_validator
 
 from stage_operator.api.base import ApiModel, cel
+from stage_operator.api.engine import Engine
 from stage_operator.api.meta import DEFAULT_GPU_RESOURCE, DEFAULT_IMAGE
 from stage_operator.api.model import ModelSource
 from stage_operator.api.pod import Auth, NetworkPolicy, PodTemplate
@@ -79,37 +80,6 @@ class Resources(ApiModel):
     shm_size: str | None = Field(None, description=(
         "Size limit of the memory-backed /dev/shm, a quantity (e.g. 8Gi); what it holds counts as the pod's "
         "memory. Default: no limit of its own."))
-
-
-class Engine(ApiModel):
-    """How each pod's engine schedules and runs requests: the `stage-runtime serve` flags of the same names
-    (docs/stage-process.md). A value the model cannot run makes the stage exit 2 at startup (Stalled)."""
-
-    execution_mode: Literal["request", "step"] = Field("request", description=(
-        "request (default): each call runs whole pipelines for a wave of compatible requests; step: one "
-        "denoising step at a time, so requests join and leave between steps (continuous batching, previews, "
-        "preemption). step needs a model with the step contract."))
-    max_num_seqs: int = Field(1, ge=1, le=1024, description=(
-        "Requests running at once per pod (1-1024, default 1): in request mode a wave fused into one call, in "
-        "step mode the running set. Also the default autoscaling.targetInFlightPerReplica."))
-    request_batch_max_wait_ms: int = Field(0, ge=0, description=(
-        "Request mode: milliseconds a wave may wait for compatible requests to join before it starts "
-        "(default 0: at once); adds up to this much latency."))
-    max_waiting: int | None = Field(None, ge=1, description=(
-        "Bound of each pod's waiting queue (default: the runtime's 256); beyond it a new request is answered 429 "
-        "queue_full with Retry-After."))
-    streaming: bool = Field(False, description=(
-        "true: every request gets per-step progress, not only those that ask to stream. Needs executionMode "
-        "step: with request the stage refuses its config and exits 2 (Stalled). Default false."))
-    executor: Literal["uni", "mp"] | None = Field(None, description=(
-        "uni: the one rank runs in the stage process; mp: one worker process per rank. Default: uni for a "
-        "world of one rank, else mp; uni with more ranks makes the stage exit 2."))
-    device: Literal["auto", "cpu", "cuda"] | None = Field(None, description=(
-        "auto (CUDA when visible, else CPU), cpu or cuda. Default: cpu when resources.gpuResourceName is \"\", "
-        "else auto."))
-    extra_args: list[str] = Field(default_factory=list, description=(
-        "More `stage-runtime serve` flags, appended after the operator's as given (e.g. --scheduling-policy, "
-        "--cache-mode block); an unknown flag makes the stage exit 2 (Stalled). Changing them rolls the pods."))
 
 
 class LoraAdapter(ApiModel):

@@ -35,10 +35,16 @@ def stage_config(spec: StageSpec, stage_name: str) -> dict[str, Any]:
                                  "streaming_output": spec.engine.streaming}
     if spec.engine.max_waiting:
         scheduler["max_waiting"] = spec.engine.max_waiting
+    scheduler["scheduling_policy"] = spec.engine.scheduling_policy
+    c, lim = spec.engine.cache, spec.engine.limits
+    cache = {"mode": c.mode, "threshold": c.threshold, "warmup_steps": c.warmup_steps, "final_steps": c.final_steps}
+    limits = {"max_request_cost": lim.max_request_cost, "stall_unready_s": float(lim.stall_unready_seconds),
+              "stall_fail_s": float(lim.stall_fail_seconds)}
     loras: dict[str, Any] = {"loras": [lora.wire() for lora in spec.loras]} if spec.loras else {}
     if spec.max_loras:
         loras["max_loras"] = spec.max_loras
     return {"model": model, "device": device(spec), "executor": executor(spec), "scheduler": scheduler, **loras,
+            "cache": cache, "limits": limits,
             "parallel": {"tensor_parallel_size": p.tensor_parallel_size, "ulysses_degree": p.ulysses_degree,
                          "ring_degree": p.ring_degree, "cfg_parallel_size": p.cfg_parallel_size,
                          "data_parallel_size": p.data_parallel_size, "pipeline_parallel_size": p.pipeline_parallel_size,

@@ -126,6 +126,10 @@ CEL_CASES = [
     ('drain-timeout-any-mode', {'autoscaling': {'drainTimeoutSeconds': 5}}, []),
     ('backoff-inverted', {'restartPolicy': {'backoffInitialSeconds': 60, 'backoffMaxSeconds': 30}},
      ['spec.restartPolicy: restartPolicy.backoffInitialSeconds (60) must not exceed backoffMaxSeconds (30)']),
+    ('stall-inverted', {'engine': {'limits': {'stallUnreadySeconds': 300, 'stallFailSeconds': 300}}},
+     ['spec.engine.limits: engine.limits.stallFailSeconds (300) must be longer than stallUnreadySeconds (300)']),
+    ('engine-cache-policy-limits', {'engine': {'schedulingPolicy': 'priority', 'cache': {'mode': 'block'},
+                                               'limits': {'maxRequestCost': 10**9, 'stallUnreadySeconds': 30}}}, []),
     ('abort-ids', {'abort': {'id': 'a1', 'requestIds': ['r1']}}, []),
     ('abort-all', {'abort': {'id': 'a1', 'all': True}}, []),
     ('abort-neither', {'abort': {'id': 'a1'}}, ['spec.abort: abort: set exactly one of requestIds or all: true']),
@@ -149,7 +153,7 @@ def test_every_cel_rule_is_exercised_by_a_failing_case():
     for path, node in _nodes(version_schema(CRD)):
         rules.update(r['messageExpression'] for r in node.get('x-kubernetes-validations', ()))
     failing = {m.split(': ', 1)[1] for _, spec, msgs in CEL_CASES for m in msgs}
-    assert len(rules) == 17 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
+    assert len(rules) == 18 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
 
 
 def _nodes(node, path=''):

@@ -43,3 +43,17 @@ def test_bad_adapters_are_refused_naming_the_field(lora, field):
     st = parse_stage({'metadata': {'name': 'tiny', 'namespace': 'team', 'uid': 'u', 'generation': 1},
                       'spec': {**copy.deepcopy(BASE), 'loras': [lora]}})
     assert st.spec is None and f'loras.0.{field}' in st.error
+
+
+def test_engine_cache_scheduling_policy_and_limits_become_the_stage_config_without_extra_args():
+    engine = {'schedulingPolicy': 'priority', 'cache': {'mode': 'block', 'threshold': 0.2, 'finalSteps': 2},
+              'limits': {'maxRequestCost': 5_000_000, 'stallUnreadySeconds': 30, 'stallFailSeconds': 90}}
+    config = load_config(yaml.safe_load(build_configmap(stage(engine=engine))['data']['stage.yaml']))
+    assert config.scheduler.scheduling_policy == 'priority'
+    assert (config.cache.mode, config.cache.threshold, config.cache.warmup_steps, config.cache.final_steps) == \
+        ('block', 0.2, 1, 2)
+    assert (config.limits.max_request_cost, config.limits.stall_unready_s, config.limits.stall_fail_s) == \
+        (5_000_000, 30.0, 90.0)
+    defaults = load_config(yaml.safe_load(build_configmap(stage())['data']['stage.yaml']))
+    assert (defaults.scheduler.scheduling_policy, defaults.cache.mode, defaults.limits) == \
+        ('fcfs', 'none', load_config({'model': {'path': '/m'}}).limits)      # the runtime's own defaults

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from serve_probes import MP_CFG2, UNI
 from stage_process import running_stage
 
-UNI = ["--device", "cpu", "--executor", "uni"]
-MP_CFG2 = ["--device", "cpu", "--executor", "mp", "--cfg-parallel-size", "2"]
 STAGE_TOPOLOGY = MP_CFG2
 # Fail-closed tests SIGKILL the last worker /v1/stats reports: a real rank process of the multiprocess
 # executor, and for the in-process executor (no worker process) the sentinel executor's stand-in.

@@ -13,6 +13,7 @@ import numpy as np
 import openai
 import pytest
 from PIL import Image
+from serve_probes import metric_samples
 from stage_process import running_stage
 
 KEY = "sk-test-0123456789"
@@ -86,6 +87,18 @@ def test_openai_fields_with_no_meaning_here_are_refused_by_name(client):
     assert err.value.body["param"] == "not_an_openai_field"
     with pytest.raises(openai.BadRequestError, match="output_compression"):
         client.images.generate(prompt="x", output_compression=50, extra_body=STEPS)
+
+
+def test_a_request_over_the_cost_bound_is_a_400_naming_the_size_counted_invalid(client, sdk_stage):
+    """Tiny SD is native 64x64: the default bound is 1000 steps of one 64x64 output; 128x128 x 300 is over."""
+    invalid, failed = (("diffstage_requests_total", (("outcome", outcome),)) for outcome in ("invalid", "failed"))
+    before = metric_samples(httpx.get(f"{sdk_stage.http_url}/metrics").text)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.images.generate(prompt="x", size="128x128", extra_body={"num_inference_steps": 300})
+    assert err.value.status_code == 400 and err.value.body["param"] == "size"
+    assert "= 4,915,200 pixel-steps is over this stage's limit of 4,096,000" in err.value.body["message"]
+    after = metric_samples(httpx.get(f"{sdk_stage.http_url}/metrics").text)
+    assert after[invalid] == before[invalid] + 1 and after[failed] == before[failed]
 
 
 @pytest.mark.parametrize("with_mask", [False, True])

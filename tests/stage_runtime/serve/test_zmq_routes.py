@@ -65,7 +65,10 @@ async def test_abort_from_another_client(stage, client, http):
     stream = await client.add_request("x", request_id="z-victim", num_inference_steps=LONG_STEPS)
     await wait_running(http, "z-victim")
     async with StageClient(stage.zmq_url) as other:
-        assert await other.abort(["z-victim", "z-ghost"]) == {"aborted": ["z-victim"], "not_found": ["z-ghost"]}
+        answer = await other.abort(["z-victim", "z-ghost"])
+        assert {k: answer[k] for k in ("aborted", "not_found", "in_step")} == {
+            "aborted": ["z-victim"], "not_found": ["z-ghost"], "in_step": ["z-victim"]}
+        assert "stops at the next step boundary" in answer["message"]
     with pytest.raises(RequestAbortedError, match="z-victim"):
         await stream.result(timeout=30)
 
