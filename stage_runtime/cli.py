@@ -124,10 +124,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_make_tiny_model(args: argparse.Namespace) -> int:
     from stage_runtime.models.tiny import make_tiny_model
+    from stage_runtime.models.tiny.lora import write_demo_loras
 
     t0 = time.perf_counter()
     out = make_tiny_model(args.out_dir, kind=args.kind, seed=args.seed)
-    print(f"wrote tiny {args.kind} pipeline to {out} in {time.perf_counter() - t0:.2f} s")
+    loras = [] if args.no_demo_loras else write_demo_loras(out)
+    also = f" (demo LoRA adapters: {', '.join(str(p) for p in loras)})" if loras else ""
+    print(f"wrote tiny {args.kind} pipeline to {out} in {time.perf_counter() - t0:.2f} s{also}")
     return 0
 
 
@@ -233,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("out_dir")
     tiny.add_argument("--kind", choices=TINY_KINDS, default="sd")
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--no-demo-loras", action="store_true",
+                      help="skip the random demo LoRA adapters written to OUT_DIR/loras/{ink,pixel} (LoRA families)")
     tiny.set_defaults(func=cmd_make_tiny_model)
     add_fetch_parser(sub)
     return parser

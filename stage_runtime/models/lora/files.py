@@ -56,6 +56,18 @@ class LoraWeights:
                 "bytes": sum(f.a.nbytes + f.b.nbytes for mods in self.modules.values() for f in mods.values())}
 
 
+def resolve_path(name: str, path: str, model_dir: str | None) -> str:
+    """An absolute ``path`` as given; a relative one inside the served model's folder (adapters that ship with
+    the model, e.g. the built-in tiny models' ``loras/ink``), never outside it."""
+    if Path(path).is_absolute() or model_dir is None:
+        return path
+    base = Path(model_dir).resolve()
+    full = (base / path).resolve()
+    if not full.is_relative_to(base):
+        raise LoraLoadError(f"LoRA adapter {name!r}: relative path {path!r} leaves the model folder")
+    return str(full)
+
+
 def weight_file(name: str, path: str) -> Path:
     """The safetensors file: ``path`` itself, or the adapter file in the folder ``path``."""
     p = Path(path)

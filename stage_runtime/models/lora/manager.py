@@ -18,13 +18,15 @@ from collections.abc import Iterator
 import torch
 
 from stage_runtime.errors import LoraLoadError
-from stage_runtime.models.lora.files import LoraWeights, read_lora
+from stage_runtime.models.lora.files import LoraWeights, read_lora, resolve_path
 from stage_runtime.models.lora.layer import LoraHook, LoraSlot, RowPlan
 
 
 class LoraManager:
-    def __init__(self, components: dict[str, torch.nn.Module], device: torch.device, refusal: str | None = None):
+    def __init__(self, components: dict[str, torch.nn.Module], device: torch.device, refusal: str | None = None,
+                 model_dir: str | None = None):
         self.refusal = refusal          # why this stage cannot apply adapters at all (said on every load)
+        self.model_dir = model_dir      # a relative adapter path is inside it
         self.components = components
         self.device = device
         self.slots = {name: LoraSlot(name) for name in components}
@@ -37,7 +39,7 @@ class LoraManager:
             raise LoraLoadError(f"LoRA adapter {name!r} is already loaded on this rank")
         if self.refusal:
             raise LoraLoadError(f"LoRA adapter {name!r}: {self.refusal}")
-        return self.add(read_lora(name, path, self.components))
+        return self.add(read_lora(name, resolve_path(name, path, self.model_dir), self.components))
 
     def add(self, weights: LoraWeights) -> dict:
         """Hold checked weights (``read_lora``'s): hook each module they target (once), give it the factors."""
@@ -124,7 +126,7 @@ def build_lora_manager(adapter, config, device: torch.device) -> LoraManager | N
                "on one rank (use cfg_parallel_size=1)") if cfg > 1 else (
         f"tensor_parallel_size={tp} shards the adapted layers' weights; LoRA factors are not sharded yet "
         "(use tensor_parallel_size=1)") if tp > 1 else None
-    manager = LoraManager(components, device, refusal)
+    manager = LoraManager(components, device, refusal, config.model.path)
     for spec in config.loras:
         manager.load(spec.name, spec.path)
     return manager
