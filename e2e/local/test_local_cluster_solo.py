@@ -26,20 +26,37 @@ SAMPLE = scenario.ROOT / 'manifests' / 'samples' / 'tiny-solo.yaml'
 LONG = 400          # steps of a low-priority request: it runs until the test is done with it
 
 
+MANIFEST = yaml.safe_load(SAMPLE.read_text())
+NAME = MANIFEST['metadata']['name']
+
+
 @pytest.fixture(scope='module')
-def solo(tmp_path_factory):
-    """The sample applied as shipped, Ready; its name and Service URL."""
-    manifest = yaml.safe_load(SAMPLE.read_text())
-    assert 'extraArgs' not in manifest['spec']['engine']
-    name = manifest['metadata']['name']
-    with LocalCluster(tmp_path_factory.mktemp('solo-cluster')) as cluster:
-        cluster.apply(manifest)
-        scenario.wait_ready(cluster, name, 1, timeout=180)
-        url = scenario.wait_for(lambda: cluster.service_url(name), 30, f'an endpoint behind Service {name}')
-        yield cluster, name, url
-    assert cluster.operator.returncode == 0, cluster.operator_log[-3000:]
-    assert 'Traceback' not in cluster.operator_log, cluster.operator_log[-5000:]
-    assert not cluster.leftovers(), cluster.leftovers()
+def cluster(tmp_path_factory):
+    assert 'extraArgs' not in MANIFEST['spec']['engine']
+    with LocalCluster(tmp_path_factory.mktemp('solo-cluster')) as local:
+        local.apply(MANIFEST)
+        yield local
+    assert local.operator.returncode == 0, local.operator_log[-3000:]
+    assert 'Traceback' not in local.operator_log, local.operator_log[-5000:]
+    assert not local.leftovers(), local.leftovers()
+
+
+@pytest.fixture
+def solo(cluster):
+    """The sample as shipped, Ready, its adapter on the replica (whatever a test before changed); the cluster,
+    the stage's name and its Service URL."""
+    scenario.restore(cluster, MANIFEST, 180)
+    url = scenario.wait_for(lambda: cluster.service_url(NAME), 30, f'an endpoint behind Service {NAME}')
+    for adapter in httpx.get(f'{url}/v1/loras', timeout=30).json()['data']:      # a test's run-time adapters
+        if adapter['name'] != 'ink':
+            assert httpx.delete(f"{url}/v1/loras/{adapter['name']}", timeout=30).status_code in (200, 404)
+    scenario.wait_for(lambda: replica_loras(cluster) == [['ink']], 60, 'the sample\'s adapter on the replica',
+                      lambda: scenario.status(cluster, NAME))
+    return cluster, NAME, url
+
+
+def replica_loras(cluster) -> list[list[str] | None]:
+    return [r.get('loras') for r in scenario.status(cluster, NAME).get('replicaStatuses') or ()]
 
 
 def generate(url: str, **body) -> dict:
@@ -51,9 +68,8 @@ def generate(url: str, **body) -> dict:
 
 def test_the_startup_adapter_is_listed_in_status_and_changes_the_image(solo):
     cluster, name, url = solo
-    replicas = scenario.status(cluster, name)['replicaStatuses']
-    scenario.wait_for(lambda: [r.get('loras') for r in scenario.status(cluster, name)['replicaStatuses']]
-                      == [['ink']], 30, 'status.replicaStatuses[].loras', lambda: replicas)
+    assert scenario.status(cluster, name)['loraSync'] == {'applied': [{'name': 'ink', 'path': 'loras/ink',
+                                                                       'pinned': True}], 'errors': []}
     plain = generate(url, cache='off')['data'][0]['b64_json']
     inked = generate(url, cache='off', loras=[{'name': 'ink', 'scale': 1.0}])['data'][0]['b64_json']
     assert base64.b64decode(plain) != base64.b64decode(inked)
@@ -89,3 +105,29 @@ async def test_priority_scheduling_from_the_crd_preempts_a_low_request_for_a_hig
         assert sorted(aborted['aborted']) == ['low-0', 'low-1']
         assert [(await low).status_code for low in lows] == [409, 409]
 
+
+
+def test_a_changed_spec_loras_reaches_the_running_replica_without_a_restart_and_spares_run_time_adapters(solo):
+    cluster, name, url = solo
+    [before] = cluster.pods(name)
+    mine = httpx.post(f'{url}/v1/loras', json={'name': 'mine', 'path': 'loras/ink'}, timeout=60)   # replica-local
+    assert mine.status_code == 200, mine.text
+    cluster.patch_spec(name, {'loras': [{'name': 'pixel', 'path': 'loras/pixel'}]})
+    scenario.wait_for(lambda: replica_loras(cluster) == [['mine', 'pixel']], 60, 'pixel loaded, ink unloaded',
+                      lambda: scenario.status(cluster, name))
+    status = scenario.wait_for(lambda: (st := scenario.status(cluster, name)).get('loraSync', {}).get('applied') == [
+        {'name': 'pixel', 'path': 'loras/pixel', 'pinned': True}] and st, 30, 'status.loraSync.applied')
+    assert status['loraSync']['errors'] == [] and status['phase'] == 'Ready'
+    [after] = cluster.pods(name)
+    assert after['metadata']['uid'] == before['metadata']['uid']                       # the same pod: no roll
+    assert after['status']['containerStatuses'][0]['restartCount'] == before['status']['containerStatuses'][0][
+        'restartCount']
+    generate(url, loras=[{'name': 'pixel'}], cache='off')
+    gone = httpx.post(f'{url}/v1/images/generations', timeout=60, json={
+        'prompt': 'x', 'size': '64x64', 'num_inference_steps': 2, 'loras': [{'name': 'ink'}]})
+    assert gone.status_code == 400 and gone.json()['error']['param'] == 'loras.0.name'
+    bad = {'name': 'ghost', 'path': 'loras/none'}                                       # a file no replica has
+    cluster.patch_spec(name, {'loras': [{'name': 'pixel', 'path': 'loras/pixel'}, bad]})
+    failed = scenario.wait_for(lambda: (st := scenario.status(cluster, name)).get('loraSync', {}).get('errors')
+                               and st, 60, 'the refused adapter in status.loraSync.errors')
+    assert 'ghost' in failed['loraSync']['errors'][0] and failed['loraSync']['applied'][-1]['name'] == 'pixel'

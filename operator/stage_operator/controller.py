@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from stage_operator import metrics, stage_http
+from stage_operator import lora_sync, metrics, stage_http
 from stage_operator.clock import format_time
 from stage_operator.health import HealthBook
 from stage_operator.kube import ApiError, Kube
@@ -26,6 +26,7 @@ from stage_operator.stage import Stage, parse_stage
 log = logging.getLogger(__name__)
 MAX_SAMPLES = 100_000
 QUOTA_RETRY_SECONDS = 5.0  # a pod a ResourceQuota refused is tried again this often
+LORA_RETRY_SECONDS = 2.0  # an adapter still in use, a replica not answering: the LoRA sync looks again
 
 
 def utc_now() -> str:
@@ -129,7 +130,12 @@ class Controller:
         self.remember(namespace, name).api_key = await asyncio.to_thread(self._api_key, stage)
         if (spec_abort := self._pending_abort(stage)) is not None:
             observed = dataclasses.replace(observed, abort=await self._abort(stage, observed, spec_abort))
+        if (synced := await self._sync_loras(stage, observed)) is not None:
+            observed = dataclasses.replace(observed, lora_sync=synced)
         plan = reconcile(stage, observed)
+        if synced is not None and synced.pending:          # an adapter in use, a replica unreachable: look again
+            plan = dataclasses.replace(plan, requeue_after=min(plan.requeue_after or LORA_RETRY_SECONDS,
+                                                               LORA_RETRY_SECONDS))
         await asyncio.to_thread(self.apply, stage, plan)
         if self.remember(namespace, name).quota_refused:  # look again soon: status says why, quota may free up
             plan = dataclasses.replace(plan, requeue_after=min(plan.requeue_after or QUOTA_RETRY_SECONDS,
@@ -182,6 +188,20 @@ class Controller:
         memory.targets = Targets(spec.health_check.period_seconds, spec.health_check.timeout_seconds,
                                  a.mode == "Operator", window + 2 * spec.health_check.period_seconds, pods,
                                  memory.api_key)
+
+    # -- spec.loras, live on every ready replica (lora_sync) ---------------------------------------------------
+    async def _sync_loras(self, stage: Stage, observed: Observed) -> lora_sync.LoraSync | None:
+        """None when nothing needs a look (the usual case: no HTTP call at all)."""
+        if stage.spec is None or stage.deleting:
+            return None
+        want, applied = lora_sync.wanted(stage.spec.loras), lora_sync.applied(stage.status, stage.spec.loras)
+        ready = [p for p in observed.pod_views().values() if p.available and p.endpoint and not p.terminating]
+        listed = {p.name: (h.loras if (h := observed.health.get(p.uid)) is not None else None) for p in ready}
+        if not lora_sync.needs_sync(want, applied, listed):
+            return None
+        return await lora_sync.sync(self.session, [(p.name, p.endpoint) for p in ready], want, applied,
+                                    stage.spec.health_check.timeout_seconds * 5, self.remember(
+                                        stage.namespace, stage.name).api_key)
 
     # -- abort: a new spec.abort.id, sent once ----------------------------------------------------------------
     @staticmethod

@@ -170,6 +170,7 @@ class Observed:
     abort: dict[str, Any] | None = None  # the new status.abort when an abort was just sent
     image_volumes: bool = False  # the API server supports image volumes (Kubernetes >= 1.35)
     quota_refused: Mapping[str, str] = field(default_factory=dict)  # pod → why a ResourceQuota refused its creation
+    lora_sync: Any = None  # lora_sync.LoraSync when spec.loras were just synced onto the replicas
 
     @property
     def epoch(self) -> float:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stage_operator import autoscale, capacity, drain, report, restarts, rollback, rollout, scaledown
+from stage_operator import autoscale, capacity, drain, lora_sync, report, restarts, rollback, rollout, scaledown
 from stage_operator.api.meta import LABEL_SERVING
 from stage_operator.builders.children import build_configmap, build_service
 from stage_operator.builders.disruption import build_pdb, pdb_name
@@ -97,8 +97,10 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
                                quota_refused=observed.quota_refused)
         requeue = _soonest(scaled.requeue_after, decisions.drains.requeue_after, rs.requeue_after,
                            target.requeue_after)
-        if fit.ok or observed.configmap is not None:
-            _child("ConfigMap", build_configmap(template), observed.configmap, ("data",), plan)
+        applied = (observed.lora_sync.applied if observed.lora_sync is not None
+                   else lora_sync.applied(stage.status, spec.loras))
+        if fit.ok or observed.configmap is not None:   # new replicas start with the LoRA list applied everywhere
+            _child("ConfigMap", build_configmap(template, applied), observed.configmap, ("data",), plan)
         if fit.ok or observed.service is not None:
             _child("Service", build_service(stage), observed.service, ("spec",), plan)
         _pdb(stage, desired, observed.pdb, plan)
@@ -112,12 +114,32 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
         plan.create.extend(build_pod(template, i, desired_hash, observed.image_volumes) for i, _ in rs.recreate)
         events += rs.events + target.events
     status = report.build_status(stage, pods, fit, decisions, desired_hash, observed.now, extras)
+    if spec is not None:
+        events += _lora_sync(stage, observed, status)
     events = _decisions_explained(stage, plan, status) + events
     if observed.abort is not None:
         events.append(_abort_event(observed.abort))
     return Plan(plan.create, plan.patch, plan.delete,
                 merge_patch(stage.status, status) if status != dict(stage.status) else None,
                 [build_event(stage, *e, observed.now) for e in events], requeue)
+
+
+def _lora_sync(stage: Stage, observed: Observed, status: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """status.loraSync (kept as it was unless a sync just ran) and the Events of what the sync did."""
+    before = stage.status.get("loraSync")
+    synced = observed.lora_sync
+    record = synced.wire() if synced is not None else before
+    if record is None and stage.spec.loras:
+        record = {"applied": list(lora_sync.wanted(stage.spec.loras)), "errors": []}
+    if record is None:
+        return []
+    status["loraSync"] = record
+    if synced is None:
+        return []
+    out = [("Normal", "LorasSynced", "; ".join(synced.calls))] if synced.calls else []
+    if synced.errors and list(synced.errors) != list((before or {}).get("errors") or ()):
+        out.append(("Warning", "LoraSyncFailed", "; ".join(synced.errors)))
+    return out
 
 
 def _pdb(stage: Stage, replicas: int, observed: Any, plan: Plan) -> None:

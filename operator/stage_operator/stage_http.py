@@ -99,3 +99,34 @@ async def abort(session: aiohttp.ClientSession, targets: Sequence[tuple[str, str
             aborted += [str(r) for r in answer.get("aborted") or () if str(r) not in aborted]
     not_found = [r for r in request_ids or () if r not in aborted]
     return {"aborted": aborted, "notFound": not_found, "unreachable": unreachable}
+
+
+async def list_loras(session: aiohttp.ClientSession, base: str, timeout: float,
+                     api_key: str | None) -> list[dict[str, Any]] | str:
+    """The adapters the stage lists on `/v1/loras` (name, path, pinned, …), or why it could not be read."""
+    try:
+        async with session.get(f"{base}/v1/loras", timeout=aiohttp.ClientTimeout(total=timeout),
+                               headers=auth_headers(api_key)) as response:
+            body = await _json(response)
+            if response.status != 200:
+                return f"/v1/loras answered {response.status}"
+    except _ERRORS as exc:
+        return _why(exc)
+    return [a for a in body.get("data") or () if isinstance(a, dict) and "name" in a]
+
+
+async def lora_call(session: aiohttp.ClientSession, base: str, op: str, name: str, body: dict[str, Any] | None,
+                    timeout: float, api_key: str | None) -> tuple[int, str]:
+    """POST /v1/loras (op "load", body) or DELETE /v1/loras/NAME ("unload"): (HTTP status, the error message);
+    status 0 when the stage could not be reached."""
+    limit, headers = aiohttp.ClientTimeout(total=timeout), auth_headers(api_key)
+    try:
+        if op == "load":
+            call = session.post(f"{base}/v1/loras", json=body, timeout=limit, headers=headers)
+        else:
+            call = session.delete(f"{base}/v1/loras/{name}", timeout=limit, headers=headers)
+        async with call as response:
+            answer = await _json(response)
+            return response.status, str((answer.get("error") or {}).get("message") or "")
+    except _ERRORS as exc:
+        return 0, _why(exc)

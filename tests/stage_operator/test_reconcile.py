@@ -3,75 +3,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any
 
 import pytest
 
-from e2e.local import kubelet
 from stage_operator.builders.children import build_configmap, build_service
-from stage_operator.builders.disruption import build_pdb
 from stage_operator.builders.networkpolicy import build_network_policy
-from stage_operator.builders.pod import build_pod, template_hash
+from stage_operator.builders.pod import template_hash
 from stage_operator.observed import Observed
 from stage_operator.reconcile import needs_nodes, reconcile
-from stage_operator.stage import parse_stage
 
-T0, T1 = '2026-01-01T00:00:00Z', '2026-01-01T00:05:00Z'
-IP = '127.100.0.9'  # a pod IP: a running pod there can hold requests (the drain waits for them)
-CPU = {'model': {'builtin': 'tiny-sd'}, 'replicas': 2, 'resources': {'gpusPerPod': 1, 'gpuResourceName': ''}}
-GPU = {'model': {'path': '/models/sd'}, 'replicas': 1, 'parallel': {'cfgParallelSize': 2},
-       'resources': {'gpusPerPod': 2, 'gpuResourceName': 'nvidia.com/gpu'}}
-
-
-def stage(spec: dict[str, Any] | None = None, status: dict[str, Any] | None = None, generation: int = 1, **meta: Any):
-    return parse_stage({'metadata': {'name': 's', 'namespace': 'ns', 'uid': 'uid-1', 'generation': generation, **meta},
-                        'spec': copy.deepcopy(spec or CPU), 'status': status or {}})
-
-
-def pod(st, index: int, state: str = 'ready', pod_hash: str | None = None) -> dict[str, Any]:
-    obj = build_pod(st, index, pod_hash)
-    obj['metadata']['uid'] = f'pod-{index}'
-    obj['status'] = {  # what a kubelet (or the scheduler) reports: the pod runner's builders
-        'ready': kubelet.running('stage', True, IP, started=T0),
-        'starting': kubelet.running('stage', False, IP, started=T0),
-        'pending': {'phase': 'Pending'},
-        'unschedulable': kubelet.unschedulable('0/3 nodes'),
-        'failed': kubelet.failed('stage', 3, 'EngineDead: collective timed out', at=T0),
-        'terminating': kubelet.running('stage', True, IP, started=T0),
-    }[state]
-    if state == 'terminating':
-        obj['metadata']['deletionTimestamp'] = T0
-    return obj
-
-
-def world(st, pods=(), *, children: bool = True, nodes=None, now: str = T1) -> Observed:
-    return Observed(pods=list(pods), service=build_service(st) if children else None,
-                    configmap=build_configmap(st) if children else None,
-                    pdb=build_pdb(st, st.spec.replicas) if children else None,
-                    network_policy=build_network_policy(st) if children else None, nodes=nodes, now=now)
-
-
-def node(name: str, gpus: int, unschedulable: bool = False) -> dict[str, Any]:
-    return {'metadata': {'name': name}, 'spec': {'unschedulable': unschedulable},
-            'status': {'allocatable': {'nvidia.com/gpu': str(gpus), 'cpu': '32'}}}
-
-
-def settle(st, observed: Observed):
-    """The stage as it looks after the plan's status was written (the next reconcile's input)."""
-    plan = reconcile(st, observed)
-    status = copy.deepcopy(dict(st.status))
-    _apply_merge(status, plan.status or {})
-    return stage(spec=st.spec.wire() if st.spec else None, status=status, generation=st.generation), plan
-
-
-def _apply_merge(target: dict, patch: dict) -> None:
-    for k, v in patch.items():
-        if v is None:
-            target.pop(k, None)
-        elif isinstance(v, dict) and isinstance(target.get(k), dict):
-            _apply_merge(target[k], v)
-        else:
-            target[k] = copy.deepcopy(v)
+from support.reconcile_world import CPU, GPU, T0, T1, apply_merge, node, pod, settle, stage, world
 
 
 def created(plan) -> list[str]:
@@ -155,7 +96,7 @@ def test_a_manual_scale_down_fences_the_removed_replicas_and_deletes_them_once_d
     assert deleted(first) == [] and created(first) == []
     assert [(p.name, p.body) for p in first.patch] == [('s-2', fence(t_fence)), ('s-1', fence(t_fence))]
     for obj in pods[1:]:                                      # the API applied the fences
-        _apply_merge(obj['metadata'], fence(t_fence)['metadata'])
+        apply_merge(obj['metadata'], fence(t_fence)['metadata'])
     busy = {'pod-1': PodHealth('Healthy', t_fence + 5, answered=True, waiting=0, running=1),
             'pod-2': PodHealth('Healthy', t_fence + 5, answered=True, waiting=0, running=0)}
     second = reconcile(st, Observed(pods=pods, service=build_service(st), configmap=build_configmap(st),
@@ -212,7 +153,7 @@ def test_a_deleted_stage_drains_every_pod_before_it_goes():
     assert [(p.name, p.body) for p in first.patch] == [('s-0', fence(t1, 'StageDeleted'))]
     assert [(d.name, d.reason) for d in first.delete] == [('s-1', 'StageDeleted')] and first.status is None
     assert first.requeue_after is not None and first.create == []
-    _apply_merge(pods[0]['metadata'], fence(t1, 'StageDeleted')['metadata'])
+    apply_merge(pods[0]['metadata'], fence(t1, 'StageDeleted')['metadata'])
     busy = {'pod-0': PodHealth('Healthy', t1 + 1, answered=True, waiting=0, running=1)}
     waiting = reconcile(st, Observed(pods=pods[:1], now='2026-01-01T00:05:02Z', health=busy))
     assert waiting.delete == [] and waiting.patch == [] and waiting.requeue_after is not None

@@ -83,11 +83,13 @@ class Resources(ApiModel):
 
 
 class LoraAdapter(ApiModel):
-    """A LoRA adapter every replica loads at startup (docs/lora.md); requests name it in `loras`."""
+    """A LoRA adapter every replica holds (docs/lora.md): loaded at startup, and on the running replicas, live,
+    when the list changes (no pod restart); requests name it in `loras`."""
 
     name: str = Field(pattern=LORA_NAME_PATTERN, description="The name requests give in `loras`; unique in the list.")
     path: str = Field(min_length=1, description=(
-        "The adapter's safetensors file (or its folder) inside the pod: in the image or on a podTemplate volume."))
+        "The adapter's safetensors file (or its folder) inside the pod: in the image or on a podTemplate volume; a "
+        "relative path is inside the model folder (the built-in tiny models ship loras/ink and loras/pixel)."))
     pinned: bool = Field(True, description=(
         "true (default): never evicted to make room under maxLoras; false: evictable like adapters loaded later."))
 
@@ -268,8 +270,8 @@ class StageSpec(ApiModel):
     network_policy: NetworkPolicy = Field(default_factory=NetworkPolicy)
     # None (not []) when unset: the spec's wire form, hence its rollout digest, is unchanged for stages without it
     loras: list[LoraAdapter] | None = Field(None, max_length=64, description=(
-        "LoRA adapters every replica loads at startup (at most 64, unique names); changing the list rolls the "
-        "pods."), json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+        "LoRA adapters every replica holds (at most 64, unique names): loaded at startup, and a changed list is "
+        "loaded and unloaded live on the running replicas, without restarting them (status.loraSync)."), json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
     max_loras: int | None = Field(None, ge=1, le=1024, description=(
         "Adapters resident at most per replica (1-1024, default 8); a load past it evicts the least recently "
         "used unpinned one."))

@@ -116,6 +116,24 @@ class AbortStatus(ApiModel):
     completed_time: str | None = Field(None, description="When the abort was sent (RFC 3339).")
 
 
+class AppliedLora(ApiModel):
+    """One spec.loras entry as applied on the replicas."""
+
+    name: str = Field(description="The adapter's name.")
+    path: str = Field(description="Its file or folder inside the pod.")
+    pinned: bool = Field(True, description="Whether it is pinned (never evicted under maxLoras).")
+
+
+class LoraSyncStatus(ApiModel):
+    """spec.loras on the running replicas: changes are loaded live (no pod restart) through each ready replica's
+    /v1/loras; new replicas start with `applied`."""
+
+    applied: list[AppliedLora] = Field(default_factory=list, description=(
+        "The list every ready replica holds; it becomes the spec's once every replica took the change."))
+    errors: list[Annotated[str, Field(description="<pod>: <load|unload> <name>: <why>.")]] = Field(
+        default_factory=list, description="What a replica refused in the last sync (a missing or unfitting file).")
+
+
 class AutoscalingStatus(ApiModel):
     """The operator's last scaling decision (autoscaling.mode Operator)."""
 
@@ -199,6 +217,7 @@ class StageStatus(ApiModel):
         "One entry per pod of the stage, and per replica being recreated."))
     restarts: Restarts = Field(default_factory=Restarts)
     abort: AbortStatus | None = None
+    lora_sync: LoraSyncStatus | None = None
     autoscaling: AutoscalingStatus | None = None
     model: ModelStatus | None = None
     rollout: RolloutStatus | None = None

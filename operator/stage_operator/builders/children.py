@@ -25,9 +25,11 @@ def configmap_name(stage: Stage) -> str:
     return f"{stage.name}-config"
 
 
-def build_configmap(stage: Stage) -> dict[str, Any]:
+def build_configmap(stage: Stage, loras: Any = None) -> dict[str, Any]:
+    """The stage.yaml every pod mounts; ``loras``: the startup adapters when not the spec's (lora_sync's applied
+    list; ``()``: none, as the template hash sees it: the list changes live, never by a roll)."""
     assert stage.spec is not None, "build children only for a valid spec"
-    text = yaml.safe_dump(stage_config(stage.spec, stage.name), sort_keys=True)
+    text = yaml.safe_dump(stage_config(stage.spec, stage.name, loras), sort_keys=True)
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": owned_metadata(stage, configmap_name(stage)),
             "data": {CONFIG_FILE: text}}
 

@@ -130,10 +130,12 @@ def build_pod_spec(stage: Stage, image_volumes: bool = False) -> dict[str, Any]:
 
 
 def template_hash(stage: Stage, image_volumes: bool = False) -> str:
-    """Changes exactly when a replica built now would differ: the pod spec and the stage config it mounts."""
+    """Changes exactly when a replica built now would differ: the pod spec and the stage config it mounts (but
+    its startup LoRA list, which changes live)."""
     tpl = stage.spec.pod_template
     metadata = [tpl.labels or {}, tpl.annotations or {}] if tpl.labels or tpl.annotations else []  # new pods carry them
-    payload = json.dumps([build_pod_spec(stage, image_volumes), build_configmap(stage)["data"], *metadata],
+    # spec.loras is left out: a changed list is loaded live on the replicas (lora_sync), not rolled
+    payload = json.dumps([build_pod_spec(stage, image_volumes), build_configmap(stage, loras=())["data"], *metadata],
                          sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:10]
 

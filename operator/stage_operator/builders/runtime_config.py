@@ -24,8 +24,9 @@ def executor(spec: StageSpec) -> str:
     return spec.engine.executor or ("uni" if spec.topology().world_size == 1 else "mp")
 
 
-def stage_config(spec: StageSpec, stage_name: str) -> dict[str, Any]:
-    """The dict `stage_runtime.config.load_config` accepts (snake_case, its own field names)."""
+def stage_config(spec: StageSpec, stage_name: str, loras: Any = None) -> dict[str, Any]:
+    """The dict `stage_runtime.config.load_config` accepts (snake_case, its own field names). ``loras``: the startup
+    adapters ([{name, path, pinned}]) when not the spec's (the list applied on the replicas: lora_sync)."""
     model: dict[str, Any] = {"path": model_dir(spec), "served_name": spec.model.name or stage_name}
     if spec.model.dtype:
         model["dtype"] = spec.model.dtype
@@ -40,7 +41,8 @@ def stage_config(spec: StageSpec, stage_name: str) -> dict[str, Any]:
     cache = {"mode": c.mode, "threshold": c.threshold, "warmup_steps": c.warmup_steps, "final_steps": c.final_steps}
     limits = {"max_request_cost": lim.max_request_cost, "stall_unready_s": float(lim.stall_unready_seconds),
               "stall_fail_s": float(lim.stall_fail_seconds)}
-    loras: dict[str, Any] = {"loras": [lora.wire() for lora in spec.loras]} if spec.loras else {}
+    startup = [lora.wire() for lora in spec.loras or ()] if loras is None else [dict(entry) for entry in loras]
+    loras: dict[str, Any] = {"loras": startup} if startup else {}
     if spec.max_loras:
         loras["max_loras"] = spec.max_loras
     return {"model": model, "device": device(spec), "executor": executor(spec), "scheduler": scheduler, **loras,

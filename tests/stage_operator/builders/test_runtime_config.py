@@ -1,4 +1,4 @@
-"""spec.loras → the stage's startup adapters (stage.yaml), rolled by the template hash, accepted by the runtime."""
+"""spec.loras → the stage's startup adapters (stage.yaml), never rolled (applied live), accepted by the runtime."""
 
 from __future__ import annotations
 
@@ -32,10 +32,14 @@ def test_spec_loras_become_the_stage_startup_adapters():
     assert load_config(yaml.safe_load(build_configmap(stage())['data']['stage.yaml'])).loras == ()
 
 
-def test_changing_the_list_rolls_the_pods():
-    hashes = {template_hash(stage(**spec)) for spec in ({}, {'loras': LORAS}, {'loras': LORAS[:1]})}
-    assert len(hashes) == 3
-    assert template_hash(stage(loras=LORAS)) == template_hash(stage(loras=copy.deepcopy(LORAS)))
+def test_changing_the_list_never_rolls_the_pods_it_is_applied_live():
+    """The template hash leaves spec.loras out (lora_sync loads a change on the running replicas); what new
+    replicas start with is the ConfigMap's list, the one applied everywhere."""
+    assert len({template_hash(stage(**spec)) for spec in ({}, {'loras': LORAS}, {'loras': LORAS[:1]})}) == 1
+    assert template_hash(stage(maxLoras=4)) != template_hash(stage())               # a startup setting: rolls
+    applied = [{'name': 'old', 'path': '/adapters/old', 'pinned': True}]
+    config = load_config(yaml.safe_load(build_configmap(stage(loras=LORAS), applied)['data']['stage.yaml']))
+    assert [(s.name, s.path) for s in config.loras] == [('old', '/adapters/old')]
 
 
 @pytest.mark.parametrize('lora, field', [({'name': '../x', 'path': '/a'}, 'name'), ({'name': 'a', 'path': ''}, 'path')])
