@@ -49,6 +49,8 @@ def run(out: Path, timeout: float) -> int:
         step('stopped the operator, the pod runner and the API' + (f'; LEFT BEHIND: {left}' if left else
                                                                    ': no process left, no /dev/shm segment left'))
     print(f'image: {out.resolve()}')
+    print('       (coloured noise, on purpose: the built-in tiny model has random weights, built here, no download;'
+          ' real weights: manifests/samples/gpu-sd-turbo.yaml)')
     return 1 if left else 0
 
 
