@@ -136,3 +136,20 @@ def test_slugs_follow_github():
     assert slug("Fail-closed restarts") == "fail-closed-restarts"
     page_anchors = anchors(DOCS / "architecture.md")
     assert {"the-control-loop", "the-layers", "parallel-topology"} <= page_anchors
+
+
+def _table_fields(page: str, heading: str) -> set[str]:
+    """The first column's backticked names in the table under ``heading``."""
+    text = (DOCS / page).read_text()
+    section = text[text.index(heading):]
+    section = section[:section.index("\n#", len(heading))] if "\n#" in section[len(heading):] else section
+    return {name for line in section.splitlines() if line.startswith("| `")
+            for name in re.findall(r"`([a-z_]+)`", line.split("|")[1])}
+
+
+def test_every_generation_field_is_in_the_http_table():
+    """'Any other field is a 400', so the table must name every field the body accepts."""
+    from stage_runtime.serve.schemas import ImageGenerationRequest
+
+    documented = _table_fields("http-api.md", "### `POST /v1/images/generations`")
+    assert set(ImageGenerationRequest.model_fields) - documented == set()

@@ -194,7 +194,7 @@ class StageStats(BaseModel):
     """``GET /v1/stats`` — what the operator polls. Exactly these keys (``offload`` only with offload on)."""
 
     model_config = ConfigDict(extra="forbid")
-    state: Literal["starting", "ready", "draining", "dead"]
+    state: Literal["starting", "ready", "stalled", "draining", "dead"]
     waiting: int
     running: int
     capacity: int
