@@ -96,7 +96,8 @@ async def stage_deleted(name: str, namespace: str, memo: kopf.Memo, retry: int, 
                 break  # every pod has left (or is going without work on it)
             changed, period = await memo.controller.probe_round(namespace, name)
             if not (changed or plan.writes):  # after a write or a change, look again at once
-                await Triggers.wait(trigger, min(period, plan.requeue_after or period))
+                deadline = plan.requeue_after
+                await Triggers.wait(trigger, period if deadline is None else min(period, deadline))
     finally:
         memo.triggers.unregister(namespace, name)
     memo.controller.forget(namespace, name)
@@ -114,6 +115,8 @@ async def stage_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_:
     if type in (None, "ADDED", "DELETED") or meta.get("generation") != status.get("observedGeneration") \
             or meta.get("deletionTimestamp"):
         memo.triggers.fire(meta["namespace"], meta["name"])
+    if type == "DELETED":  # gone: also when its finalizer was removed by hand and no deletion handler ran
+        memo.controller.forget(meta["namespace"], meta["name"])
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_STAGE: kopf.PRESENT})

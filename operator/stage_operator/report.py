@@ -230,7 +230,8 @@ def build_deleting_status(stage: Stage, pods: dict[int, PodView], leaving: Colle
     left = f"draining {', '.join(names)}" if names else "every pod has drained"
     new = [{k: c[k] for k in ("type", "status", "reason", "message") if k in c}
            for c in previous.get("conditions") or () if c.get("type") not in ("Ready", "Progressing")]
-    new += [conditions.condition("Ready", False, "Terminating", "the stage is being deleted: its pods left the Service"),
+    new += [conditions.condition("Ready", False, "Terminating",
+                                 "the stage is being deleted: its pods left the Service"),
             conditions.condition("Progressing", True, "Draining", f"the stage is being deleted: {left}")]
     statuses = []
     for r in previous.get("replicaStatuses") or ():

@@ -108,5 +108,6 @@ def test_a_failing_drain_is_an_error_in_the_log_and_is_retried(cluster, kube_emu
         assert cluster.pods('gone') == {}
     errors = [line for line in op.output.splitlines() if line.startswith('ERROR')]
     assert len(errors) == 1, errors
-    assert errors[0].startswith("ERROR kopf.objects: Handler 'stage_deleted' failed temporarily: draining "
-                                "default/gone failed: DELETE /api/v1/namespaces/default/pods/gone-0 answered 503"), errors
+    assert errors[0].startswith(
+        "ERROR kopf.objects: Handler 'stage_deleted' failed temporarily: draining default/gone failed: "
+        "DELETE /api/v1/namespaces/default/pods/gone-0 answered 503"), errors
