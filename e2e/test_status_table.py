@@ -15,7 +15,7 @@ def test_columns_come_from_the_crd():
 def test_render_a_stage_and_one_without_status():
     ready = {'metadata': {'name': 'tiny', 'creationTimestamp': '2026-01-01T11:59:00Z'},
              'spec': {'replicas': 2, 'resources': {'gpusPerPod': 2}},
-             'status': {'phase': 'Ready', 'readyReplicas': 2, 'restarts': {'total': 1}}}
+             'status': {'phase': 'Ready', 'readyReplicas': 2, 'restarts': {'total': 1}, 'topology': {'gpus': 2}}}
     new = {'metadata': {'name': 'fresh-stage', 'creationTimestamp': '2026-01-01T09:00:00Z'}, 'spec': {'replicas': 1}}
     lines = render([ready, new], NOW).splitlines()
     assert lines[0].split() == ['NAME', 'PHASE', 'READY', 'REPLICAS', 'GPUS', 'RESTARTS', 'AGE']

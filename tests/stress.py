@@ -29,6 +29,7 @@ MODULES = (
     'tests/stage_runtime/executor/test_multiproc_faults.py',  # SIGKILL a worker, the engine; a stalled collective
     'tests/stage_operator/test_operator_live.py',             # the operator against real stages: drains, autoscaling
     'tests/stage_operator/test_operator_restarts.py',         # fail-closed restarts, backoff, budgets
+    'tests/stage_operator/test_operator_deletion.py',         # a stage deleted mid-request: the drain, its status
     'tests/stage_runtime/serve/test_lifecycle.py',            # SIGTERM drains, worker death exits 3
 )
 

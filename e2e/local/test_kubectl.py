@@ -69,15 +69,41 @@ def test_apply_of_the_sample_validates_and_creates_it(kubectl, api, http):
     assert 'openapi' not in again.stderr, again.stderr
 
 
-def test_get_dstage_prints_the_crd_columns(kubectl, http):
-    kubectl('apply', '-f', str(scenario.SAMPLE))
-    ready_status(http, 'tiny')
-    lines = kubectl('get', 'dstage').stdout.splitlines()
-    assert lines[0].split() == ['NAME', 'PHASE', 'READY', 'REPLICAS', 'GPUS', 'RESTARTS', 'AGE']
-    row = next((line.split() for line in lines[1:] if line.split()[0] == 'tiny'), [])  # beside other tests' stages
-    assert row[:6] == ['tiny', 'Ready', '2', '2', '2', '1'] and row[6].endswith(('s', 'm')), lines
-    wide = kubectl('get', 'dstage', 'tiny', '-o', 'wide').stdout.splitlines()
-    assert wide[0].split()[-1] == 'REASON' and wide[1].split()[-1] == 'AllReplicasReady', wide
+# statuses the operator's own reconcile wrote (recorded for the Argo CD health tests): a CPU-rank stage Ready, one
+# rolled back (Degraded though its Ready condition is another story), one being deleted, one asking for more GPUs
+# than any node has
+RECORDED = Path(scenario.ROOT) / 'manifests' / 'argocd' / 'testdata'
+COLUMN_CASES = {'cols-ready': 'healthy', 'cols-rolled-back': 'rollout-failed', 'cols-deleting': 'deleting',
+                'cols-gpus': 'accepted-false-insufficient-gpus'}
+
+
+def test_get_dstage_prints_the_crd_columns_and_wide_explains_the_phase(kubectl, http):
+    for name, case in COLUMN_CASES.items():
+        recorded = yaml.safe_load((RECORDED / f'{case}.yaml').read_text())
+        created = http.post(STAGES, json={'apiVersion': recorded['apiVersion'], 'kind': recorded['kind'],
+                                          'metadata': {'name': name}, 'spec': recorded['spec']})
+        assert created.status_code == 201, created.text
+        written = http.patch(f'{STAGES}/{name}/status', headers=MERGE, json={'status': recorded['status']})
+        assert written.status_code == 200, written.text
+    try:
+        lines = kubectl('get', 'dstage', *COLUMN_CASES).stdout.splitlines()
+        assert lines[0].split() == ['NAME', 'PHASE', 'READY', 'REPLICAS', 'GPUS', 'RESTARTS', 'AGE'], lines
+        assert [line.split()[:6] for line in lines[1:]] == [  # in the order asked for
+            ['cols-ready', 'Ready', '2', '2', '0', '0'],  # CPU ranks: no GPU asked for
+            ['cols-rolled-back', 'Degraded', '1', '2', '0', '0'],
+            ['cols-deleting', 'Terminating', '2', '2', '0', '0'],
+            ['cols-gpus', 'Pending', '0', '2', '2', '0']], lines  # 2 nvidia.com/gpu per pod
+        wide = kubectl('get', 'dstage', *COLUMN_CASES, '-o', 'wide').stdout.splitlines()
+        assert wide[0].split() == ['NAME', 'PHASE', 'REASON', 'READY', 'REPLICAS', 'GPUS', 'RANKS', 'RESTARTS',
+                                   'AGE'], wide
+        assert [line.split()[:7] for line in wide[1:]] == [
+            ['cols-ready', 'Ready', 'AllReplicasReady', '2', '2', '0', '2'],
+            ['cols-rolled-back', 'Degraded', 'RolloutFailed', '1', '2', '0', '2'],
+            ['cols-deleting', 'Terminating', 'Draining', '2', '2', '0', '2'],
+            ['cols-gpus', 'Pending', 'InsufficientGPUCapacity', '0', '2', '2', '2']], wide
+    finally:
+        for name in COLUMN_CASES:
+            http.delete(f'{STAGES}/{name}')
 
 
 def test_get_pods_prints_the_builtin_columns(kubectl, api):

@@ -116,7 +116,7 @@ def test_the_api_servers_service_proxy_reaches_a_ready_pod(cluster, tiny):
 def test_kubectl_get_shows_the_printer_columns_of_the_ready_stage(cluster, kubectl, tiny):
     lines = kubectl('get', 'dstage', tiny).stdout.splitlines()
     assert lines[0].split() == ['NAME', 'PHASE', 'READY', 'REPLICAS', 'GPUS', 'RESTARTS', 'AGE'], lines
-    assert lines[1].split()[:5] == ['tiny', 'Ready', '2', '2', '2'], lines
+    assert lines[1].split()[:5] == ['tiny', 'Ready', '2', '2', '0'], lines  # CPU ranks: no GPU asked for
     pods = kubectl('get', 'pods', '-l', f'diffstage.io/stage={tiny}').stdout.splitlines()
     assert [line.split()[:3] for line in pods[1:]] == [[name, '1/1', 'Running'] for name in pod_names(cluster, tiny)]
 

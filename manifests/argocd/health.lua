@@ -31,14 +31,27 @@ local status = obj.status
 local desired = spec.replicas or 1
 local autoscaling = (spec.autoscaling or {}).mode or "None"
 
--- 1. Nothing reported yet.
+-- 1. Being deleted: the pods drain first (phase Terminating, Progressing=True Draining names them). Argo CD
+--    itself shows a resource with a deletionTimestamp as Progressing before it asks a health script.
+if obj.metadata.deletionTimestamp ~= nil then
+  local c = condition("Progressing")
+  hs.status = "Progressing"
+  if status ~= nil and status.phase == "Terminating" and c ~= nil then
+    hs.message = describe(c)
+  else
+    hs.message = "being deleted"
+  end
+  return hs
+end
+
+-- 2. Nothing reported yet.
 if status == nil or status.observedGeneration == nil then
   hs.status = "Progressing"
   hs.message = "waiting for the operator to observe the stage"
   return hs
 end
 
--- 2. A spec change the operator has not seen yet (right after a sync).
+-- 3. A spec change the operator has not seen yet (right after a sync).
 if obj.metadata.generation ~= nil and obj.metadata.generation > status.observedGeneration then
   hs.status = "Progressing"
   hs.message = "spec change not yet observed (generation " .. obj.metadata.generation ..
@@ -46,7 +59,7 @@ if obj.metadata.generation ~= nil and obj.metadata.generation > status.observedG
   return hs
 end
 
--- 3. Permanent trouble: the operator stopped trying, or refuses the spec.
+-- 4. Permanent trouble: the operator stopped trying, or refuses the spec.
 if is("Stalled", "True") then
   hs.status = "Degraded"
   hs.message = describe(condition("Stalled"))
@@ -58,7 +71,7 @@ if is("Accepted", "False") then
   return hs
 end
 
--- 4. Suspended: scaled to zero by hand (no autoscaler will bring it back), nothing serves, on purpose.
+-- 5. Suspended: scaled to zero by hand (no autoscaler will bring it back), nothing serves, on purpose.
 --    (v1alpha1 has no spec.suspend; replicas: 0 is how a stage is paused.)
 if desired == 0 and autoscaling == "None" and (status.replicas or 0) == 0 then
   hs.status = "Suspended"
@@ -66,7 +79,7 @@ if desired == 0 and autoscaling == "None" and (status.replicas or 0) == 0 then
   return hs
 end
 
--- 5. A failed replica: Degraded when nothing serves (or Available=False, when reported), else a transient
+-- 6. A failed replica: Degraded when nothing serves (or Available=False, when reported), else a transient
 --    restart that should not page anyone. A rolled-back rollout is Degraded even while the old revision
 --    serves: the spec in Git is not what runs.
 local ready = status.readyReplicas or 0
@@ -80,7 +93,7 @@ if is("Degraded", "True") then
   return hs
 end
 
--- 6. A rollout or scale in flight.
+-- 7. A rollout or scale in flight.
 if is("Progressing", "True") or (status.updatedReplicas or 0) < desired then
   local c = condition("Progressing")
   hs.status = "Progressing"
@@ -92,7 +105,7 @@ if is("Progressing", "True") or (status.updatedReplicas or 0) < desired then
   return hs
 end
 
--- 7. Serving.
+-- 8. Serving.
 if is("Ready", "True") and ready == desired then
   hs.status = "Healthy"
   if desired == 0 then
@@ -104,7 +117,7 @@ if is("Ready", "True") and ready == desired then
   return hs
 end
 
--- 8. Anything else: still getting there (never Unknown for a stage that exists).
+-- 9. Anything else: still getting there (never Unknown for a stage that exists).
 local c = condition("Ready")
 hs.status = "Progressing"
 hs.message = c and describe(c) or "waiting for replicas"

@@ -65,12 +65,17 @@ class Controller:
         self.kube, self.clock = kube, clock
         self.memory: dict[tuple[str, str], StageMemory] = {}
         self._session: aiohttp.ClientSession | None = None
+        # one reconcile of a stage at a time: at deletion the stopping worker's last one may still run when
+        # kopf calls the deletion handler
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def remember(self, namespace: str, name: str) -> StageMemory:
         return self.memory.setdefault((namespace, name), StageMemory())
 
     def forget(self, namespace: str, name: str) -> None:
         self.memory.pop((namespace, name), None)
+        if (lock := self._locks.get((namespace, name))) is not None and not lock.locked():
+            del self._locks[(namespace, name)]
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -120,6 +125,10 @@ class Controller:
 
     # -- the operator's path: the same, plus what needs the pods' HTTP ---------------------------------------
     async def run(self, namespace: str, name: str) -> Plan | None:
+        async with self._locks.setdefault((namespace, name), asyncio.Lock()):
+            return await self._run(namespace, name)
+
+    async def _run(self, namespace: str, name: str) -> Plan | None:
         started = time.perf_counter()
         read = await asyncio.to_thread(self.read, namespace, name, self.clock())
         if read is None:
@@ -186,7 +195,8 @@ class Controller:
         a = spec.autoscaling
         window = max(a.scale_up_stabilization_seconds or 0, a.scale_down_stabilization_seconds or 300)
         memory.targets = Targets(spec.health_check.period_seconds, spec.health_check.timeout_seconds,
-                                 a.mode == "Operator", window + 2 * spec.health_check.period_seconds, pods,
+                                 a.mode == "Operator" and not stage.deleting,  # no load to record while it drains
+                                 window + 2 * spec.health_check.period_seconds, pods,
                                  memory.api_key)
 
     # -- spec.loras, live on every ready replica (lora_sync) ---------------------------------------------------

@@ -96,14 +96,20 @@ def _without_defaults(node: Any) -> Any:
 API_VERSION_WORDS = f"The versioned schema of this object: {meta.API_VERSION}."
 KIND_WORDS = f"The REST resource this object represents: {meta.KIND}."
 
+# `kubectl get dstage`: PHASE READY REPLICAS GPUS RESTARTS AGE; `-o wide` adds REASON next to the phase it
+# explains and RANKS next to GPUS (kubectl keeps the definition order and hides priority 1 without -o wide).
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1,
+     "description": "Why the phase: the reason of the condition that decided it"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
-    {"name": "GPUs", "type": "integer", "jsonPath": ".spec.resources.gpusPerPod", "description": "GPUs per pod"},
+    {"name": "GPUs", "type": "integer", "jsonPath": ".status.topology.gpus",
+     "description": "GPUs each pod requests (0: CPU ranks)"},
+    {"name": "Ranks", "type": "integer", "jsonPath": ".spec.resources.gpusPerPod", "priority": 1,
+     "description": "Rank processes per pod: GPUs, or CPU processes when gpuResourceName is empty"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts.total"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    {"name": "Reason", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason", "priority": 1},
 ]
 
 

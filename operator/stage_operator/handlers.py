@@ -24,7 +24,6 @@ from stage_operator.triggers import Triggers
 
 log = logging.getLogger(__name__)
 MAX_ERROR_BACKOFF = 60.0
-DRAIN_RETRY = 0.5  # seconds between looks at a deleted stage's draining pods
 
 
 @kopf.on.startup()
@@ -60,7 +59,8 @@ async def stage_worker(name: str, namespace: str, memo: kopf.Memo, stopped: kopf
             await Triggers.wait(trigger, delay, stopped)
     finally:
         memo.triggers.unregister(namespace, name)
-        memo.controller.forget(namespace, name)
+        if not (stopped.reason and stopped.reason & kopf.DaemonStoppingReason.RESOURCE_DELETED):
+            memo.controller.forget(namespace, name)  # else the deletion handler still drains with this memory
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
@@ -75,13 +75,31 @@ async def stage_prober(name: str, namespace: str, memo: kopf.Memo, stopped: kopf
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-async def stage_deleted(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+async def stage_deleted(name: str, namespace: str, memo: kopf.Memo, retry: int, **_: Any) -> None:
     """The stage is being deleted: its pods leave through the drain (fenced, deleted once a probe taken after
-    the fence sees nothing in flight); kopf's finalizer holds the stage until then."""
-    plan = await memo.controller.run(namespace, name)
-    if plan is not None and (plan.patch or plan.requeue_after is not None):
-        await memo.controller.probe_round(namespace, name)
-        raise kopf.TemporaryError(f"draining {name}: {plan.summary()}", delay=DRAIN_RETRY)
+    the fence sees nothing in flight); kopf's finalizer holds the stage until then. kopf stops the daemons at
+    deletion, so this handler reconciles and probes itself, woken like the worker (pod events, a probe that
+    saw a change, the drain's deadline), and returns once every pod has left: one call for a normal deletion,
+    never a kopf retry (each would be an ERROR line and a write of retry state into the stage). A real
+    failure, an API error, is one: kopf.TemporaryError, logged as an ERROR, retried with backoff."""
+    trigger = memo.triggers.register(namespace, name)
+    try:
+        while True:
+            trigger.clear()
+            try:
+                plan = await memo.controller.run(namespace, name)
+            except ApiError as exc:
+                metrics.RECONCILE_ERRORS.inc()
+                raise kopf.TemporaryError(f"draining {namespace}/{name} failed: {exc}",
+                                          delay=min(MAX_ERROR_BACKOFF, 0.5 * 2 ** (retry + 1))) from exc
+            if plan is None or (not plan.patch and plan.requeue_after is None):
+                break  # every pod has left (or is going without work on it)
+            changed, period = await memo.controller.probe_round(namespace, name)
+            if not (changed or plan.writes):  # after a write or a change, look again at once
+                deadline = plan.requeue_after
+                await Triggers.wait(trigger, period if deadline is None else min(period, deadline))
+    finally:
+        memo.triggers.unregister(namespace, name)
     memo.controller.forget(namespace, name)
 
 
@@ -97,6 +115,8 @@ async def stage_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_:
     if type in (None, "ADDED", "DELETED") or meta.get("generation") != status.get("observedGeneration") \
             or meta.get("deletionTimestamp"):
         memo.triggers.fire(meta["namespace"], meta["name"])
+    if type == "DELETED":  # gone: also when its finalizer was removed by hand and no deletion handler ran
+        memo.controller.forget(meta["namespace"], meta["name"])
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_STAGE: kopf.PRESENT})

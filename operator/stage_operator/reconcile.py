@@ -151,16 +151,20 @@ def _pdb(stage: Stage, replicas: int, observed: Any, plan: Plan) -> None:
 
 
 def _deleting(stage: Stage, observed: Observed, pods: dict[int, PodView], now: float) -> Plan:
-    """The stage is being deleted: every pod leaves through the drain; the plan says how long to wait."""
+    """The stage is being deleted: every pod leaves through the drain; the plan says how long to wait. The
+    status says Terminating and is written only when that starts and when a pod leaves."""
     timeout = stage.spec.autoscaling.drain_timeout_seconds if stage.spec is not None else 0
     out = drain.Drains()
     live = [p for p in pods.values() if not p.terminating]
     drain.retire((p for p in live if p.draining_since is None), observed.health, "StageDeleted", now, timeout, out)
     drain.finish((p for p in live if p.draining_since is not None), observed.health, timeout, now, out)
     plan = Plan(patch=[Patch("Pod", n, b) for n, b in out.patch], delete=[Delete("Pod", n, w) for n, w in out.delete])
+    status = report.build_deleting_status(stage, pods, {n for n, _ in out.delete}, {n for n, _ in out.patch},
+                                          observed.now)
     events = _decisions_explained(stage, plan, None) + out.events
-    return Plan(plan.create, plan.patch, plan.delete, None, [build_event(stage, *e, observed.now) for e in events],
-                out.requeue_after)
+    return Plan(plan.create, plan.patch, plan.delete,
+                merge_patch(stage.status, status) if status != dict(stage.status) else None,
+                [build_event(stage, *e, observed.now) for e in events], out.requeue_after)
 
 
 def _abort_event(result: dict[str, Any]) -> tuple[str, str, str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,7 +106,8 @@ def _failure_line(name: str, f: Mapping[str, Any]) -> str:
 def _topology(stage: Stage) -> dict[str, Any]:
     parallel, resources = stage.spec.topology(), stage.spec.resources
     return {"worldSize": parallel.world_size, "gpusPerPod": resources.gpus_per_pod,
-            "gpuResourceName": resources.gpu_resource_name, "description": parallel.describe(),
+            "gpuResourceName": resources.gpu_resource_name,
+            "gpus": resources.gpus_per_pod if resources.gpu_resource_name else 0, "description": parallel.describe(),
             "rankLayout": [c._asdict() for c in parallel.rank_layout()]}
 
 
@@ -136,6 +137,23 @@ def _progressing(members: Sequence[int], pods: dict[int, PodView], desired_hash:
         return conditions.condition("Progressing", True, "ReplicasStarting",
                                     f"{replicas - not_ready}/{replicas} replicas ready")
     return conditions.condition("Progressing", False, "Complete", f"{replicas}/{replicas} replicas updated and ready")
+
+
+def phase_of(new: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    """The phase and the reason of the condition that decided it (status.reason, the REASON column): Stalled,
+    else Pending (not Accepted), else Degraded, else Ready, else Progressing (its reason while it is True, else
+    Ready's: why not ready)."""
+    by_type = {c["type"]: c for c in new}
+    if by_type["Stalled"]["status"] == "True":
+        return "Stalled", by_type["Stalled"]["reason"]
+    if by_type["Accepted"]["status"] == "False":
+        return "Pending", by_type["Accepted"]["reason"]
+    if by_type["Degraded"]["status"] == "True":
+        return "Degraded", by_type["Degraded"]["reason"]
+    if by_type["Ready"]["status"] == "True":
+        return "Ready", by_type["Ready"]["reason"]
+    progressing = by_type["Progressing"]
+    return "Progressing", progressing["reason"] if progressing["status"] == "True" else by_type["Ready"]["reason"]
 
 
 def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: Decisions, desired_hash: str | None,
@@ -172,9 +190,7 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
     new.append(conditions.condition("Degraded", True, *extras.rollout_failed) if extras.rollout_failed else
                conditions.condition("Degraded", bool(failed), "ReplicaFailed" if failed else "NoFailures",
                                     "; ".join(_failure_line(name, f) for name, f in failed if f)))
-    by_type = {c["type"]: c["status"] == "True" for c in new}
-    phase = ("Stalled" if by_type["Stalled"] else "Pending" if not by_type["Accepted"] else
-             "Degraded" if by_type["Degraded"] else "Ready" if by_type["Ready"] else "Progressing")
+    phase, reason = phase_of(new)
     statuses = [_replica_status(p, desired_hash, records.get(p.index, ReplicaRecord()), extras.health.get(p.uid))
                 for p in pods.values()]
     for r in previous.get("replicaStatuses") or ():  # a replica being recreated keeps its history
@@ -183,7 +199,7 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
                                 if k in r}, "phase": "Recreating"})
     total = int((previous.get("restarts") or {}).get("total", 0)) + extras.restarts.added
     status: dict[str, Any] = {
-        "observedGeneration": stage.generation, "phase": phase,
+        "observedGeneration": stage.generation, "phase": phase, "reason": reason,
         "conditions": conditions.merge(previous.get("conditions") or (), new, stage.generation, now),
         "replicas": len(live), "readyReplicas": ready,
         "updatedReplicas": sum(1 for p in live if p.template_hash == desired_hash),
@@ -200,3 +216,30 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
         if value is not None or key in previous:
             status[key] = value if value is not None else previous[key]
     return StageStatus.model_validate(status).wire()  # the typed status is the contract: fail here, not in the API
+
+
+def build_deleting_status(stage: Stage, pods: dict[int, PodView], leaving: Collection[str], fenced: Collection[str],
+                          now: str) -> dict[str, Any]:
+    """The status while the stage is deleted and its pods drain (`leaving`: deleted by this reconcile; `fenced`:
+    fenced by it): phase Terminating, Ready=False (Terminating: no pod is in the Service any more),
+    Progressing=True (Draining, naming the pods still finishing their requests), the counts of the pods still
+    there; everything else as it was. It changes only when the deletion starts and when a pod leaves."""
+    previous = dict(stage.status)
+    live = [p for p in pods.values() if not p.terminating and p.name not in leaving]
+    names = {p.name: p for p in live}
+    left = f"draining {', '.join(names)}" if names else "every pod has drained"
+    new = [{k: c[k] for k in ("type", "status", "reason", "message") if k in c}
+           for c in previous.get("conditions") or () if c.get("type") not in ("Ready", "Progressing")]
+    new += [conditions.condition("Ready", False, "Terminating",
+                                 "the stage is being deleted: its pods left the Service"),
+            conditions.condition("Progressing", True, "Draining", f"the stage is being deleted: {left}")]
+    statuses = []
+    for r in previous.get("replicaStatuses") or ():
+        if (pod := names.get(r.get("pod"))) is not None:
+            statuses.append({**r, "draining": True} if pod.draining_since is not None or pod.name in fenced else r)
+    status = {**previous, "observedGeneration": stage.generation, "phase": "Terminating", "reason": "Draining",
+              "conditions": conditions.merge(previous.get("conditions") or (), new, stage.generation, now),
+              "replicas": len(live), "readyReplicas": sum(1 for p in live if p.available),
+              "updatedReplicas": sum(1 for p in live if p.template_hash == previous.get("templateHash")),
+              "replicaStatuses": statuses}
+    return StageStatus.model_validate(status).wire()

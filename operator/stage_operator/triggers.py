@@ -7,14 +7,24 @@ from typing import Any
 
 
 class Triggers:
+    """One Event per stage, shared by whoever waits on it (the worker; the deletion handler, which can start
+    before the stopped worker has left): it goes when the last of them unregisters."""
+
     def __init__(self) -> None:
         self._events: dict[tuple[str, str], asyncio.Event] = {}
+        self._holders: dict[tuple[str, str], int] = {}
 
     def register(self, namespace: str, name: str) -> asyncio.Event:
-        return self._events.setdefault((namespace, name), asyncio.Event())
+        key = (namespace, name)
+        self._holders[key] = self._holders.get(key, 0) + 1
+        return self._events.setdefault(key, asyncio.Event())
 
     def unregister(self, namespace: str, name: str) -> None:
-        self._events.pop((namespace, name), None)
+        key = (namespace, name)
+        self._holders[key] = self._holders.get(key, 0) - 1
+        if self._holders[key] <= 0:
+            self._holders.pop(key, None)
+            self._events.pop(key, None)
 
     def fire(self, namespace: str, name: str) -> None:
         if event := self._events.get((namespace, name)):

@@ -63,6 +63,8 @@ CASES: dict[str, dict[str, Any]] = {
     'scaled-to-zero': {'spec': {'replicas': 0}, 'expect': ('Suspended', 'scaled to zero (spec.replicas: 0)')},
     'scaled-to-zero-by-autoscaler': {'spec': {'replicas': 0, 'autoscaling': {'mode': 'External'}},
                                      'expect': ('Healthy', 'scaled to zero by the autoscaler')},
+    'deleting': {'pods': ['ready', 'ready'], 'deleting': True,
+                 'expect': ('Progressing', 'Draining: the stage is being deleted: draining tiny-0, tiny-1')},
 }
 
 
@@ -70,11 +72,26 @@ def _spec(changes: dict[str, Any]) -> dict[str, Any]:
     return {**copy.deepcopy(TINY), **copy.deepcopy(changes)}
 
 
-def _stage(spec: dict[str, Any], generation: int = 1, status: dict[str, Any] | None = None) -> dict[str, Any]:
+def _stage(spec: dict[str, Any], generation: int = 1, status: dict[str, Any] | None = None,
+           deleting: bool = False) -> dict[str, Any]:
+    gone = {'deletionTimestamp': T0, 'finalizers': ['diffstage.io/operator']} if deleting else {}
     return {'apiVersion': 'diffstage.io/v1alpha1', 'kind': 'DiffusionStage',
             'metadata': {'name': 'tiny', 'namespace': 'default', 'uid': 'e2f1c7d4-0000-4000-8000-000000000001',
-                         'generation': generation, 'creationTimestamp': T0},
+                         'generation': generation, 'creationTimestamp': T0, **gone},
             'spec': spec, **({'status': status} if status is not None else {})}
+
+
+def _merged(target: Any, patch: Any) -> Any:
+    """`target` with an RFC 7386 merge patch applied (what the API server stores)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merged(out.get(key), value)
+    return out
 
 
 def record(name: str) -> dict[str, Any]:
@@ -98,7 +115,10 @@ def record(name: str) -> dict[str, Any]:
     status = plan.status
     if case.get('from_ready'):
         status = {**before, **plan.status}
-    obj = _stage(spec, generation=stage.generation, status=status)
+    if case.get('deleting'):  # `kubectl delete` of the stage just reconciled: its first reconcile while deleted
+        stage = parse_stage(_stage(spec, status=status, deleting=True))
+        status = _merged(status, reconcile(stage, Observed(pods=pods, now=T0)).status)
+    obj = _stage(spec, generation=stage.generation, status=status, deleting=case.get('deleting', False))
     if bump := case.get('bump'):  # a sync after the status was written
         obj['spec'].update(bump)
         obj['metadata']['generation'] += 1

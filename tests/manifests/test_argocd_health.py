@@ -51,6 +51,16 @@ def test_a_stale_healthy_status_is_not_healthy():
     assert health(healthy)['status'] == 'Progressing'
 
 
+def test_a_stage_being_deleted_is_progressing_as_argo_cd_shows_any_deleting_resource():
+    """Its pods drain first: the recorded Terminating status names them; a status written before the deletion
+    was seen (still Ready) does not make a deleting stage Healthy."""
+    deleting = yaml.safe_load((ARGOCD / 'testdata' / 'deleting.yaml').read_text())
+    assert deleting['status']['phase'] == 'Terminating' and health(deleting)['status'] == 'Progressing'
+    healthy = yaml.safe_load((ARGOCD / 'testdata' / 'healthy.yaml').read_text())
+    healthy['metadata']['deletionTimestamp'] = '2026-01-01T00:01:00Z'
+    assert health(healthy) == {'status': 'Progressing', 'message': 'being deleted'}
+
+
 @pytest.mark.parametrize('name', sorted(CASES))
 def test_recorded_objects_are_what_the_operator_writes_today(name):
     recorded = yaml.safe_load((ARGOCD / 'testdata' / f'{name}.yaml').read_text())

@@ -38,6 +38,22 @@ def test_crd_names_subresources_and_printer_columns():
         'labelSelectorPath': '.status.selector'}}
     columns = [c['name'] for c in version['additionalPrinterColumns'] if not c.get('priority')]
     assert columns == ['Phase', 'Ready', 'Replicas', 'GPUs', 'Restarts', 'Age']
+    wide = [c['name'] for c in version['additionalPrinterColumns']]  # -o wide: the reason beside the phase
+    assert wide == ['Phase', 'Reason', 'Ready', 'Replicas', 'GPUs', 'Ranks', 'Restarts', 'Age']
+
+
+def test_every_printer_column_reads_a_field_of_the_schema():
+    """A column whose path the schema lacks would print <none> forever (or the API server would prune it)."""
+    version = crdgen.build_crd()['spec']['versions'][0]
+    schema = version['schema']['openAPIV3Schema']
+    for column in version['additionalPrinterColumns']:
+        if column['jsonPath'].startswith('.metadata.'):
+            continue
+        node = schema
+        for part in column['jsonPath'].lstrip('.').split('.'):
+            assert part in node.get('properties', {}), f"{column['name']}: {column['jsonPath']} is not in the schema"
+            node = node['properties'][part]
+        assert node['type'] == column['type'], column
 
 
 def _walk(node, path=''):

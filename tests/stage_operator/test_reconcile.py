@@ -142,25 +142,36 @@ def test_nodes_are_read_only_when_gpus_must_be_placed():
 
 def test_a_deleted_stage_drains_every_pod_before_it_goes():
     """CR deletion is one more removal through the drain: running pods are fenced, a pod with no work is
-    deleted at once, a fenced pod once a probe after the fence sees nothing in flight; no status write."""
+    deleted at once, a fenced pod once a probe after the fence sees nothing in flight. The status says
+    Terminating from the first reconcile on, and is written again only when a pod leaves."""
     from stage_operator.health import PodHealth
     from stage_operator.scaledown import fence
 
-    st = stage(CPU, deletionTimestamp=T0)
+    ready, _ = settle(stage(CPU), world(stage(CPU), [pod(stage(CPU), 0), pod(stage(CPU), 1, 'pending')]))
+    st = stage(CPU, status=dict(ready.status), deletionTimestamp=T0)
     t1 = 1767225900.0
     pods = [pod(st, 0), pod(st, 1, 'pending')]
     first = reconcile(st, world(st, pods))
     assert [(p.name, p.body) for p in first.patch] == [('s-0', fence(t1, 'StageDeleted'))]
-    assert [(d.name, d.reason) for d in first.delete] == [('s-1', 'StageDeleted')] and first.status is None
+    assert [(d.name, d.reason) for d in first.delete] == [('s-1', 'StageDeleted')]
     assert first.requeue_after is not None and first.create == []
+    assert (first.status['phase'], first.status['reason'], first.status['replicas']) == ('Terminating', 'Draining', 1)
+    assert [r['pod'] for r in first.status['replicaStatuses']] == ['s-0'] and first.status['replicaStatuses'][0][
+        'draining'] is True
+    status = copy.deepcopy(dict(st.status))
+    apply_merge(status, first.status)
+    st = stage(CPU, status=status, deletionTimestamp=T0)
     apply_merge(pods[0]['metadata'], fence(t1, 'StageDeleted')['metadata'])
     busy = {'pod-0': PodHealth('Healthy', t1 + 1, answered=True, waiting=0, running=1)}
     waiting = reconcile(st, Observed(pods=pods[:1], now='2026-01-01T00:05:02Z', health=busy))
     assert waiting.delete == [] and waiting.patch == [] and waiting.requeue_after is not None
+    assert waiting.status is None and waiting.events == [], 'nothing changed while it drains: nothing written'
     idle = {'pod-0': PodHealth('Healthy', t1 + 2, answered=True, waiting=0, running=0)}
     done = reconcile(st, Observed(pods=pods[:1], now='2026-01-01T00:05:03Z', health=idle))
     assert [(d.name, d.reason) for d in done.delete] == [('s-0', 'StageDeleted')] and done.requeue_after is None
     assert [e['reason'] for e in done.events] == ['DeletedPods']
+    assert (done.status['replicas'], done.status['readyReplicas'], done.status['replicaStatuses']) == (0, 0, [])
+    assert cond(done.status, 'Progressing')['message'] == 'the stage is being deleted: every pod has drained'
 
 
 def test_invalid_spec_creates_nothing_and_stalls():

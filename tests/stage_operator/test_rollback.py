@@ -16,7 +16,9 @@ from stage_operator.observed import Observed
 from stage_operator.reconcile import reconcile
 from stage_operator.stage import parse_stage
 
-from .test_reconcile import _apply_merge, cond
+from support.reconcile_world import apply_merge
+
+from .test_reconcile import cond
 
 CPU = {'model': {'builtin': 'tiny-sd'}, 'replicas': 2, 'resources': {'gpusPerPod': 1, 'gpuResourceName': ''}}
 BAD = {**CPU, 'engine': {'extraArgs': ['--bad-flag']}}
@@ -46,7 +48,7 @@ def world(template, pods, now: str, replicas: int = 2) -> Observed:
 
 def after(st, plan):
     status = copy.deepcopy(dict(st.status))
-    _apply_merge(status, plan.status or {})
+    apply_merge(status, plan.status or {})
     return status
 
 

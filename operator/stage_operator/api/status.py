@@ -8,7 +8,7 @@ from pydantic import Field
 
 from stage_operator.api.base import ApiModel
 
-Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Stalled"]
+Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Stalled", "Terminating"]
 ConditionType = Literal["Accepted", "Ready", "Progressing", "Degraded", "Stalled"]
 CONDITION_TYPES: tuple[str, ...] = ("Accepted", "Ready", "Progressing", "Degraded", "Stalled")
 
@@ -41,8 +41,10 @@ class Topology(ApiModel):
     """Each pod's engine layout, as the runtime computes it from spec.parallel and spec.resources."""
 
     world_size: int = Field(description="Ranks per pod: the product of the parallel degrees.")
-    gpus_per_pod: int = Field(description="spec.resources.gpusPerPod.")
+    gpus_per_pod: int = Field(description="spec.resources.gpusPerPod: ranks per pod, GPUs or CPU processes.")
     gpu_resource_name: str = Field(description="spec.resources.gpuResourceName (\"\": CPU ranks).")
+    gpus: int = Field(0, description=(
+        "The GPUs each pod requests: gpusPerPod of gpuResourceName, 0 for CPU ranks (the GPUs printer column)."))
     description: str = Field(description="The topology in one line, as `stage-runtime validate` prints it.")
     rank_layout: list[RankCoords] = Field(default_factory=list, description="Every rank's coordinates.")
 
@@ -199,8 +201,12 @@ class StageStatus(ApiModel):
     observed_generation: int | None = Field(None, description=(
         "The metadata.generation this status describes; behind it, the latest spec is not reconciled yet."))
     phase: Phase | None = Field(None, description=(
-        "Stalled if Stalled, else Pending if not Accepted, else Degraded if Degraded, else Ready if Ready, "
-        "else Progressing."))
+        "Terminating while the stage is deleted (its pods drain first), else Stalled if Stalled, else Pending if "
+        "not Accepted, else Degraded if Degraded, else Ready if Ready, else Progressing."))
+    reason: str | None = Field(None, description=(
+        "Why the stage is in its phase, one CamelCase word: the reason of the condition that decided the phase "
+        "(Stalled's, Accepted's, Degraded's, Ready's, or Progressing's; Progressing's while Terminating). The "
+        "REASON printer column (-o wide)."))
     conditions: list[Condition] = Field(default_factory=list, description=(
         "Accepted, Progressing, Ready, Degraded and Stalled, one of each; their reasons and messages say what "
         "is going on (docs/crd.md lists the reasons)."))
