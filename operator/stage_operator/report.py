@@ -87,6 +87,9 @@ def _replica_status(pod: PodView, desired_hash: str | None, record: ReplicaRecor
         out["message"] = f"waiting for quota: scheduling gates {', '.join(pod.gated)}"
     elif pod.unschedulable:
         out["message"] = f"waiting for GPUs: {pod.unschedulable}"
+    elif health is not None and health.state == "stalled":      # the step watchdog: out of the Service for now
+        out["message"] = ("stalled: a running step makes no progress (unready until it moves; failed closed past "
+                          "engine.limits.stallFailSeconds)")
     if pod.draining_since is not None and not pod.terminating:
         out["draining"] = True
     if health is not None and pod.running:

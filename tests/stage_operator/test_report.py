@@ -73,3 +73,16 @@ def test_a_stage_deleted_before_any_status_or_with_an_invalid_spec_is_terminatin
         status = build_deleting_status(st, {}, set(), set(), T0)
         assert (status['phase'], status['replicas'], [c['type'] for c in status['conditions']]) == (
             'Terminating', 0, ['Ready', 'Progressing'])
+
+
+def test_a_replica_whose_step_stalled_says_so():
+    import dataclasses
+
+    from stage_operator.health import PodHealth
+
+    st = stage(CPU)
+    observed = world(st, [pod(st, 0), pod(st, 1)])
+    stalled = {'pod-0': PodHealth('Healthy', 1.0, answered=True, state='stalled', waiting=0, running=1)}
+    replicas = reconcile(st, dataclasses.replace(observed, health=stalled)).status['replicaStatuses']
+    assert replicas[0]['message'].startswith('stalled: a running step makes no progress')
+    assert 'message' not in replicas[1]
