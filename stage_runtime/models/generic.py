@@ -8,6 +8,10 @@ call's signature accepts (prompt, negative prompt, size, steps, guidance, per-im
     progress + abort at each step         through ``callback_on_step_end`` when ``__call__`` has it;
                                           otherwise no progress and abort only before the call starts
     fused batches of requests             only when ``prompt`` and ``generator`` accept lists
+    a request field ``__call__`` lacks    refused at admission (``check_request``), never dropped: a
+                                          negative prompt, a guidance scale or a step count other than
+                                          the default, n > 1 without lists or ``num_images_per_prompt``;
+                                          a call without height and width serves its default size only
 
 Step clock: the runner marks denoising steps with a forward pre-hook on ``adapter.denoiser`` (it
 reports progress and unwinds the call when every request of it was aborted). A black box has no
@@ -26,11 +30,15 @@ import typing
 import numpy as np
 import torch
 
-from stage_runtime.errors import ModelLoadError
+from stage_runtime.errors import InvalidRequestError, ModelLoadError
+from stage_runtime.model_info import ModelInfo
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.request import DiffusionRequest
 
 log = logging.getLogger(__name__)
+# The __call__ parameters a request's fields go to (ModelInfo.call_params: those the pipeline has).
+REQUEST_PARAMS = ("prompt", "negative_prompt", "height", "width", "num_inference_steps", "guidance_scale",
+                  "num_images_per_prompt")
 
 
 class StepClock(torch.nn.Module):
@@ -67,6 +75,7 @@ class GenericDiffusersAdapter(PipelineAdapter):
         self.default_steps = self._default("num_inference_steps", PipelineAdapter.default_steps)
         fallback = PipelineAdapter.default_guidance if "guidance_scale" in self.params else 1.0
         self.default_guidance = float(self._default("guidance_scale", fallback))
+        self.fixed_size = not {"height", "width"} <= set(self.params)      # the call picks its own size
         log.warning("%s", self.features())
 
     @classmethod
@@ -125,6 +134,25 @@ class GenericDiffusersAdapter(PipelineAdapter):
                  "one request per call (prompt/generator take no lists)")
         return (f"{name} is served by the generic diffusers adapter: request mode only (no step mode, "
                 f"no CFG-parallel, no Ulysses); {steps}; {batch}")
+
+    def family_facts(self) -> dict:
+        return {"call_params": tuple(name for name in REQUEST_PARAMS if name in self.params)}
+
+    @classmethod
+    def check_request(cls, request: DiffusionRequest, info: ModelInfo) -> None:
+        """A field the pipeline's ``__call__`` does not take would be dropped (``call_kwargs``): refused, unless
+        it is unset or the default the stage fills in. (The generic adapter knows nothing of the pipeline's
+        guidance, so ``info.guidance`` is no fact here.)"""
+        s, params = request.sampling, set(info.call_params or ())
+        for field, value, unset in (("negative_prompt", s.negative_prompt or None, None),
+                                    ("guidance_scale", s.guidance_scale, info.default_guidance),
+                                    ("num_inference_steps", s.num_inference_steps, info.default_steps)):
+            if field not in params and value != unset:
+                raise InvalidRequestError(field, value, f"{info.pipeline_class}.__call__ takes no {field} (the "
+                                          "generic diffusers adapter serves it; it would be ignored)")
+        if s.num_outputs > 1 and not info.supports_request_batch and "num_images_per_prompt" not in params:
+            raise InvalidRequestError("num_outputs", s.num_outputs, f"{info.pipeline_class}.__call__ makes one "
+                                      "image per call (no list of prompts, no num_images_per_prompt): use n=1")
 
     # -- serving ---------------------------------------------------------------------------------------
     def call_kwargs(self, requests: list[DiffusionRequest]) -> dict:
