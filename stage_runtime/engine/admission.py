@@ -37,9 +37,10 @@ def check_request_mode(request: DiffusionRequest, execution_mode: str) -> None:
 
 
 def family_check(info: ModelInfo) -> FamilyCheck:
-    """The serving adapter class's ``check_request`` (a classmethod over plain facts). The class is imported by
-    the name the ranks report (``info.adapter``); the engine process never loads the pipeline."""
-    return import_object(info.adapter).check_request
+    """The serving adapter class's ``check_request`` (a classmethod over plain facts), imported from the
+    torch-free class that defines it (``info.refusals``, stage_runtime.models.refusals): the engine process
+    never loads the pipeline, nor torch and diffusers for this."""
+    return import_object(info.refusals).check_request
 
 
 def admit(request: DiffusionRequest, info: ModelInfo, execution_mode: str, check_family: FamilyCheck

@@ -19,15 +19,18 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import logging as diffusers_logging
 from diffusers.models.attention_processor import Attention
 
-from stage_runtime.errors import InvalidRequestError
 from stage_runtime.model_info import ModelInfo
+from stage_runtime.models.refusals import Refusals, refusals_path
 from stage_runtime.request import DiffusionRequest
 
 diffusers_logging.disable_progress_bar()
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-class PipelineAdapter(ABC):
+class PipelineAdapter(Refusals, ABC):
+    """(``check_request``, the family's refusals at admission, comes from ``models.refusals``: torch-free, so
+    the engine process can run it without importing this module.)"""
+
     supports_request_batch: ClassVar[bool] = True
     supports_step_execution: ClassVar[bool] = False
     default_steps: ClassVar[int] = 20
@@ -96,7 +99,7 @@ class PipelineAdapter(ABC):
             parallel_kinds=tuple(sorted(self.parallel_kinds)), guidance=self.guidance,
             max_sequence_length=self.max_sequence_length(), edit_tasks=self.edit_tasks(),
             edit_step_rule=self.edit_step_rule,
-            lora_components=self.lora_components, **self.family_facts(),
+            lora_components=self.lora_components, refusals=refusals_path(cls), **self.family_facts(),
             **{name: fields for name, fields in (("request_key", self.request_key_fields),
                                                  ("step_key", self.step_key_fields)) if fields is not None})
 
@@ -154,31 +157,6 @@ class PipelineAdapter(ABC):
         from stage_runtime.distributed.tensor_parallel import enable_tensor_parallel
 
         enable_tensor_parallel(self.denoiser, group, degree)
-
-    # -- admission -------------------------------------------------------------------------------------
-    @classmethod
-    def check_request(cls, request: DiffusionRequest, info: ModelInfo) -> None:
-        """Raise InvalidRequestError (the field, its value, why) for a resolved request this family cannot serve
-        as asked: the pipeline would fail on it, or silently ignore a field the client set. The engine calls it
-        at admission, before queueing; it runs in the engine process, which never loads the pipeline, so it
-        reads only the request and ``info``'s plain facts. (``DiffusionRequest.resolve`` already refused sizes,
-        edits, steps and cache policies the facts rule out.) The default applies ``info.guidance``."""
-        s, name = request.sampling, info.pipeline_class
-        if s.negative_prompt:                  # "" is no negative prompt
-            if info.guidance == "distilled":
-                raise InvalidRequestError("negative_prompt", s.negative_prompt, f"{name} is guidance-distilled (the "
-                                          "guidance scale is an embedding of one pass) and has no negative prompt")
-            if info.guidance == "none":
-                raise InvalidRequestError("negative_prompt", s.negative_prompt, f"{name} has no guidance here "
-                                          "(guidance: none) and no negative prompt")
-            if s.guidance_scale <= 1:
-                raise InvalidRequestError("negative_prompt", s.negative_prompt, f"unused at guidance_scale="
-                                          f"{s.guidance_scale:g}: {name} applies a negative prompt only through "
-                                          "classifier-free guidance, guidance_scale > 1")
-        if info.guidance == "none" and s.guidance_scale != info.default_guidance:
-            raise InvalidRequestError("guidance_scale", s.guidance_scale, f"{name} has no guidance here (guidance: "
-                                      "none; no guidance embedding, no unconditional pass) and would ignore it; leave "
-                                      f"it unset (or {info.default_guidance:g})")
 
     # -- serving ---------------------------------------------------------------------------------------
 

@@ -4,21 +4,18 @@ DiT is conditioned on an ImageNet-style class id, not text. A prompt maps to a c
 number is taken as the id, a known label (the pipeline's ``id2label``) as its id, anything else as a
 stable CRC32 hash of the text modulo the number of classes. The image size is fixed by the model.
 
-Refusals at admission (``check_request``, from ModelInfo's ``num_classes`` and ``class_labels``): a class id
-out of range (the class embedding has no such row) and a negative prompt (DiTPipeline takes none).
+Refusals at admission (``models.refusals.DiTRefusals``, from the ``num_classes`` and ``class_labels`` this
+adapter reports): a class id out of range (the class embedding has no such row), a negative prompt (none).
 """
 
 from __future__ import annotations
-
-import zlib
 
 import numpy as np
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from stage_runtime.errors import InvalidRequestError
-from stage_runtime.model_info import ModelInfo
 from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.refusals import DiTRefusals, class_id
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.request import DiffusionRequest
 from stage_runtime.models.step_state import StepRequestState
@@ -26,18 +23,7 @@ from stage_runtime.models.step_state import StepRequestState
 NULL_CLASS = 1000         # DiTPipeline's unconditional class id for guidance
 
 
-def class_id(prompt: str, labels: dict[str, int], num_classes: int) -> int:
-    """The class a prompt asks for: a decimal number as it is (it may be out of range: ``check_request`` says
-    so), a known label as its id, any other text as CRC32 of the text modulo ``num_classes``."""
-    text = prompt.strip()
-    if text.isascii() and text.isdigit():
-        return int(text)
-    if text in labels:
-        return int(labels[text])
-    return zlib.crc32(text.encode()) % num_classes
-
-
-class DiTAdapter(StepContract, PipelineAdapter):
+class DiTAdapter(DiTRefusals, StepContract, PipelineAdapter):
     default_guidance = 4.0
     parallel_kinds = frozenset({"cfg", "ulysses", "ring", "tp"})
     fixed_size = True
@@ -62,21 +48,6 @@ class DiTAdapter(StepContract, PipelineAdapter):
 
     def class_label(self, prompt: str) -> int:
         return class_id(prompt, getattr(self.pipe, "labels", None) or {}, self.num_classes)
-
-    @classmethod
-    def check_request(cls, request: DiffusionRequest, info: ModelInfo) -> None:
-        """DiT takes a class, not text: no negative prompt (its unconditional pass is the null class), and a
-        prompt's class id below the class count (a decimal prompt is taken as the id)."""
-        s = request.sampling
-        if s.negative_prompt:
-            raise InvalidRequestError("negative_prompt", s.negative_prompt, f"{info.pipeline_class} is class-"
-                                      "conditional and has no negative prompt (its unconditional pass is the null "
-                                      "class)")
-        label = class_id(request.prompt, dict(info.class_labels), info.num_classes)
-        if not 0 <= label < info.num_classes:
-            raise InvalidRequestError("prompt", request.prompt, f"class id must be < {info.num_classes} "
-                                      f"({info.pipeline_class}'s classes are 0..{info.num_classes - 1})")
-        super().check_request(request, info)
 
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
         s = requests[0].sampling

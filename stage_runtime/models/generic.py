@@ -8,10 +8,11 @@ call's signature accepts (prompt, negative prompt, size, steps, guidance, per-im
     progress + abort at each step         through ``callback_on_step_end`` when ``__call__`` has it;
                                           otherwise no progress and abort only before the call starts
     fused batches of requests             only when ``prompt`` and ``generator`` accept lists
-    a request field ``__call__`` lacks    refused at admission (``check_request``), never dropped: a
-                                          negative prompt, a guidance scale or a step count other than
-                                          the default, n > 1 without lists or ``num_images_per_prompt``;
-                                          a call without height and width serves its default size only
+    a request field ``__call__`` lacks    refused at admission, never dropped (models.refusals.
+                                          GenericRefusals): a negative prompt, a guidance scale or a step
+                                          count other than the default, n > 1 without lists or
+                                          ``num_images_per_prompt``; without height and width in the call,
+                                          its default size only (``fixed_size``)
 
 Step clock: the runner marks denoising steps with a forward pre-hook on ``adapter.denoiser`` (it
 reports progress and unwinds the call when every request of it was aborted). A black box has no
@@ -30,9 +31,9 @@ import typing
 import numpy as np
 import torch
 
-from stage_runtime.errors import InvalidRequestError, ModelLoadError
-from stage_runtime.model_info import ModelInfo
+from stage_runtime.errors import ModelLoadError
 from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.refusals import GenericRefusals
 from stage_runtime.request import DiffusionRequest
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def _accepts_list(parameter: inspect.Parameter | None) -> bool:
     return any(typing.get_origin(arg) is list for arg in typing.get_args(annotation))
 
 
-class GenericDiffusersAdapter(PipelineAdapter):
+class GenericDiffusersAdapter(GenericRefusals, PipelineAdapter):
     supports_step_execution = False
     parallel_kinds = frozenset()
     guidance = "cfg"
@@ -137,22 +138,6 @@ class GenericDiffusersAdapter(PipelineAdapter):
 
     def family_facts(self) -> dict:
         return {"call_params": tuple(name for name in REQUEST_PARAMS if name in self.params)}
-
-    @classmethod
-    def check_request(cls, request: DiffusionRequest, info: ModelInfo) -> None:
-        """A field the pipeline's ``__call__`` does not take would be dropped (``call_kwargs``): refused, unless
-        it is unset or the default the stage fills in. (The generic adapter knows nothing of the pipeline's
-        guidance, so ``info.guidance`` is no fact here.)"""
-        s, params = request.sampling, set(info.call_params or ())
-        for field, value, unset in (("negative_prompt", s.negative_prompt or None, None),
-                                    ("guidance_scale", s.guidance_scale, info.default_guidance),
-                                    ("num_inference_steps", s.num_inference_steps, info.default_steps)):
-            if field not in params and value != unset:
-                raise InvalidRequestError(field, value, f"{info.pipeline_class}.__call__ takes no {field} (the "
-                                          "generic diffusers adapter serves it; it would be ignored)")
-        if s.num_outputs > 1 and not info.supports_request_batch and "num_images_per_prompt" not in params:
-            raise InvalidRequestError("num_outputs", s.num_outputs, f"{info.pipeline_class}.__call__ makes one "
-                                      "image per call (no list of prompts, no num_images_per_prompt): use n=1")
 
     # -- serving ---------------------------------------------------------------------------------------
     def call_kwargs(self, requests: list[DiffusionRequest]) -> dict:

@@ -1,9 +1,9 @@
 """Admission, family by family: every request a family cannot take is an InvalidRequestError naming the field
 and the value before it is queued (``engine.admission.admit``: the model's facts, the mode, then the serving
-adapter class's ``check_request``, imported by the name the ranks report). No worker runs here: a refusal
-needs none. Each family's ModelInfo is the facts its adapter reports for the tiny model (pinned against the
-loaded adapters in tests/stage_runtime/models/); the requests each family must still take are checked too, so
-no refusal here is wider than the family."""
+adapter class's ``check_request``, from the torch-free class ``ModelInfo.refusals`` names). No worker runs
+here: a refusal needs none. Each family's ModelInfo carries the facts its adapter reports (the size multiples
+as the released models have them); tests/stage_runtime/models/ pin them against the loaded tiny adapters. The
+requests each family must still take are checked too, so no refusal here is wider than the family."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from stage_runtime.errors import InvalidRequestError
 from stage_runtime.request import DiffusionRequest, EditInput, SamplingParams
 
 M = "stage_runtime.models"
+DIT, GENERIC = f"{M}.refusals:DiTRefusals", f"{M}.refusals:GenericRefusals"
 FAMILIES = {
     "sd": model_info(edit_tasks=("img2img", "inpaint"), lora_components=("unet", "text_encoder")),
     "sdxl": model_info(pipeline_class="StableDiffusionXLPipeline", adapter=f"{M}.sdxl:StableDiffusionXLAdapter",
@@ -34,15 +35,16 @@ FAMILIES = {
     "qwen-image": model_info(pipeline_class="QwenImagePipeline", adapter=f"{M}.qwen_image:QwenImageAdapter",
                              default_guidance=4.0, size_multiple=16, guidance="true_cfg"),
     "dit": model_info(pipeline_class="DiTPipeline", adapter=f"{M}.dit:DiTAdapter", default_guidance=4.0,
-                      fixed_size=True, max_sequence_length=None, num_classes=1000,
+                      fixed_size=True, max_sequence_length=None, num_classes=1000, refusals=DIT,
                       class_labels=(("goldfish", 1), ("tench", 0))),
     # The generic adapter over a pipeline whose __call__ takes a prompt, a size and a step count only, one
     # image per call (no lists, no num_images_per_prompt).
     "generic-bare": model_info(pipeline_class="SomeBarePipeline", adapter=f"{M}.generic:GenericDiffusersAdapter",
                                default_guidance=1.0, supports_request_batch=False, supports_step_execution=False,
+                               refusals=GENERIC,
                                call_params=("prompt", "height", "width", "num_inference_steps")),
     "generic-pag": model_info(pipeline_class="StableDiffusionPAGPipeline",
-                              adapter=f"{M}.generic:GenericDiffusersAdapter", default_steps=50,
+                              adapter=f"{M}.generic:GenericDiffusersAdapter", default_steps=50, refusals=GENERIC,
                               supports_step_execution=False, call_params=(
                                   "prompt", "negative_prompt", "height", "width", "num_inference_steps",
                                   "guidance_scale", "num_images_per_prompt")),
@@ -139,10 +141,5 @@ def test_a_label_of_the_models_own_table_maps_within_range_and_an_out_of_range_l
     assert err.value.field == "prompt"
 
 
-def test_previews_in_step_mode_pass_and_the_family_check_is_the_adapter_classmethod():
+def test_previews_in_step_mode_pass():
     assert admitted("sd", request(preview_every=1), mode="step").sampling.preview_every == 1
-    from stage_runtime.models.dit import DiTAdapter
-    from stage_runtime.models.flux import FluxAdapter
-
-    assert family_check(FAMILIES["flux"]) == FluxAdapter.check_request
-    assert family_check(FAMILIES["dit"]) == DiTAdapter.check_request

@@ -10,11 +10,12 @@ from diffusers import DiTPipeline
 
 from stage_runtime.config import ModelConfig
 from stage_runtime.errors import ModelLoadError
-from stage_runtime.models.dit import DiTAdapter, class_id
+from stage_runtime.models.dit import DiTAdapter
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.plugins import import_object
 from stage_runtime.models.registry import (ADAPTERS, GENERIC, read_pipeline_class, resolve_adapter_class,
                                            resolve_adapter_path)
+from stage_runtime.models.refusals import class_id
 from stage_runtime.models.sd import StableDiffusionAdapter
 from stage_runtime.request import DiffusionRequest
 
@@ -122,7 +123,8 @@ def test_dit_model_info(dit_adapter):
         default_height=64, default_width=64, default_steps=20, default_guidance=4.0, size_multiple=8,
         fixed_size=True, supports_request_batch=True, num_attention_heads=4, max_steps=999,
         supports_step_execution=type(dit_adapter).supports_step_execution, parallel_kinds=("cfg", "ring", "tp", "ulysses"),
-        guidance="cfg", max_sequence_length=None, num_classes=1000, class_labels=())
+        guidance="cfg", max_sequence_length=None, num_classes=1000, class_labels=(),
+        refusals="stage_runtime.models.refusals:DiTRefusals")
     assert dit_adapter.denoiser is dit_adapter.pipe.transformer
     assert dit_adapter.num_classes == 1000
 
