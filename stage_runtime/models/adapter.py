@@ -28,8 +28,8 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 class PipelineAdapter(Refusals, ABC):
-    """(``check_request``, the family's refusals at admission, comes from ``models.refusals``: torch-free, so
-    the engine process can run it without importing this module.)"""
+    """A family's adapter over its loaded pipeline. Its refusals at admission (``check_request``) come from
+    ``models.refusals``, torch-free, so the engine process runs them without importing this module."""
 
     supports_request_batch: ClassVar[bool] = True
     supports_step_execution: ClassVar[bool] = False
@@ -159,7 +159,6 @@ class PipelineAdapter(Refusals, ABC):
         enable_tensor_parallel(self.denoiser, group, degree)
 
     # -- serving ---------------------------------------------------------------------------------------
-
     @abstractmethod
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
         """One pipeline call for key-compatible requests → uint8 images (n, H, W, 3) by request id."""

@@ -82,7 +82,9 @@ class GenericRefusals(Refusals):
     def check_request(cls, request: DiffusionRequest, info: ModelInfo) -> None:
         """A field the call does not take would be dropped: refused, unless unset or the default the stage fills
         in. (The generic adapter knows nothing of the pipeline's guidance: ``info.guidance`` is no fact here.)"""
-        s, params = request.sampling, set(info.call_params or ())
+        if info.call_params is None:           # no inspection of the call (not the generic adapter's info)
+            return
+        s, params = request.sampling, set(info.call_params)
         for field, value, unset in (("negative_prompt", s.negative_prompt or None, None),
                                     ("guidance_scale", s.guidance_scale, info.default_guidance),
                                     ("num_inference_steps", s.num_inference_steps, info.default_steps)):

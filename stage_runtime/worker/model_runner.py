@@ -114,6 +114,7 @@ class DiffusionModelRunner:
         try:
             self.adapter.check_request(request, self.model_info)
         except InvalidRequestError as exc:
+            log.error("request %s reached the rank unchecked: %s", request.request_id, exc)
             raise RuntimeError(f"internal error: request {request.request_id!r} reached the rank without the "
                                f"family's admission check ({exc})") from None
 
