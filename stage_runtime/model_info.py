@@ -34,6 +34,16 @@ class ModelInfo:
     # or None when it can (stage_runtime.models.block_cache).
     block_cache_refusal: str | None = "this model family has no block cache"
     lora_components: tuple[str, ...] = ()    # pipeline components LoRA files may target ("unet", "text_encoder")
+    # "module:Class" defining the adapter's check_request, the family's refusals the engine runs at admission
+    # (stage_runtime.models.refusals: torch-free, so the engine process imports it alone).
+    refusals: str = "stage_runtime.models.refusals:Refusals"
+    # Class-conditional families (DiT): the class count and the pipeline's label → class id table (its id2label,
+    # one entry per comma-separated name), which the family's admission check maps a prompt with.
+    num_classes: int | None = None
+    class_labels: tuple[tuple[str, int], ...] = ()
+    # The generic adapter: the request-facing parameters its pipeline's __call__ takes (None: a dedicated
+    # adapter, which uses every request field); what the call lacks is refused at admission, never dropped.
+    call_params: tuple[str, ...] | None = None
 
     @property
     def supports_edits(self) -> bool:

@@ -284,7 +284,8 @@ class DiffusionRequest:
                 raise InvalidRequestError(
                     name, value, f"{info.pipeline_class} only serves {info.default_width}x{info.default_height}")
             if value % info.size_multiple:
-                raise InvalidRequestError(name, value, f"must be a multiple of {info.size_multiple}")
+                raise InvalidRequestError(name, value, f"must be a multiple of {info.size_multiple} "
+                                                       f"({info.pipeline_class}'s latent grid)")
         steps = s.num_inference_steps or info.default_steps
         if info.max_steps is not None and steps > info.max_steps:
             raise InvalidRequestError("num_inference_steps", steps,

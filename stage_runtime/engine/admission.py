@@ -1,12 +1,19 @@
-"""Startup checks (can this model run in the configured execution and cache mode?) and the per-request check
-the scheduler's mode adds at admission."""
+"""Startup checks (can this model run in the configured execution and cache mode?) and the admission checks
+every request passes before it is queued: the model's facts (``DiffusionRequest.resolve``), the scheduler's
+mode, and the serving family's own refusals (its adapter class's ``check_request``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from stage_runtime.config import StageConfig
+from stage_runtime.engine.limits import check_request_cost
 from stage_runtime.errors import ConfigError, InvalidRequestError
 from stage_runtime.model_info import ModelInfo
+from stage_runtime.plugins import import_object
 from stage_runtime.request import DiffusionRequest
+
+FamilyCheck = Callable[[DiffusionRequest, ModelInfo], None]
 
 
 def check_execution_mode(config: StageConfig, info: ModelInfo) -> None:
@@ -28,3 +35,23 @@ def check_request_mode(request: DiffusionRequest, execution_mode: str) -> None:
     if request.sampling.preview_every is not None and execution_mode != "step":
         raise InvalidRequestError("preview_every", request.sampling.preview_every,
                                   "previews need execution_mode=step (or streaming_output)")
+
+
+def family_check(info: ModelInfo) -> FamilyCheck:
+    """The serving adapter class's ``check_request`` (a classmethod over plain facts), imported from the
+    torch-free class that defines it (``info.refusals``, stage_runtime.models.refusals): the engine process
+    never loads the pipeline, nor torch and diffusers for this."""
+    return import_object(info.refusals).check_request
+
+
+def admit(request: DiffusionRequest, info: ModelInfo, execution_mode: str, check_family: FamilyCheck,
+          max_cost: int | None = None) -> DiffusionRequest:
+    """The request resolved against the model, or InvalidRequestError (400 naming the field) before it is
+    queued: what the model's facts rule out, what the mode cannot do, what the family refuses, and what costs
+    more than the stage's bound (engine.limits)."""
+    resolved = request.resolve(info)
+    check_request_mode(resolved, execution_mode)
+    check_family(resolved, info)
+    if max_cost is not None:
+        check_request_cost(resolved, max_cost, info)
+    return resolved

@@ -16,8 +16,8 @@ import uuid
 from typing import Any
 
 from stage_runtime.config import StageConfig
-from stage_runtime.engine.admission import check_execution_mode, check_request_mode
-from stage_runtime.engine.limits import check_request_cost, max_request_cost
+from stage_runtime.engine.admission import admit, check_execution_mode, family_check
+from stage_runtime.engine.limits import max_request_cost
 from stage_runtime.engine.lora_table import LORA_RPCS, LoraTable
 from stage_runtime.engine.observers import ExecuteObservers
 from stage_runtime.engine.output_table import OutputTable, warmup_request
@@ -52,6 +52,7 @@ class DiffusionEngine:
         try:
             self.model_info = self.executor.collective_rpc("model_info", unique_reply_rank=0)
             check_execution_mode(config, self.model_info)
+            self.check_family = family_check(self.model_info)   # the family's refusals, before queueing
             self.scheduler = (StepScheduler if config.scheduler.execution_mode == "step" else RequestScheduler)(
                 config.scheduler)
             self.loras = LoraTable(self, config)            # LoRA names, pinning, max_loras (and what ranks hold)
@@ -98,9 +99,7 @@ class DiffusionEngine:
     def add_request(self, request: DiffusionRequest) -> RequestStream:
         """Admit one request (resolved against the model once); its outputs arrive on the returned stream."""
         self._check_open()
-        resolved = request.resolve(self.model_info)
-        check_request_mode(resolved, self.scheduler.mode)
-        check_request_cost(resolved, self.max_request_cost, self.model_info)
+        resolved = admit(request, self.model_info, self.scheduler.mode, self.check_family, self.max_request_cost)
         resolved = self.loras.resolve(resolved)       # an unknown adapter: 400 here; each file's digest recorded
         key, hit = self.result_cache.lookup(resolved)
         with self._lock:

@@ -20,13 +20,17 @@ from diffusers.utils import logging as diffusers_logging
 from diffusers.models.attention_processor import Attention
 
 from stage_runtime.model_info import ModelInfo
+from stage_runtime.models.refusals import Refusals, refusals_path
 from stage_runtime.request import DiffusionRequest
 
 diffusers_logging.disable_progress_bar()
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-class PipelineAdapter(ABC):
+class PipelineAdapter(Refusals, ABC):
+    """A family's adapter over its loaded pipeline. Its refusals at admission (``check_request``) come from
+    ``models.refusals``, torch-free, so the engine process runs them without importing this module."""
+
     supports_request_batch: ClassVar[bool] = True
     supports_step_execution: ClassVar[bool] = False
     default_steps: ClassVar[int] = 20
@@ -95,9 +99,14 @@ class PipelineAdapter(ABC):
             parallel_kinds=tuple(sorted(self.parallel_kinds)), guidance=self.guidance,
             max_sequence_length=self.max_sequence_length(), edit_tasks=self.edit_tasks(),
             edit_step_rule=self.edit_step_rule,
-            lora_components=self.lora_components,
+            lora_components=self.lora_components, refusals=refusals_path(cls), **self.family_facts(),
             **{name: fields for name, fields in (("request_key", self.request_key_fields),
                                                  ("step_key", self.step_key_fields)) if fields is not None})
+
+    def family_facts(self) -> dict:
+        """More ModelInfo fields, read from the loaded pipeline, that this family's ``check_request`` needs
+        (DiT: ``num_classes``, ``class_labels``); none by default."""
+        return {}
 
     def edit_tasks(self) -> tuple[str, ...]:
         """What ``POST /v1/images/edits`` can run on this model ("img2img", "inpaint"); none by default."""
@@ -150,10 +159,6 @@ class PipelineAdapter(ABC):
         enable_tensor_parallel(self.denoiser, group, degree)
 
     # -- serving ---------------------------------------------------------------------------------------
-    def check_request(self, request: DiffusionRequest) -> None:
-        """Raise InvalidRequestError when this model cannot serve the (resolved) request (default: it can)."""
-        return None
-
     @abstractmethod
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
         """One pipeline call for key-compatible requests → uint8 images (n, H, W, 3) by request id."""

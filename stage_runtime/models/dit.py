@@ -3,18 +3,19 @@
 DiT is conditioned on an ImageNet-style class id, not text. A prompt maps to a class id: a decimal
 number is taken as the id, a known label (the pipeline's ``id2label``) as its id, anything else as a
 stable CRC32 hash of the text modulo the number of classes. The image size is fixed by the model.
+
+Refusals at admission (``models.refusals.DiTRefusals``, from the ``num_classes`` and ``class_labels`` this
+adapter reports): a class id out of range (the class embedding has no such row), a negative prompt (none).
 """
 
 from __future__ import annotations
-
-import zlib
 
 import numpy as np
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from stage_runtime.errors import InvalidRequestError
 from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.refusals import DiTRefusals, class_id
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.request import DiffusionRequest
 from stage_runtime.models.step_state import StepRequestState
@@ -22,7 +23,7 @@ from stage_runtime.models.step_state import StepRequestState
 NULL_CLASS = 1000         # DiTPipeline's unconditional class id for guidance
 
 
-class DiTAdapter(StepContract, PipelineAdapter):
+class DiTAdapter(DiTRefusals, StepContract, PipelineAdapter):
     default_guidance = 4.0
     parallel_kinds = frozenset({"cfg", "ulysses", "ring", "tp"})
     fixed_size = True
@@ -40,19 +41,13 @@ class DiTAdapter(StepContract, PipelineAdapter):
     def num_classes(self) -> int:
         return int(self.pipe.transformer.config.num_embeds_ada_norm)
 
-    def class_label(self, prompt: str) -> int:
-        text = prompt.strip()
-        if text.isascii() and text.isdigit():
-            return int(text)
+    def family_facts(self) -> dict:
         labels = getattr(self.pipe, "labels", None) or {}
-        if text in labels:
-            return int(labels[text])
-        return zlib.crc32(text.encode()) % self.num_classes
+        return {"num_classes": self.num_classes,
+                "class_labels": tuple((label, int(cid)) for label, cid in labels.items())}
 
-    def check_request(self, request: DiffusionRequest) -> None:
-        label = self.class_label(request.prompt)
-        if label >= self.num_classes:
-            raise InvalidRequestError("prompt", request.prompt, f"class id must be < {self.num_classes}")
+    def class_label(self, prompt: str) -> int:
+        return class_id(prompt, getattr(self.pipe, "labels", None) or {}, self.num_classes)
 
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
         s = requests[0].sampling

@@ -10,6 +10,10 @@ Compatibility: a denoiser forward needs one latent shape (height, width: image t
 and one text length (``max_sequence_length``, fixed per model); timesteps and guidance are per row, so
 requests of different step counts and guidance scales share ticks. A pipeline call takes one step count
 and one guidance scale.
+
+Refusals (``PipelineAdapter.check_request``, by ``guidance``): a negative prompt (diffusers' FluxPipeline
+uses one only for true CFG, ``true_cfg_scale > 1``, which is not served: it would be ignored) and, on
+[schnell], a guidance scale (no guidance embedding: ignored).
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from stage_runtime.errors import InvalidRequestError
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.models.flow_match import flux_sigmas, request_flow_scheduler
 from stage_runtime.models.flux_edit import FluxEditMixin
@@ -80,11 +83,6 @@ class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
         from stage_runtime.distributed.ulysses_joint import enable_joint_sequence_parallel
 
         enable_joint_sequence_parallel(self.denoiser, ulysses_degree, make_mesh)
-
-    def check_request(self, request: DiffusionRequest) -> None:
-        if request.sampling.negative_prompt:
-            raise InvalidRequestError("negative_prompt", request.sampling.negative_prompt,
-                                      "FluxPipeline is guidance-distilled and has no negative prompt")
 
     # -- request mode ----------------------------------------------------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:

@@ -8,6 +8,11 @@ call's signature accepts (prompt, negative prompt, size, steps, guidance, per-im
     progress + abort at each step         through ``callback_on_step_end`` when ``__call__`` has it;
                                           otherwise no progress and abort only before the call starts
     fused batches of requests             only when ``prompt`` and ``generator`` accept lists
+    a request field ``__call__`` lacks    refused at admission, never dropped (models.refusals.
+                                          GenericRefusals): a negative prompt, a guidance scale or a step
+                                          count other than the default, n > 1 without lists or
+                                          ``num_images_per_prompt``; without height and width in the call,
+                                          its default size only (``fixed_size``)
 
 Step clock: the runner marks denoising steps with a forward pre-hook on ``adapter.denoiser`` (it
 reports progress and unwinds the call when every request of it was aborted). A black box has no
@@ -28,9 +33,13 @@ import torch
 
 from stage_runtime.errors import ModelLoadError
 from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.refusals import GenericRefusals
 from stage_runtime.request import DiffusionRequest
 
 log = logging.getLogger(__name__)
+# The __call__ parameters a request's fields go to (ModelInfo.call_params: those the pipeline has).
+REQUEST_PARAMS = ("prompt", "negative_prompt", "height", "width", "num_inference_steps", "guidance_scale",
+                  "num_images_per_prompt")
 
 
 class StepClock(torch.nn.Module):
@@ -51,7 +60,7 @@ def _accepts_list(parameter: inspect.Parameter | None) -> bool:
     return any(typing.get_origin(arg) is list for arg in typing.get_args(annotation))
 
 
-class GenericDiffusersAdapter(PipelineAdapter):
+class GenericDiffusersAdapter(GenericRefusals, PipelineAdapter):
     supports_step_execution = False
     parallel_kinds = frozenset()
     guidance = "cfg"
@@ -67,6 +76,7 @@ class GenericDiffusersAdapter(PipelineAdapter):
         self.default_steps = self._default("num_inference_steps", PipelineAdapter.default_steps)
         fallback = PipelineAdapter.default_guidance if "guidance_scale" in self.params else 1.0
         self.default_guidance = float(self._default("guidance_scale", fallback))
+        self.fixed_size = not {"height", "width"} <= set(self.params)      # the call picks its own size
         log.warning("%s", self.features())
 
     @classmethod
@@ -125,6 +135,9 @@ class GenericDiffusersAdapter(PipelineAdapter):
                  "one request per call (prompt/generator take no lists)")
         return (f"{name} is served by the generic diffusers adapter: request mode only (no step mode, "
                 f"no CFG-parallel, no Ulysses); {steps}; {batch}")
+
+    def family_facts(self) -> dict:
+        return {"call_params": tuple(name for name in REQUEST_PARAMS if name in self.params)}
 
     # -- serving ---------------------------------------------------------------------------------------
     def call_kwargs(self, requests: list[DiffusionRequest]) -> dict:

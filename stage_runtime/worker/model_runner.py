@@ -99,15 +99,24 @@ class DiffusionModelRunner:
         runnable: list[DiffusionRequest] = []
         for new in sched_out.scheduled_new_reqs:
             try:
-                self.adapter.check_request(new.request)
+                self._assert_admitted(new.request)
                 runnable.append(new.request)
-            except Exception as exc:      # the request's own fault: it never reaches the fused call
-                message = str(exc) if isinstance(exc, InvalidRequestError) else f"{type(exc).__name__}: {exc}"
-                out.outputs[new.request_id] = RunnerOutput(new.request_id, error=message)
+            except Exception as exc:      # it never reaches the fused call: its batch-mates run
+                out.outputs[new.request_id] = RunnerOutput(new.request_id, error=f"{type(exc).__name__}: {exc}")
         groups = [runnable] if self.adapter.supports_request_batch else [[r] for r in runnable]
         for group in filter(None, groups):
             out.outputs.update(self._run_isolated(group))
         return out
+
+    def _assert_admitted(self, request: DiffusionRequest) -> None:
+        """The family's admission check once more, as an assertion: the engine refuses (400) what it refuses
+        before queueing, so a refusal here means an unchecked request reached the rank: an internal error."""
+        try:
+            self.adapter.check_request(request, self.model_info)
+        except InvalidRequestError as exc:
+            log.error("request %s reached the rank unchecked: %s", request.request_id, exc)
+            raise RuntimeError(f"internal error: request {request.request_id!r} reached the rank without the "
+                               f"family's admission check ({exc})") from None
 
     def _run_isolated(self, requests: list[DiffusionRequest]) -> dict[str, RunnerOutput]:
         try:
@@ -181,7 +190,7 @@ class DiffusionModelRunner:
         with torch.inference_mode(), self._lora_guard(in_call):
             for new in sched_out.scheduled_new_reqs:
                 try:
-                    self.adapter.check_request(new.request)
+                    self._assert_admitted(new.request)
                     with self._adapters(new.request):
                         state = self.adapter.prepare_encode(new.request)
                     state.cache = self._new_cache(new.request)

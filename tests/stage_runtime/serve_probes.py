@@ -8,6 +8,7 @@ import json
 
 import httpx
 import numpy as np
+import openai
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 from support.waiting import async_wait_until as wait_until
@@ -35,6 +36,40 @@ def metric_samples(text: str) -> dict[tuple[str, tuple], float]:
     """{(sample name, sorted labels): value} from a Prometheus exposition."""
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def outcome_counts(http: httpx.Client) -> dict[str, float]:
+    """``diffstage_requests_total`` by outcome, scraped from ``/metrics`` now."""
+    samples = metric_samples(http.get("/metrics").text)
+    return {dict(labels)["outcome"]: value for (name, labels), value in samples.items()
+            if name == "diffstage_requests_total"}
+
+
+def assert_refused_at_admission(base_url: str, body: dict, field: str, shown: str) -> None:
+    """The generation ``body`` is refused at admission, once over plain HTTP and once through the official SDK
+    (its default retries on): a 400 ``invalid_request_error`` whose ``param`` is ``field`` and whose message
+    shows the value as ``shown``; the SDK sent exactly one request (a 400 is not retried, a 500 would be twice);
+    the two count as outcome ``invalid``, none as ``failed``."""
+    sent: list[httpx.Request] = []
+    with (httpx.Client(base_url=base_url, timeout=60) as http,
+          httpx.Client(timeout=60, event_hooks={"request": [sent.append]}) as sdk_http,
+          openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", http_client=sdk_http) as client):
+        before = outcome_counts(http)
+        resp = http.post("/v1/images/generations", json=body)
+        error = resp.json()["error"]
+        assert resp.status_code == 400 and error["type"] == "invalid_request_error", resp.text
+        assert error["param"] == field and error["message"].startswith(f"{field}={shown}: "), error
+        try:
+            client.images.generate(prompt=body["prompt"], extra_body={k: v for k, v in body.items() if k != "prompt"})
+        except openai.BadRequestError as exc:
+            refused = exc
+        else:
+            raise AssertionError(f"the SDK's request {body} was served")
+        after = outcome_counts(http)
+    assert [r.url.path for r in sent] == ["/v1/images/generations"], sent
+    assert refused.status_code == 400 and refused.body["param"] == field
+    assert refused.body["message"].startswith(f"{field}={shown}: "), refused.body
+    assert (after["invalid"] - before["invalid"], after["failed"] - before["failed"]) == (2, 0), (before, after)
 
 
 async def request_states(client: httpx.AsyncClient) -> dict[str, dict]:

@@ -266,8 +266,10 @@ def test_dit_pipeline_serves_class_prompts(tiny_dit_path):
         assert a.images.shape == (1, 64, 64, 3) and np.array_equal(a.images, b.images)
         with pytest.raises(InvalidRequestError, match="height=96"):
             eng.generate("1", height=96)
-        with pytest.raises(RequestFailedError, match="class id must be < 1000"):
-            eng.generate("5000")
+        before = eng.stats()
+        with pytest.raises(InvalidRequestError, match="^prompt='5000': class id must be < 1000") as err:
+            eng.generate("5000")                       # refused at admission: never queued, never on the rank
+        assert err.value.field == "prompt" and eng.stats() == before
         assert_no_state(eng)
     finally:
         eng.close()

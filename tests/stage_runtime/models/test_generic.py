@@ -14,9 +14,10 @@ from family_probes import (bare_pipeline, check_abort_at_random_steps, check_pro
 
 from stage_runtime.config import ModelConfig, ParallelConfig
 from stage_runtime.distributed.apply import apply_parallelism
-from stage_runtime.errors import ConfigError, ModelLoadError
+from stage_runtime.errors import ConfigError, InvalidRequestError, ModelLoadError
 from stage_runtime.models.generic import GenericDiffusersAdapter
 from stage_runtime.models.registry import resolve_adapter_class
+from stage_runtime.request import DiffusionRequest, SamplingParams
 
 torch.set_num_threads(1)
 
@@ -100,6 +101,26 @@ def test_parallel_kinds_are_refused_naming_the_pipeline_and_degree(tiny_pag_path
         apply_parallelism(adapter, None, ParallelConfig(**{field: degree}))
     assert f"{field}={degree} is not supported by StableDiffusionPAGPipeline" in str(exc.value)
     assert "generic diffusers adapter" in str(exc.value)
+
+
+def test_the_call_parameters_reach_model_info_and_what_the_call_lacks_is_refused(tiny_pag_path, tiny_dit_path):
+    pag = GenericDiffusersAdapter.load(tiny_pag_path, torch.device("cpu")).info()
+    assert pag.call_params == ("prompt", "negative_prompt", "height", "width", "num_inference_steps",
+                               "guidance_scale", "num_images_per_prompt") and not pag.fixed_size
+    # DiTPipeline.__call__(class_labels, guidance_scale, generator, num_inference_steps, ...): no prompt lists,
+    # no negative prompt, no size, no num_images_per_prompt
+    bare = GenericDiffusersAdapter.load(tiny_dit_path, torch.device("cpu")).info()
+    assert bare.call_params == ("num_inference_steps", "guidance_scale") and bare.fixed_size
+    assert not bare.supports_request_batch
+    for info, sampling, field in ((bare, {"negative_prompt": "blurry"}, "negative_prompt"),
+                                  (bare, {"num_outputs": 2}, "num_outputs"),
+                                  (bare, {"height": 32}, "height")):
+        with pytest.raises(InvalidRequestError) as err:
+            GenericDiffusersAdapter.check_request(DiffusionRequest("r", "x", SamplingParams(**sampling)).resolve(info),
+                                                  info)
+        assert err.value.field == field
+    for sampling in ({"negative_prompt": "blurry", "num_outputs": 2}, {"height": 32, "width": 32}):
+        GenericDiffusersAdapter.check_request(DiffusionRequest("r", "x", SamplingParams(**sampling)).resolve(pag), pag)
 
 
 def test_a_class_diffusers_does_not_know_is_a_model_load_error(tmp_path):

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from diffusers import DiTPipeline
 
 from stage_runtime.config import ModelConfig
 from stage_runtime.errors import ModelLoadError
@@ -14,7 +15,9 @@ from stage_runtime.model_info import ModelInfo
 from stage_runtime.plugins import import_object
 from stage_runtime.models.registry import (ADAPTERS, GENERIC, read_pipeline_class, resolve_adapter_class,
                                            resolve_adapter_path)
+from stage_runtime.models.refusals import class_id
 from stage_runtime.models.sd import StableDiffusionAdapter
+from stage_runtime.request import DiffusionRequest
 
 
 def write_index(folder, content) -> str:
@@ -120,7 +123,8 @@ def test_dit_model_info(dit_adapter):
         default_height=64, default_width=64, default_steps=20, default_guidance=4.0, size_multiple=8,
         fixed_size=True, supports_request_batch=True, num_attention_heads=4, max_steps=999,
         supports_step_execution=type(dit_adapter).supports_step_execution, parallel_kinds=("cfg", "ring", "tp", "ulysses"),
-        guidance="cfg", max_sequence_length=None)
+        guidance="cfg", max_sequence_length=None, num_classes=1000, class_labels=(),
+        refusals="stage_runtime.models.refusals:DiTRefusals")
     assert dit_adapter.denoiser is dit_adapter.pipe.transformer
     assert dit_adapter.num_classes == 1000
 
@@ -133,6 +137,18 @@ def test_dit_class_label(dit_adapter):
     assert first == 92                                     # CRC32, not hash(): stable across processes
     assert all(dit_adapter.class_label("a cat") == first for _ in range(3))
     assert dit_adapter.class_label("5000") == 5000          # out of range: check_request rejects it
+
+
+def test_dit_labels_reach_model_info_and_map_prompts_as_the_adapter_does(dit_adapter):
+    pipe = DiTPipeline(**dit_adapter.pipe.components, id2label={0: "tench, Tinca tinca", 1: "goldfish"})
+    labelled = DiTAdapter(pipe, torch.device("cpu"))
+    info = labelled.info()
+    assert info.num_classes == 1000 and info.class_labels == (("Tinca tinca", 0), ("goldfish", 1), ("tench", 0))
+    for prompt in ("goldfish", "Tinca tinca", "a cat", "999"):
+        request = DiffusionRequest("r", prompt).resolve(info)
+        DiTAdapter.check_request(request, info)              # admitted, and the rank maps it to the same class
+        assert labelled.class_label(prompt) == class_id(prompt, dict(info.class_labels), info.num_classes)
+    assert labelled.class_label("goldfish") == 1
 
 
 def test_model_info_reflects_the_adapter_declarations(tiny_sd_path):

@@ -1,7 +1,8 @@
 """Cache acceleration through a real stage process (tiny DiT, step mode, ``--cache-mode block``, result
 cache on): the response's ``cache`` member reports steps computed/skipped, an exact repeat returns the same
 bytes from the result cache, ``/v1/requests`` shows a running request's counts, ``/metrics`` counts skipped
-steps and hits, a bad ``cache`` value is a 400 naming the field."""
+steps and hits, a bad ``cache`` value is a 400 naming the field; on this DiT stage, a class id out of range is a
+400 naming the prompt at admission (over HTTP and through the OpenAI SDK, no retry)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import asyncio
 
 import httpx
 import pytest
-from serve_probes import metric_samples, wait_gone, wait_running
+from serve_probes import assert_refused_at_admission, metric_samples, wait_gone, wait_running
 from stage_process import running_stage
 
 UNI = ["--device", "cpu", "--executor", "uni"]
@@ -50,3 +51,7 @@ async def test_a_running_request_shows_its_counts_and_a_bad_cache_value_is_a_400
         await http.post("/v1/abort", json={"request_ids": ["long"]})
         assert (await task).status_code == 409
         await wait_gone(http, "long")
+
+
+def test_a_class_id_out_of_range_is_a_400_naming_the_prompt_at_admission(cache_stage):
+    assert_refused_at_admission(cache_stage.http_url, {"prompt": "1000", "num_inference_steps": 2}, "prompt", "'1000'")

@@ -1,5 +1,7 @@
 """A FLUX.1 stage process in step mode over HTTP: two SSE streams of different step counts batched, progress
-in order, final images equal to the bare FluxPipeline call. (The sample's topology — 2 rank processes,
+in order, final images equal to the bare FluxPipeline call; a negative prompt refused at admission (400 naming
+it, over HTTP and through the OpenAI SDK, no retry; every family's refusals: tests/stage_runtime/engine/
+test_admission.py). (The sample's topology — 2 rank processes,
 Ulysses 2 — runs end to end in e2e/local/test_local_cluster_flux.py; CFG-parallel is refused in
 tests/stage_runtime/models/test_flux.py.)"""
 
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import DiffusionPipeline
-from serve_probes import decode_png, sse_events
+from serve_probes import assert_refused_at_admission, decode_png, sse_events
 from stage_process import running_stage
 
 UNI = ["--device", "cpu", "--executor", "uni"]
@@ -55,3 +57,8 @@ async def test_two_sse_streams_batched_progress_in_order_images_equal_the_bare_c
         ref = bare_call(tiny_flux_path, prompt, steps, seed)
         assert got.std() > 10 and np.abs(got.astype(int) - ref.astype(int)).max() <= 2
 
+
+
+def test_a_negative_prompt_is_a_400_naming_it_at_admission_never_a_500_the_sdk_retries(flux_stage):
+    assert_refused_at_admission(flux_stage.http_url, {"prompt": "a cat", "negative_prompt": "blurry", "size": "64x64",
+                                                      "num_inference_steps": 2}, "negative_prompt", "'blurry'")

@@ -68,6 +68,7 @@ BAD_FIELDS = [
     ({"prompt": "x", "colour": "red"}, "colour"),
     ({"prompt": "x", "preview_every": 2}, "preview_every"),                      # previews need stream
     ({"prompt": "x", "stream": True, "preview_every": 2}, "preview_every"),      # …and step mode
+    ({"prompt": "x", "negative_prompt": "blurry", "guidance_scale": 1.0}, "negative_prompt"),   # unused without CFG
     ([{"prompt": "x"}], "body"),
 ]
 

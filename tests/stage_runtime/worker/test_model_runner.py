@@ -131,11 +131,14 @@ def test_empty_wave(runner):
     assert runner.num_request_states() == 0
 
 
-def test_dit_out_of_range_class_fails_alone(dit_runner):
+def test_a_request_that_skipped_admission_is_an_internal_error_that_fails_alone(dit_runner):
+    # The engine refuses an out-of-range class at admission (a 400); on the rank the family's check is only an
+    # assertion: a request that got past it unchecked fails alone as an internal error, its batch-mate runs.
     out = dit_runner.execute_model(wave(dit_runner, req("bad", "5000", steps=2), req("good", "207", steps=2)))
     assert set(out.outputs) == {"bad", "good"}
     bad, good = out.get("bad"), out.get("good")
-    assert bad.error is not None and "class id must be < 1000" in bad.error and bad.images is None
+    assert bad.error.startswith("RuntimeError: internal error: request 'bad' reached the rank without the family's "
+                                "admission check (prompt='5000': class id must be < 1000") and bad.images is None
     assert not bad.aborted
     assert good.error is None and good.images.shape == (1, 64, 64, 3)
     assert dit_runner.num_request_states() == 0

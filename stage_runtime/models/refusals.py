@@ -1,0 +1,103 @@
+"""What a model family refuses at admission: the ``check_request`` classmethod every adapter class has.
+
+The engine calls it on each resolved request before queueing (``engine.admission``), so a request the family
+cannot take is a 400 naming the field, never a failure on a rank. The engine process never loads the pipeline
+and stays free of torch and diffusers, so the hook reads only the request and ModelInfo's plain facts, and it
+is defined here, in a module that imports neither: adapter classes inherit it (``PipelineAdapter`` from
+:class:`Refusals`, ``DiTAdapter`` from :class:`DiTRefusals`, the generic adapter from
+:class:`GenericRefusals`), ``ModelInfo.refusals`` names the class that defines it, and the engine imports
+that class alone. A family with refusals of its own adds a subclass here and puts it first in its adapter's
+bases. ``DiffusionRequest.resolve`` already refuses what the common facts rule out (sizes, edits, steps,
+cache policies); these are the rest.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from stage_runtime.errors import InvalidRequestError
+from stage_runtime.model_info import ModelInfo
+from stage_runtime.request import DiffusionRequest
+
+
+class Refusals:
+    """Every family's refusals by its ``guidance`` fact (SD, SDXL, SD3, FLUX.1, Kontext, Qwen-Image)."""
+
+    @classmethod
+    def check_request(cls, request: DiffusionRequest, info: ModelInfo) -> None:
+        """Raise InvalidRequestError (the field, its value, why) for a resolved request this family cannot serve
+        as asked: the pipeline would fail on it, or silently ignore a field the client set."""
+        s, name = request.sampling, info.pipeline_class
+        if s.negative_prompt:                  # "" is no negative prompt
+            if info.guidance == "distilled":
+                raise InvalidRequestError("negative_prompt", s.negative_prompt, f"{name} is guidance-distilled (the "
+                                          "guidance scale is an embedding of one pass) and has no negative prompt")
+            if info.guidance == "none":
+                raise InvalidRequestError("negative_prompt", s.negative_prompt, f"{name} has no guidance here "
+                                          "(guidance: none) and no negative prompt")
+            if s.guidance_scale <= 1:
+                raise InvalidRequestError("negative_prompt", s.negative_prompt, f"unused at guidance_scale="
+                                          f"{s.guidance_scale:g}: {name} applies a negative prompt only through "
+                                          "classifier-free guidance, guidance_scale > 1")
+        if info.guidance == "none" and s.guidance_scale != info.default_guidance:
+            raise InvalidRequestError("guidance_scale", s.guidance_scale, f"{name} has no guidance here (guidance: "
+                                      "none; no guidance embedding, no unconditional pass) and would ignore it; leave "
+                                      f"it unset (or {info.default_guidance:g})")
+
+
+def class_id(prompt: str, labels: dict[str, int], num_classes: int) -> int:
+    """The class a DiT prompt asks for: a decimal number as it is (it may be out of range: the check says so), a
+    label of the model's table as its id, any other text as CRC32 of the text modulo ``num_classes``."""
+    text = prompt.strip()
+    if text.isascii() and text.isdigit():
+        return int(text)
+    if text in labels:
+        return int(labels[text])
+    return zlib.crc32(text.encode()) % num_classes
+
+
+class DiTRefusals(Refusals):
+    """DiT takes a class, not text (ModelInfo ``num_classes``, ``class_labels``)."""
+
+    @classmethod
+    def check_request(cls, request: DiffusionRequest, info: ModelInfo) -> None:
+        """No negative prompt (the unconditional pass is the null class); a class id below the class count (the
+        class embedding has no other row)."""
+        s = request.sampling
+        if s.negative_prompt:
+            raise InvalidRequestError("negative_prompt", s.negative_prompt, f"{info.pipeline_class} is class-"
+                                      "conditional and has no negative prompt (its unconditional pass is the null "
+                                      "class)")
+        label = class_id(request.prompt, dict(info.class_labels), info.num_classes)
+        if not 0 <= label < info.num_classes:
+            raise InvalidRequestError("prompt", request.prompt, f"class id must be < {info.num_classes} "
+                                      f"({info.pipeline_class}'s classes are 0..{info.num_classes - 1})")
+        super().check_request(request, info)
+
+
+class GenericRefusals(Refusals):
+    """The generic adapter passes a request field only where ``__call__`` takes it (ModelInfo ``call_params``)."""
+
+    @classmethod
+    def check_request(cls, request: DiffusionRequest, info: ModelInfo) -> None:
+        """A field the call does not take would be dropped: refused, unless unset or the default the stage fills
+        in. (The generic adapter knows nothing of the pipeline's guidance: ``info.guidance`` is no fact here.)"""
+        if info.call_params is None:           # no inspection of the call (not the generic adapter's info)
+            return
+        s, params = request.sampling, set(info.call_params)
+        for field, value, unset in (("negative_prompt", s.negative_prompt or None, None),
+                                    ("guidance_scale", s.guidance_scale, info.default_guidance),
+                                    ("num_inference_steps", s.num_inference_steps, info.default_steps)):
+            if field not in params and value != unset:
+                raise InvalidRequestError(field, value, f"{info.pipeline_class}.__call__ takes no {field} (the "
+                                          "generic diffusers adapter serves it; it would be ignored)")
+        if s.num_outputs > 1 and not info.supports_request_batch and "num_images_per_prompt" not in params:
+            raise InvalidRequestError("num_outputs", s.num_outputs, f"{info.pipeline_class}.__call__ makes one "
+                                      "image per call (no list of prompts, no num_images_per_prompt): use n=1")
+
+
+def refusals_path(adapter_class: type) -> str:
+    """``module:Class`` of the class in ``adapter_class``'s bases that defines the ``check_request`` it has
+    (ModelInfo.refusals: what the engine imports)."""
+    owner = next(k for k in adapter_class.__mro__ if "check_request" in vars(k))
+    return f"{owner.__module__}:{owner.__qualname__}"
