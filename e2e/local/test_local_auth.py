@@ -83,6 +83,7 @@ def test_a_stage_with_auth_waits_for_its_secret_then_serves_only_the_right_key(c
             events = kubectl('describe', 'pod', pod).stdout.split('Events:')[1].splitlines()
             row = next((line for line in events if 'FailedMount' in line), '')
             assert row.split()[:2] == ['Warning', 'FailedMount'] and 'kubelet' in row and row.endswith(why), events
+            assert kubectl('get', 'pod', pod).stdout.splitlines()[1].split()[1:3] == ['0/1', 'Init:0/1']
         # step 2: the Secret, as a manifest holds it: the same pod starts, the stage becomes Ready
         apply_secret(cluster, kubectl, {'apiVersion': 'v1', 'kind': 'Secret', 'metadata': {'name': SECRET},
                                         'stringData': {'api-keys': f'{KEY}\n'}})
