@@ -50,13 +50,17 @@ def guided_request(lines: list[str]) -> tuple[str, dict]:
 
 
 def test_make_cluster_runs_the_sample_for_kubectl_until_ctrl_c(tmp_path):
+    workdir = tmp_path / '.cluster'
+    earlier_log = workdir / 'logs' / 'default_tiny-0_uid-before' / 'stage' / '0.log'
+    earlier_log.parent.mkdir(parents=True)
+    earlier_log.write_text('an earlier session\n')
+    (workdir / 'pod-runner-stale').mkdir()  # what an earlier session left: emptied at the start, but for the logs
     proc = subprocess.Popen([sys.executable, '-m', 'e2e.local.dev_cluster', '--workdir', '.cluster'],  # make cluster
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, 'PYTHONPATH': str(scenario.ROOT)})
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
-    workdir = tmp_path / '.cluster'
     try:
         # step 1: up; the KUBECONFIG to export is absolute, in the workdir under the working directory
         export = scenario.wait_for(lambda: next((line for line in lines if 'export KUBECONFIG=' in line), None), 90,
@@ -99,3 +103,4 @@ def test_make_cluster_runs_the_sample_for_kubectl_until_ctrl_c(tmp_path):
     kept = workdir / 'logs' / f'default_tiny-0_{uid}' / 'stage' / '0.log'
     assert ' ready: ' in kept.read_text(), 'the log outlives the cluster, where the guide says'
     assert not list(workdir.glob('pod-runner-*')), 'the pod sandboxes are removed'
+    assert earlier_log.read_text() == 'an earlier session\n', 'a restart keeps the logs of earlier sessions'
