@@ -1,6 +1,7 @@
 """The embedded local cluster: the emulated Kubernetes API, the operator as a real process
 (`python -m stage_operator --namespace NS --standalone`, its kubeconfig pointing at the emulator) and the
 pod runner (every pod as local processes). It is a `scenario.Driver`: the hands of kubectl over HTTP.
+The containers' logs (`kubectl logs`) are files under `<workdir>/logs`, kept after the cluster stops.
 
     with LocalCluster(workdir) as cluster:
         cluster.apply(scenario.sample())
@@ -19,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from e2e.local.container_logs import ContainerLogs
 from e2e.local.driver import ApiDriver
 from e2e.local.kube_emulator import KubeEmulator, running
 from e2e.local.pod_process import group_members
@@ -47,6 +49,11 @@ class LocalCluster:
         self._shm_before: set[str] = set()
 
     @property
+    def logs_dir(self) -> Path:
+        """Every container run's log: `<namespace>_<pod>_<uid>/<container>/<restartCount>.log` (container_logs.py)."""
+        return self.workdir / 'logs'
+
+    @property
     def operator_log(self) -> str:
         path = self.workdir / 'operator.log'
         return path.read_text(errors='replace') if path.exists() else ''
@@ -67,7 +74,8 @@ class LocalCluster:
             self.hands = ApiDriver(self.emulator.base_url, self.namespace, self.services)
             self._stack.callback(self.hands.close)
             self._start_operator()
-            self.runner = PodRunner(self.emulator.base_url, root=self.workdir).start()
+            self.emulator.logs = logs = ContainerLogs(self.logs_dir)  # kept after the cluster stops
+            self.runner = PodRunner(self.emulator.base_url, root=self.workdir, logs=logs).start()
             self._stack.callback(self.runner.close)
             wait_for(lambda: self.emulator.watching(PLURAL) and self.emulator.watching('pods') >= 2, 90,
                      'the operator and the pod runner to watch', lambda: self.operator_log[-3000:])

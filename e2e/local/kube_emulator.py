@@ -15,7 +15,8 @@ real `kubectl`. It keeps kmock's server, Status-shaped errors and reaction DSL (
 Added: custom resources registered from CRD objects (`register_crd`, `register_crds(folder)`, or a CRD posted to
 the API), with admission as kube-apiserver does it (admission.py: pruning, defaults, schema, CEL rules, 422
 Invalid Status bodies, `fieldValidation`); `/openapi/v3` and `/openapi/v2` (openapi.py); server-side Tables
-(tables.py); `/version` (1.31); the scale subresource, `pods/eviction` honouring PodDisruptionBudgets (eviction.py),
+(tables.py); `/version` (1.31); `pods/log` from the local kubelet's files (pod_logs.py); a Secret's `stringData`
+merged into `data`; the scale subresource, `pods/eviction` honouring PodDisruptionBudgets (eviction.py),
 deletecollection, open-watch counts, a mutating-call counter.
 Not emulated: kubelet, scheduler, controllers (tests and the pod runner play them), server-side apply,
 strategic-merge list semantics (applied as a JSON merge patch), graceful pod deletion (pods go at once),
@@ -27,6 +28,7 @@ _render_error, rendering.Request/Response/StreamingError, parsing.ParsedPath/gue
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import contextlib
 import copy
@@ -42,7 +44,7 @@ import kmock
 import yaml
 from kmock._internal import enums, parsing, rendering
 
-from e2e.local import openapi, service_proxy, tables
+from e2e.local import openapi, pod_logs, service_proxy, tables
 from e2e.local.custom_resources import REPO_CRDS, CustomResource, CustomResources
 from e2e.local.kube_store import Call, KubeStore, Obj, _api_version, _labels_match
 
@@ -102,6 +104,8 @@ class KubeEmulator(kmock.KubernetesScaffold, CustomResources, KubeStore):
     mutations: list[tuple[str, str, str | None, str | None, str | None]] = attrs.field(factory=list, init=False)
     # mutating admission webhooks, as a cluster's (Kueue gates the pods it queues): (plural, new object) → object
     webhooks: list[Any] = attrs.field(factory=list, init=False)
+    # the kubelet's logs that `pods/log` serves (a container_logs.ContainerLogs; the local cluster sets it)
+    logs: Any = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()  # the scaffold: discovery, 404 for unknown URLs
@@ -123,6 +127,10 @@ class KubeEmulator(kmock.KubernetesScaffold, CustomResources, KubeStore):
         if old is None:  # a create: the webhooks see it before validation, as mutating admission does
             for webhook in list(self.webhooks):
                 obj = webhook(request.resource.plural, obj)
+        if request.resource.plural == 'secrets' and request.subresource is None and 'stringData' in obj:
+            string_data = obj.pop('stringData') or {}  # write-only, merged into data as the API server does
+            obj['data'] = {**(obj.get('data') or {}), **{k: base64.b64encode(str(v).encode()).decode()
+                                                          for k, v in string_data.items()}}
         return super()._admit(request, obj, old)
 
     # -- for tests (any thread) ------------------------------------------------------------------
@@ -183,6 +191,9 @@ class KubeEmulator(kmock.KubernetesScaffold, CustomResources, KubeStore):
             return document
         if (match := service_proxy.PATH.match(raw.path)) is not None:
             return await service_proxy.proxy(raw, match, self._service_and_pods)
+        if (match := pod_logs.PATH.match(raw.path)) is not None:
+            return await pod_logs.serve(raw, match, lambda ns, name: self.get('pods', name, ns), self.logs,
+                                        lambda: self._closing)
         raw_response: aiohttp.web.StreamResponse | None = None
         try:
             k8s = _parse_path(raw.path)

@@ -24,19 +24,42 @@ def condition(kind: str, status: bool, reason: str | None = None, message: str |
     return {**out, **({'reason': reason} if reason else {}), **({'message': message} if message else {})}
 
 
-def running_container(name: str, ready: bool, started: str, image: str = '') -> Obj:
-    return {'name': name, 'ready': ready, 'restartCount': 0, 'started': True, 'image': image,
-            'state': {'running': {'startedAt': started}}}
+def _extra(restart_count: int, container_id: str | None, last: Obj | None) -> Obj:
+    return {'restartCount': restart_count, **({'containerID': container_id} if container_id else {}),
+            **({'lastState': last} if last else {})}
 
 
-def terminated_container(name: str, code: int, message: str, image: str = '', at: str | None = None,
-                         started: str | None = None) -> Obj:
+def waiting_container(name: str, reason: str, message: str = '', image: str = '', restart_count: int = 0,
+                      last: Obj | None = None) -> Obj:
+    """Not running: ContainerCreating, PodInitializing, CrashLoopBackOff, CreateContainerConfigError."""
+    waiting = {'reason': reason, **({'message': message} if message else {})}
+    return {'name': name, 'ready': False, 'started': False, 'image': image, 'state': {'waiting': waiting},
+            **_extra(restart_count, None, last)}
+
+
+def running_container(name: str, ready: bool, started: str, image: str = '', restart_count: int = 0,
+                      container_id: str | None = None, last: Obj | None = None) -> Obj:
+    """`last`: the lastState of a restarted container ({'terminated': terminated_state(...)})."""
+    return {'name': name, 'ready': ready, 'started': True, 'image': image,
+            'state': {'running': {'startedAt': started}}, **_extra(restart_count, container_id, last)}
+
+
+def terminated_state(code: int, message: str, at: str | None = None, started: str | None = None,
+                     container_id: str | None = None) -> Obj:
     """`started`: when it began (an init container's run time is `finishedAt - startedAt`, in ms)."""
     exit_code = code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as a container runtime says
     term = {'exitCode': exit_code, 'reason': 'Completed' if code == 0 else 'Error', 'message': message,
             'finishedAt': at or now(millis=started is not None)}
-    return {'name': name, 'ready': False, 'restartCount': 0, 'image': image,
-            'state': {'terminated': {**term, 'startedAt': started} if started else term}}
+    return {**term, **({'startedAt': started} if started else {}),
+            **({'containerID': container_id} if container_id else {})}
+
+
+def terminated_container(name: str, code: int, message: str, image: str = '', at: str | None = None,
+                         started: str | None = None, restart_count: int = 0, container_id: str | None = None,
+                         last: Obj | None = None) -> Obj:
+    return {'name': name, 'ready': False, 'image': image,
+            'state': {'terminated': terminated_state(code, message, at, started, container_id)},
+            **_extra(restart_count, container_id, last)}
 
 
 def addresses(ip: str | None) -> Obj:

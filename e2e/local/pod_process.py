@@ -5,17 +5,21 @@ The mapping (the only liberties the local cluster takes with a pod):
   127.0.0.0/8 to `lo`), and a `--host` argument is rewritten to it, so every pod listens on its declared
   container ports (8000, 5570) and the operator and the Service reach `podIP:containerPort` unchanged.
 - **Files**: each volume mount becomes a folder under the pod's sandbox; an argument, an env value or the
-  termination message path under a `mountPath` is rewritten into that folder. A `configMap` volume is
-  filled with the ConfigMap's keys (read from the API), an `emptyDir` starts empty and is shared by the
-  pod's containers; an `emptyDir` mounted at /dev/shm is this machine's /dev/shm (segment names carry pids).
+  termination message path under a `mountPath` is rewritten into that folder. A `configMap` or `secret`
+  volume is filled with the object's keys, read from the API when the pod starts (pod_config.py: `items`,
+  modes, `optional`; a missing one is `NotReady`, the pod waits), an `emptyDir` starts empty and is shared by
+  the pod's containers; an `emptyDir` mounted at /dev/shm is this machine's /dev/shm (segment names carry pids).
 - **Image**: ignored; the `stage-runtime` command runs as `<this python> -m stage_runtime`. An image the
   node "has" (`LocalSources.images`: reference → folder) is that folder: an `image` volume mounts it, and a
   container running it sees it as its root (an absolute argument outside its mounts lands in it).
 - **Storage**: a `persistentVolumeClaim` volume is the folder bound to that claim (`LocalSources.claims`),
   a `hostPath` the same path under the node's own folder (`LocalSources.node_root`: pods of one runner
   share a node, so they share it); `subPath` picks a folder inside; `readOnly` is not enforced.
-- **Env**: `value` and the downward API (`fieldRef`: metadata.name/namespace/labels['k'], status.podIP),
-  over this process's environment (PATH, HOME, the venv). Anything else raises: nothing is silently skipped.
+- **Env**: `value`, the downward API (`fieldRef`: metadata.name/namespace/labels['k'], status.podIP), Secret and
+  ConfigMap keys (`secretKeyRef`, `configMapKeyRef`, `envFrom`), over this process's environment (PATH, HOME,
+  the venv). Anything else raises: nothing is silently skipped.
+- **Logs**: a container's stdout and stderr go to its run's log file (container_logs.py: the kubelet's layout
+  under the cluster's workdir, kept after the pod), which the API's `pods/log` serves to `kubectl logs`.
 
 Each container runs in its own session (process group), so the whole group can be checked and ended.
 """
@@ -28,20 +32,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from e2e.local import pod_config
+from e2e.local.container_logs import ContainerLogs, LogWriter, container_id, read_lines, render
+from e2e.local.pod_config import NotReady, PodSpecError, Read
+
+__all__ = ['LocalPod', 'LocalSources', 'NotReady', 'PodSpecError', 'end_groups', 'group_members', 'parent_pid',
+           'proc_stat']
 
 COMMANDS = {'stage-runtime': [sys.executable, '-m', 'stage_runtime']}
 SHM = '/dev/shm'
 _LABEL_REF = re.compile(r"metadata\.labels\['([^']+)'\]")
 
 Obj = dict[str, Any]
-
-
-class PodSpecError(Exception):
-    """The pod asks for something the local cluster cannot run (named in the message)."""
 
 
 @dataclass
@@ -72,36 +79,38 @@ class LocalSources:
 
 
 class LocalPod:
-    """A pod's sandbox (volumes, termination logs) and its container processes."""
+    """A pod's sandbox (volumes, termination logs), its container processes and their logs. `read(plural,
+    namespace, name)` reads a ConfigMap or Secret from the API (None: there is none)."""
 
-    def __init__(self, pod: Obj, pod_ip: str, read_configmap: Callable[[str, str], Obj | None], root: Path,
-                 sources: LocalSources | None = None):
-        self.pod, self.ip = pod, pod_ip
+    def __init__(self, pod: Obj, pod_ip: str, read: Read, root: Path, sources: LocalSources | None = None,
+                 logs: ContainerLogs | None = None):
+        self.pod, self.ip, self.read = pod, pod_ip, read
         self.sources = sources or LocalSources()
         self.namespace, self.name = pod['metadata']['namespace'], pod['metadata']['name']
+        self.uid = pod['metadata'].get('uid', '')
         self.sandbox = Path(tempfile.mkdtemp(prefix=f'{self.name}-', dir=root))
-        self.volumes = self._volumes(read_configmap)
+        self.logs = logs or ContainerLogs(self.sandbox / 'logs')
+        self.volumes: dict[str, Path | None] = {}
         self.process: subprocess.Popen | None = None
         self.groups: list[int] = []  # every container's process group (its pid), for the leak check
+        self.writers: dict[str, list[LogWriter]] = {}  # container name → the log writer of each run
 
     # -- volumes and rewriting -----------------------------------------------------------------------
-    def _volumes(self, read_configmap: Callable[[str, str], Obj | None]) -> dict[str, Path | None]:
-        """Volume name → host folder (None: /dev/shm as it is)."""
+    def mount(self) -> None:
+        """Make every volume a folder (`volumes`: name → host folder; None: /dev/shm as it is). NotReady when a
+        ConfigMap or Secret is missing (nothing is written then; call again), PodSpecError for what cannot run."""
         mounts = [m for c in self._containers() for m in c.get('volumeMounts') or ()]
         out: dict[str, Path | None] = {}
+        fills: list[tuple[str, dict[str, tuple[bytes, int]]]] = []
         for volume in self.pod['spec'].get('volumes') or ():
             name = volume['name']
             if 'emptyDir' in volume and any(m['name'] == name and m['mountPath'] == SHM for m in mounts):
                 out[name] = None
             elif 'emptyDir' in volume:
-                out[name] = self._folder('volumes', name)
-            elif 'configMap' in volume:
-                out[name] = folder = self._folder('volumes', name)
-                configmap = read_configmap(self.namespace, volume['configMap']['name'])
-                if configmap is None:
-                    raise PodSpecError(f'configmap "{volume["configMap"]["name"]}" not found')
-                for key, text in (configmap.get('data') or {}).items():
-                    (folder / key).write_text(text)
+                out[name] = self.sandbox / 'volumes' / name
+            elif 'configMap' in volume or 'secret' in volume:
+                out[name] = self.sandbox / 'volumes' / name
+                fills.append((name, pod_config.volume_files(volume, self.namespace, self.read)))
             elif 'persistentVolumeClaim' in volume:
                 out[name] = self.sources.claim(volume['persistentVolumeClaim']['claimName'])
             elif 'hostPath' in volume:
@@ -109,14 +118,14 @@ class LocalPod:
             elif 'image' in volume:
                 out[name] = self.sources.image(volume['image']['reference'])
             else:
-                raise PodSpecError(f'volume {name!r}: only emptyDir, configMap, persistentVolumeClaim, hostPath and '
-                                   f'image run locally: {sorted(volume)}')
-        return out
-
-    def _folder(self, *parts: str) -> Path:
-        folder = self.sandbox.joinpath(*parts)
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
+                raise PodSpecError(f'volume {name!r}: only emptyDir, configMap, secret, persistentVolumeClaim, '
+                                   f'hostPath and image run locally: {sorted(volume)}')
+        for name, folder in out.items():
+            if folder is not None and folder.is_relative_to(self.sandbox):
+                folder.mkdir(parents=True, exist_ok=True)
+        for name, files in fills:
+            pod_config.write_files(out[name], files)
+        self.volumes = out
 
     def _containers(self) -> list[Obj]:
         spec = self.pod['spec']
@@ -160,14 +169,25 @@ class LocalPod:
         return COMMANDS.get(argv[0], [argv[0]]) + argv[1:]
 
     def env(self, container: Obj) -> dict[str, str]:
-        mapping, env = self.path_map(container), dict(os.environ)
+        """This process's environment, then `envFrom`, then `env` (a later one wins, as in a container). NotReady
+        when a Secret or ConfigMap key it names is missing (the kubelet's CreateContainerConfigError)."""
+        mapping, env, name = self.path_map(container), dict(os.environ), container['name']
+        for source in container.get('envFrom') or ():
+            env.update(pod_config.env_from(name, source, self.namespace, self.read))
         for var in container.get('env') or ():
+            source = var.get('valueFrom') or {}
             if 'value' in var:
                 env[var['name']] = self.rewrite(str(var['value']), mapping)
-            elif path := ((var.get('valueFrom') or {}).get('fieldRef') or {}).get('fieldPath'):
+            elif path := (source.get('fieldRef') or {}).get('fieldPath'):
                 env[var['name']] = self._field(path)
+            elif 'secretKeyRef' in source or 'configMapKeyRef' in source:
+                if (value := pod_config.env_value(name, var, self.namespace, self.read)) is not None:
+                    env[var['name']] = value
+            elif not source:
+                env[var['name']] = ''  # a variable with neither value nor valueFrom is set, empty
             else:
-                raise PodSpecError(f'{container["name"]}: env {var["name"]!r}: only value and fieldRef run locally')
+                raise PodSpecError(f'{name}: env {var["name"]!r}: only value, fieldRef, secretKeyRef and '
+                                   f'configMapKeyRef run locally: {sorted(source)}')
         return env
 
     def _field(self, path: str) -> str:
@@ -181,20 +201,38 @@ class LocalPod:
         return fields[path]
 
     # -- processes -----------------------------------------------------------------------------------
-    def start(self, container: Obj) -> subprocess.Popen:
-        log = open(self.sandbox / f'{container["name"]}.log', 'ab')
+    def start(self, container: Obj, run: int = 0) -> subprocess.Popen:
+        """Start the container's run number `run` (its restartCount), its stdout and stderr into that run's log.
+        NotReady (nothing started) when its env names a missing Secret or ConfigMap key."""
+        argv, env = self.argv(container), self.env(container)
+        self.termination_path(container).unlink(missing_ok=True)  # each run writes its own message
+        writer = self.logs.writer(self.log_path(container, run))
         try:
-            process = subprocess.Popen(self.argv(container), env=self.env(container), cwd=self.sandbox,
-                                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
-        finally:
-            log.close()
+            process = subprocess.Popen(argv, env=env, cwd=self.sandbox, stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        except BaseException:
+            writer.close()
+            raise
+        writer.attach(process)
         self.groups.append(process.pid)
+        self.writers.setdefault(container['name'], []).append(writer)
         return process
 
+    def log_path(self, container: Obj, run: int) -> Path:
+        return self.logs.path(self.namespace, self.name, self.uid, container['name'], run)
+
+    def container_id(self, container: Obj, run: int) -> str:
+        return container_id(self.uid, container['name'], run)
+
+    def finish_log(self, container: Obj, timeout: float = 5.0) -> None:
+        """After the container exited: wait (up to `timeout` s) until its last lines are in its log."""
+        for writer in self.writers.get(container['name'], ()):
+            writer.close(timeout)
+
     def log(self, container: Obj, tail: int = 3000) -> str:
-        path = self.sandbox / f'{container["name"]}.log'
-        return path.read_text(errors='replace')[-tail:] if path.exists() else ''
+        """The end of the latest run's log, as `kubectl logs` prints it."""
+        runs = self.writers.get(container['name'])
+        return render(read_lines(runs[-1].path)).decode('utf-8', 'replace')[-tail:] if runs else ''
 
     def termination_message(self, container: Obj) -> str:
         path = self.termination_path(container)
@@ -210,7 +248,10 @@ class LocalPod:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(10)
-        return end_groups(self.groups)
+        left = end_groups(self.groups)
+        for writer in (w for runs in self.writers.values() for w in runs):
+            writer.close()  # the pipes' holders are gone: every log is complete
+        return left
 
 
 def proc_stat(pid: int) -> list[str] | None:

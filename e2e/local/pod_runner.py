@@ -1,12 +1,16 @@
-"""A local kubelet for the emulated API: every pod it sees runs as local processes (see pod_process.py).
+"""A local kubelet for the emulated API: every pod it sees runs as local processes (pod_thread.py: one pod's life;
+pod_process.py: how a pod maps onto this machine).
 
-`PodRunner(base_url).start()` watches pods in every namespace. For a new pod it runs the init containers
-in order, then the container; it reports what a kubelet reports into `status` — podIP, Pending with
-initContainerStatuses, Running, the Ready condition from the readiness probe's HTTP GET (polled), and on
-exit phase Failed (or Succeeded) with the exit code and the termination message read from the container's
-termination log. A deleted pod's process gets SIGTERM after its preStop sleep (the only preStop action
-emulated), SIGKILL at the end of the pod's grace period; processes
-that outlive their container are killed and recorded in `leftovers` (a clean stage leaves none).
+`PodRunner(base_url).start()` watches pods in every namespace. For a new pod it mounts the volumes (a
+missing ConfigMap or Secret: the pod waits, a FailedMount Event says why), runs the init containers in
+order, then the container; it reports what a kubelet reports into `status` — podIP, Pending with
+initContainerStatuses, Running, the Ready condition from the readiness probe's HTTP GET (polled), restarts
+as `restartPolicy` says (restartCount, lastState, CrashLoopBackOff), and on the end phase Failed (or
+Succeeded) with the exit code and the termination message read from the container's termination log. Each
+container run's output goes to its log file under `logs` (container_logs.py), which the API's `pods/log`
+serves. A deleted pod's process gets SIGTERM after its preStop sleep (the only preStop action emulated),
+SIGKILL at the end of the pod's grace period; processes that outlive their container are killed and recorded
+in `leftovers` (a clean stage leaves none).
 No scheduler: pods run where they are (`nodeName: local`), except that a pod with `schedulingGates` waits
 (Pending, PodScheduled=False SchedulingGated, as the scheduler reports it) until its gates are removed.
 """
@@ -27,12 +31,13 @@ from typing import Any
 import httpx
 
 from e2e.local import kubelet
+from e2e.local.container_logs import ContainerLogs
 from e2e.local.kubelet import now
-from e2e.local.pod_process import LocalPod, LocalSources, PodSpecError
+from e2e.local.pod_process import LocalSources
+from e2e.local.pod_thread import PodThread
 
 log = logging.getLogger(__name__)
 MERGE = {'Content-Type': 'application/merge-patch+json'}
-PROBE_PERIOD = 0.25  # seconds; a real kubelet's period is the probe's periodSeconds (5 s here)
 Obj = dict[str, Any]
 
 
@@ -70,19 +75,22 @@ def _bindable(address: str, port: int) -> bool:
 
 
 class PodRunner:
-    def __init__(self, base_url: str, root: Path | None = None):
+    def __init__(self, base_url: str, root: Path | None = None, logs: ContainerLogs | None = None):
+        """`root`: where the pods' sandboxes go (a folder of its own, removed at close); `logs`: the node's log
+        folder (default: inside that folder; the local cluster keeps it in its workdir, after the close)."""
         self.base_url = base_url
         # absolute: each pod runs in a sandbox of its own as working directory, so a relative root (make cluster's
         # default --workdir .cluster) would make every volume path miss
         self.root = Path(tempfile.mkdtemp(prefix='pod-runner-', dir=root)).resolve()
         self.api = httpx.Client(base_url=base_url, timeout=10)
-        self.pods: dict[tuple[str, str], _PodThread] = {}
-        self._every: list[_PodThread] = []  # every pod ever run, also those replaced by a new pod of the same name
+        self.pods: dict[tuple[str, str], PodThread] = {}
+        self._every: list[PodThread] = []  # every pod ever run, also those replaced by a new pod of the same name
         self.leftovers: dict[str, list[int]] = {}  # pod → processes that outlived its container
         self.gated: dict[tuple[str, str], str] = {}  # pods held by scheduling gates (not started): key → uid
         self.errors: list[str] = []  # the runner's own failures (a pod it could not run is reported in its status)
         # claims, images and the node's disk as local folders (tests bind claims and "pull" images here)
         self.sources = LocalSources(node_root=self.root / 'node-local')
+        self.logs = logs or ContainerLogs(self.root / 'logs')
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._watcher = threading.Thread(target=self._watch_forever, name='pod-runner', daemon=True)
@@ -173,7 +181,7 @@ class PodRunner:
                         f'Scheduling is blocked due to non-empty scheduling gates: {[g["name"] for g in gates]}')]})
                 return
             self.gated.pop(key, None)
-            self.pods[key] = thread = _PodThread(self, pod, next_pod_ip())
+            self.pods[key] = thread = PodThread(self, pod, next_pod_ip())
             self._every.append(thread)
         thread.start()
 
@@ -184,12 +192,24 @@ class PodRunner:
             known.delete()
 
     # -- for the pod threads -------------------------------------------------------------------------
-    def read_configmap(self, namespace: str, name: str) -> Obj | None:
-        response = self.api.get(f'/api/v1/namespaces/{namespace}/configmaps/{name}')
+    def read(self, plural: str, namespace: str, name: str) -> Obj | None:
+        """A ConfigMap or Secret (what a pod mounts or names in its env); None when there is none."""
+        response = self.api.get(f'/api/v1/namespaces/{namespace}/{plural}/{name}')
         if response.status_code == 404:
             return None
         response.raise_for_status()
         return response.json()
+
+    def event(self, pod: Obj, reason: str, message: str, kind: str = 'Warning') -> None:
+        """An Event on the pod from the kubelet, as `kubectl describe pod` lists them."""
+        meta, at = pod['metadata'], now()
+        self.api.post(f'/api/v1/namespaces/{meta["namespace"]}/events', json={
+            'metadata': {'generateName': f'{meta["name"]}.', 'namespace': meta['namespace']},
+            'involvedObject': {'apiVersion': 'v1', 'kind': 'Pod', 'name': meta['name'],
+                               'namespace': meta['namespace'], 'uid': meta['uid']},
+            'reason': reason, 'message': message, 'type': kind, 'count': 1, 'firstTimestamp': at,
+            'lastTimestamp': at, 'source': {'component': 'kubelet', 'host': 'local'},
+            'reportingComponent': 'kubelet', 'reportingInstance': 'local'}).raise_for_status()
 
     def patch_status(self, pod: Obj, status: Obj) -> bool:
         """Merge `status` into the pod's; False when the pod is gone (or replaced by a new one)."""
@@ -204,115 +224,3 @@ class PodRunner:
             return False
         response.raise_for_status()
         return True
-
-
-def _pre_stop_sleep(pod: Obj) -> float:
-    """The main container's `lifecycle.preStop.sleep.seconds` (the only preStop action emulated), else 0."""
-    container = pod['spec']['containers'][0]
-    return float((((container.get('lifecycle') or {}).get('preStop') or {}).get('sleep') or {}).get('seconds', 0))
-
-
-class _PodThread(threading.Thread):
-    """One pod's life: init containers, the container, readiness, exit or deletion."""
-
-    def __init__(self, runner: PodRunner, pod: Obj, ip: str):
-        super().__init__(name=f'pod-{pod["metadata"]["name"]}', daemon=True)
-        self.runner, self.pod, self.ip, self.uid = runner, pod, ip, pod['metadata']['uid']
-        self.deleted = threading.Event()
-        self.local: LocalPod | None = None
-
-    def delete(self) -> None:
-        self.deleted.set()
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except (PodSpecError, OSError) as exc:  # the pod cannot run here: say so in its status, like a kubelet
-            self.runner.patch_status(self.pod, {'phase': 'Failed', 'reason': 'LocalRunError', 'message': str(exc)})
-        except Exception as exc:  # an API failure or a runner bug: recorded for the test, then raised
-            self.runner.errors.append(f'{self.pod["metadata"]["name"]}: {exc!r}')
-            raise
-        finally:
-            if self.local is not None:
-                grace = float(self.pod['spec'].get('terminationGracePeriodSeconds', 30))
-                process = getattr(self.local, 'process', None)
-                deleted = self.deleted.is_set() and not self.runner._closing.is_set()  # not the cluster's teardown
-                if deleted and process is not None and process.poll() is None:
-                    pause = min(grace, _pre_stop_sleep(self.pod))  # gone from the API (and the Service) already,
-                    grace -= pause                                 # still serving: the preStop hook's sleep
-                    time.sleep(pause)
-                if left := self.local.stop(grace):
-                    self.runner.leftovers[self.local.name] = left
-
-    def _report(self, **status: Any) -> bool:
-        return not self.deleted.is_set() and self.runner.patch_status(self.pod, status)
-
-    def _run(self) -> None:
-        spec = self.pod['spec']
-        self.local = LocalPod(self.pod, self.ip, self.runner.read_configmap, self.runner.root, self.runner.sources)
-        started = now()
-        scheduled = kubelet.condition('PodScheduled', True, at=started)
-        if not self._report(phase='Pending', podIP=self.ip, podIPs=[{'ip': self.ip}], hostIP='127.0.0.1',
-                            startTime=started, conditions=[scheduled]):
-            return
-        init_statuses: list[Obj] = []
-        for container in spec.get('initContainers') or ():
-            began = now(millis=True)
-            running = kubelet.running_container(container['name'], False, began, container.get('image', ''))
-            if not self._report(initContainerStatuses=[*init_statuses, running]):
-                return
-            code = self._run_to_end(container)
-            if code is None:
-                return
-            init_statuses.append(kubelet.terminated_container(container['name'], code,
-                                                              self.local.termination_message(container),
-                                                              container.get('image', ''), started=began))
-            if code != 0:
-                self._report(phase='Failed', initContainerStatuses=init_statuses, conditions=[
-                    scheduled, kubelet.condition('Initialized', False, 'InitContainersFailed')])
-                return
-        container = spec['containers'][0]
-        self.local.process = self.local.start(container)
-        ready = False
-        image = container.get('image', '')
-        if not self._report(phase='Running', initContainerStatuses=init_statuses or None,
-                            conditions=[scheduled, kubelet.condition('Initialized', True),
-                                        kubelet.condition('Ready', False)],
-                            containerStatuses=[kubelet.running_container(container['name'], False, now(), image)]):
-            return
-        started = now()
-        while not self.deleted.wait(PROBE_PERIOD):
-            code = self.local.process.poll()
-            if code is not None:
-                message = self.local.termination_message(container) or self.local.log(container, 1000)
-                self._report(phase='Succeeded' if code == 0 else 'Failed',
-                             conditions=[scheduled, kubelet.condition('Initialized', True),
-                                         kubelet.condition('Ready', False)],
-                             containerStatuses=[kubelet.terminated_container(container['name'], code, message, image)])
-                return
-            if (probe := self._probe(container)) != ready:
-                ready = probe
-                self._report(conditions=[scheduled, kubelet.condition('Initialized', True),
-                                         kubelet.condition('Ready', ready)],
-                             containerStatuses=[kubelet.running_container(container['name'], ready, started, image)])
-
-    def _run_to_end(self, container: Obj) -> int | None:
-        """Run an init container to its end; None if the pod was deleted meanwhile."""
-        self.local.process = self.local.start(container)
-        while not self.deleted.wait(PROBE_PERIOD):
-            if (code := self.local.process.poll()) is not None:
-                self.local.process = None
-                return code
-        return None
-
-    def _probe(self, container: Obj) -> bool:
-        probe = (container.get('readinessProbe') or {}).get('httpGet')
-        if probe is None:
-            return True
-        port = probe['port']
-        if isinstance(port, str):
-            port = next(p['containerPort'] for p in container.get('ports') or () if p.get('name') == port)
-        try:
-            return httpx.get(f'http://{self.ip}:{port}{probe.get("path", "/")}', timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False  # not listening yet: a failed probe, as a kubelet counts it

@@ -118,12 +118,16 @@ def _pod_status(pod: Obj) -> str:
     status = pod.get('status') or {}
     if pod['metadata'].get('deletionTimestamp'):
         return 'Terminating'
-    for cs in status.get('initContainerStatuses') or ():
+    inits = status.get('initContainerStatuses') or ()
+    for done, cs in enumerate(inits):  # as kubectl's printPod: the first init container not done names the state
         state = cs.get('state') or {}
-        if 'terminated' in state and state['terminated'].get('exitCode'):
+        if 'terminated' in state and not state['terminated'].get('exitCode'):
+            continue
+        if 'terminated' in state:
             return f'Init:{state["terminated"].get("reason") or "Error"}'
-        if 'running' in state or 'waiting' in state:
-            return 'Init:0/1' if 'waiting' in state else 'PodInitializing'
+        if (reason := (state.get('waiting') or {}).get('reason')) and reason != 'PodInitializing':
+            return f'Init:{reason}'
+        return f'Init:{done}/{len(pod["spec"].get("initContainers") or inits)}'
     for cs in status.get('containerStatuses') or ():
         state = cs.get('state') or {}
         if 'waiting' in state and state['waiting'].get('reason'):

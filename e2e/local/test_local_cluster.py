@@ -199,6 +199,7 @@ def test_a_killed_worker_restarts_the_replica_and_status_records_it(cluster, han
     hands.patch_spec(tiny, {'restartPolicy': {'backoffInitialSeconds': 8, 'backoffMaxSeconds': 8}})
     restarts = (scenario.status(cluster, tiny).get('restarts') or {}).get('total', 0)
     victim = pod_names(cluster, tiny)[0]
+    old_uid = next(p['metadata']['uid'] for p in cluster.pods(tiny) if p['metadata']['name'] == victim)
     os.kill(_stage_worker(cluster, victim), signal.SIGKILL)
     failure = scenario.wait_for(lambda: 'exitCode' in (f := _last_failure(cluster, tiny, victim)) and f, 60,
                                 f'the exit code of {victim} in its lastFailure', lambda: scenario.status(cluster, tiny))
@@ -210,6 +211,13 @@ def test_a_killed_worker_restarts_the_replica_and_status_records_it(cluster, han
     if kubectl is not None:
         events = kubectl('describe', 'dstage', tiny).stdout.split('Events:')[-1]
         assert 'RestartingReplica' in events and f'recreating {victim} after WorkerDied' in events, events
+        # the replacement is a new pod of the same name: no previous container, as on a real cluster ...
+        previous = kubectl('logs', victim, '--previous', check=False)
+        assert previous.stderr.strip().endswith(
+            f'Error from server (BadRequest): previous terminated container "stage" in pod "{victim}" not found')
+        assert 'ready: ' in kubectl('logs', victim).stdout
+    # ... and the failed pod's log stays on the node, by its uid
+    assert 'ready: ' in (cluster.logs_dir / f'default_{victim}_{old_uid}' / 'stage' / '0.log').read_text()
 
 
 def test_abort_through_spec_abort_ends_the_running_request_and_describe_shows_it(cluster, hands, kubectl, tiny):

@@ -154,9 +154,10 @@ class Controller:
         return plan
 
     def _api_key(self, stage: Stage) -> str | None:
-        """The key the stage wants on /v1/* (spec.auth.secretRef), read through the API each reconcile; None
-        without auth, or when the Secret cannot be read (said in the log: the probes then get 401)."""
-        if stage.spec is None or stage.spec.auth is None or stage.deleting:
+        """The key the stage wants on /v1/* (spec.auth.secretRef), read through the API each reconcile, also while
+        the stage is deleted (its drain reads the pods' load); None without auth, or when the Secret cannot be read
+        (said in the log: the probes then get 401)."""
+        if stage.spec is None or stage.spec.auth is None:
             return None
         ref = stage.spec.auth.secret_ref
         try:
