@@ -66,6 +66,7 @@ bench: $(STAMP)
 	$(PY) bench/http_overhead.py
 	$(PY) bench/offload.py
 	$(PY) bench/fail_closed.py
+	$(PY) bench/stall.py
 	$(PY) bench/model_families.py
 	$(PY) bench/model_fetch.py
 	$(PY) bench/rank_start.py
