@@ -32,15 +32,15 @@ def test_a_process_output_becomes_cri_records_and_comes_back_as_its_text(tmp_pat
     assert path == tmp_path / 'logs' / 'default_p_uid-1' / 'c' / '0.log'
     assert logs.is_open(path)
     assert writer.close(10) and not logs.is_open(path), 'complete once the pipes ended'
-    lines = read_lines(path)
-    assert [(line.stream, line.partial) for line in lines] == [
-        ('stdout', False), ('stderr', False), ('stdout', True), ('stdout', False), ('stdout', False)]
-    assert lines[2].text == b'x' * LINE_LIMIT and lines[3].text == b'y', 'a long line: P records, then F'
-    out = render([line for line in lines if line.stream == 'stdout']).decode()
-    assert out == 'first\n' + 'x' * LINE_LIMIT + 'y\nno newline at the end\n'
-    first = path.read_bytes().split(b'\n', 1)[0].decode()
-    assert first.endswith(' stdout F first') and first[:30] == lines[0].time
-    assert render(lines[:1], timestamps=True).decode() == f'{lines[0].time} first\n'
+    lines = read_lines(path)  # two pipes, two pumps: the order within a stream is kept, not across them
+    stdout, stderr = ([line for line in lines if line.stream == name] for name in ('stdout', 'stderr'))
+    assert [line.partial for line in stdout] == [False, True, False, False] and len(lines) == 5
+    assert stdout[1].text == b'x' * LINE_LIMIT and stdout[2].text == b'y', 'a long line: P records, then F'
+    assert render(stdout).decode() == 'first\n' + 'x' * LINE_LIMIT + 'y\nno newline at the end\n'
+    assert render(stderr) == b'to stderr\n'
+    records = path.read_bytes().decode().splitlines()
+    assert f'{stdout[0].time} stdout F first' in records and f'{stderr[0].time} stderr F to stderr' in records
+    assert render(stdout[:1], timestamps=True).decode() == f'{stdout[0].time} first\n'
 
 
 def test_tail_counts_whole_lines_and_since_keeps_the_later_ones():

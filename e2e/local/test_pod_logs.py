@@ -1,7 +1,8 @@
 """`kubectl logs` against the local cluster (the emulated API's `pods/log`, the local kubelet's log files): plain,
 `--tail`, `--limit-bytes`, `--timestamps`, `-c`, `-f` streaming until the container exits, `--previous` after a
 restart (restartPolicy OnFailure), the refusals a real cluster answers (unknown container, no previous run, a
-container still waiting for its Secret), and the files kept where container_logs.py says.
+container still waiting for its Secret), and the files kept where container_logs.py says; a pod waiting for the
+Secrets of its volume and its env (FailedMount, CreateContainerConfigError) until they appear.
 
 The pods are small python processes (no stage), run by the pod runner alone: this is the kubelet's part.
 The stage's own logs through `kubectl logs` are in test_dev_cluster.py and test_local_cluster.py.
@@ -165,30 +166,49 @@ def test_previous_is_the_run_before_the_restart_and_every_run_keeps_its_file(nod
     assert ' stdout F run 0' in (folder / '0.log').read_text(), 'every run keeps its log, after the pod too'
 
 
-def test_a_pod_waiting_for_its_secret_says_why_then_starts_when_it_appears(node):
+def test_a_pod_waiting_for_its_secrets_says_why_then_starts_when_they_appear(node):
+    """A Secret volume (FailedMount until the Secret exists), then a Secret key in env (CreateContainerConfigError
+    until that one exists): the pod waits, says why where a kubelet says it, and starts once both are there."""
     kubectl = node.kubectl
-    reads = "import os, pathlib; print(pathlib.Path(os.environ['KEY']).read_text(), flush=True)"
-    kubectl('apply', '-f', '-', input=pod('keyed', reads, env={'KEY': '/keys/api-key'}, volumes=[
+    reads = "import os, pathlib; print(pathlib.Path(os.environ['KEY']).read_text(), os.environ['TOKEN'], flush=True)"
+    manifest = yaml.safe_load(pod('keyed', reads, env={'KEY': '/keys/api-key'}, volumes=[
         {'name': 'keys', 'secret': {'secretName': 'late', 'items': [{'key': 'token', 'path': 'api-key'}]}}],
         mounts=[{'name': 'keys', 'mountPath': '/keys', 'readOnly': True}]))
+    manifest['spec']['containers'][0]['env'].append(
+        {'name': 'TOKEN', 'valueFrom': {'secretKeyRef': {'name': 'later', 'key': 'token'}}})
+
+    def pod_status() -> list[str]:
+        return kubectl('get', 'pod', 'keyed').stdout.split('\n')[1].split()[1:3]
+
+    def secret(name: str, token: str) -> str:
+        return yaml.safe_dump({'apiVersion': 'v1', 'kind': 'Secret', 'metadata': {'name': name},
+                               'stringData': {'token': token}})
+
+    kubectl('apply', '-f', '-', input=yaml.safe_dump(manifest))
     try:
+        # step 1: no Secret for the volume: not started, FailedMount
         event = 'MountVolume.SetUp failed for volume "keys" : secret "late" not found'
         describe = scenario.wait_for(lambda: event in (d := kubectl('describe', 'pod', 'keyed').stdout) and d, 30,
                                      'the FailedMount Event', lambda: kubectl('describe', 'pod', 'keyed').stdout)
         assert 'FailedMount' in describe.split('Events:')[1]
-        assert kubectl('get', 'pod', 'keyed').stdout.split('\n')[1].split()[1:3] == ['0/1', 'ContainerCreating']
+        assert pod_status() == ['0/1', 'ContainerCreating']
         waiting = kubectl('logs', 'keyed', check=False)
         assert waiting.stderr.strip() == ('Error from server (BadRequest): container "keyed" in pod "keyed" is '
                                           'waiting to start: ContainerCreating')
-        secret = {'apiVersion': 'v1', 'kind': 'Secret', 'metadata': {'name': 'late'}, 'stringData': {'token': 'sk-1'}}
-        kubectl('apply', '-f', '-', input=yaml.safe_dump(secret))
+        # step 2: the volume's Secret, not yet the env's: the container waits with the kubelet's reason
+        kubectl('apply', '-f', '-', input=secret('late', 'sk-1'))
+        scenario.wait_for(lambda: pod_status() == ['0/1', 'CreateContainerConfigError'], 30,
+                          'CreateContainerConfigError', lambda: status(node, 'keyed'))
+        assert container_state(node, 'keyed')['state']['waiting']['message'] == 'secret "later" not found'
+        # step 3: both there: it runs, with the file and the variable
+        kubectl('apply', '-f', '-', input=secret('later', 'sk-2'))
         phase = scenario.wait_for(lambda: status(node, 'keyed').get('phase') in ('Succeeded', 'Failed') and
                                   status(node, 'keyed')['phase'], 30, 'the pod to run', lambda: status(node, 'keyed'))
         assert phase == 'Succeeded', (status(node, 'keyed'), kubectl('logs', 'keyed', check=False))
-        assert kubectl('logs', 'keyed').stdout == 'sk-1\n'
+        assert kubectl('logs', 'keyed').stdout == 'sk-1 sk-2\n'
     finally:
         delete(node, 'keyed')
-        node.kubectl('delete', 'secret', 'late', '--ignore-not-found')
+        node.kubectl('delete', 'secret', 'late', 'later', '--ignore-not-found')
 
 
 def test_the_api_checks_log_options_and_container_names_as_kube_apiserver(node):
