@@ -128,7 +128,7 @@ def test_status_and_scale_writes_are_validated(http):
     bad_status = http.patch(f'{STAGES}/writes/status', headers=MERGE, json={'status': {'phase': 'Sleeping'}})
     assert bad_status.json() == invalid('writes', (
         'FieldValueNotSupported', 'status.phase', 'Unsupported value: "Sleeping": supported values: "Pending", '
-        '"Progressing", "Ready", "Degraded", "Stalled"'), ('FieldValueInvalid', '<nil>', BLOCKED))
+        '"Progressing", "Ready", "Degraded", "Stalled", "Terminating"'), ('FieldValueInvalid', '<nil>', BLOCKED))
     bad_scale = http.patch(f'{STAGES}/writes/scale', headers=MERGE, json={'spec': {'replicas': -2}})
     assert bad_scale.json() == invalid('writes', ('FieldValueInvalid', 'spec.replicas', 'Invalid value: -2: '
                                                   'spec.replicas in body should be greater than or equal to 0'))
