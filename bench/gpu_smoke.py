@@ -60,7 +60,7 @@ def images(adapter) -> dict:
         states = [adapter.prepare_encode(r) for r in (req("c", "3", 3), req("d", "cat", 4))]
         while active := [st for st in states if not st.finished]:
             for st, pred in zip(active, adapter.denoise_step(active), strict=True):
-                adapter.step_scheduler(st, pred)
+                adapter.noise_step(st, pred)
         out.update({f"step/{st.request_id}": adapter.post_decode(st) for st in states})
     return out
 

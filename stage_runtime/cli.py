@@ -126,11 +126,14 @@ def cmd_make_tiny_model(args: argparse.Namespace) -> int:
     from stage_runtime.models.tiny import make_tiny_model
     from stage_runtime.models.tiny.lora import write_demo_loras
 
-    t0 = time.perf_counter()
-    out = make_tiny_model(args.out_dir, kind=args.kind, seed=args.seed)
-    loras = [] if args.no_demo_loras else write_demo_loras(out)
-    also = f" (demo LoRA adapters: {', '.join(str(p) for p in loras)})" if loras else ""
-    print(f"wrote tiny {args.kind} pipeline to {out} in {time.perf_counter() - t0:.2f} s{also}")
+    kinds = TINY_KINDS if args.all else (args.kind,)
+    for kind in kinds:
+        t0 = time.perf_counter()
+        out = Path(args.out_dir) / f"tiny-{kind}" if args.all else Path(args.out_dir)
+        out = make_tiny_model(out, kind=kind, seed=args.seed)
+        loras = [] if args.no_demo_loras else write_demo_loras(out)
+        also = f" (demo LoRA adapters: {', '.join(str(p) for p in loras)})" if loras else ""
+        print(f"wrote tiny {kind} pipeline to {out} in {time.perf_counter() - t0:.2f} s{also}")
     return 0
 
 
@@ -235,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("make-tiny-model", help="write a tiny random-weight diffusers pipeline")
     tiny.add_argument("out_dir")
     tiny.add_argument("--kind", choices=TINY_KINDS, default="sd")
+    tiny.add_argument("--all", action="store_true",
+                      help="every kind, each to OUT_DIR/tiny-<kind> (the runtime image's prebuilt models)")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--no-demo-loras", action="store_true",
                       help="skip the random demo LoRA adapters written to OUT_DIR/loras/{ink,pixel} (LoRA families)")

@@ -9,6 +9,8 @@ routes requests: that is the scheduler's and the engine's job.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import math
 from abc import ABC, abstractmethod
 from typing import ClassVar
@@ -24,13 +26,30 @@ from stage_runtime.models.refusals import Refusals, refusals_path
 from stage_runtime.request import DiffusionRequest
 
 diffusers_logging.disable_progress_bar()
+
+
+@functools.cache
+def call_parameters(pipeline_class: type) -> frozenset[str]:
+    """The keyword parameters of a pipeline class's ``__call__``."""
+    return frozenset(inspect.signature(pipeline_class.__call__).parameters)
+
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class PipelineAdapter(Refusals, ABC):
     """A family's adapter over its loaded pipeline. Its refusals at admission (``check_request``) come from
-    ``models.refusals``, torch-free, so the engine process runs them without importing this module."""
+    ``models.refusals``, torch-free, so the engine process runs them without importing this module.
 
+    What a family provides (docs/adding-a-model-family.md): its facts (the class attributes below, with
+    ``pipeline_classes`` and ``tiny_kinds`` read by ``stage_runtime.model_catalog``), ``run_batch`` (usually one
+    ``call_pipeline``) and, for step mode, the step contract's ``prepare_encode`` / ``denoise_step``."""
+
+    # The diffusers classes (model_index.json ``_class_name``) this adapter serves, and the make-tiny-model
+    # kinds that build one: literals in the class body (model_catalog reads them without importing torch).
+    pipeline_classes: ClassVar[tuple[str, ...]] = ()
+    tiny_kinds: ClassVar[tuple[str, ...]] = ()
+    denoiser_name: ClassVar[str] = "transformer"      # the pipeline component called once per denoising step
     supports_request_batch: ClassVar[bool] = True
     supports_step_execution: ClassVar[bool] = False
     default_steps: ClassVar[int] = 20
@@ -69,13 +88,14 @@ class PipelineAdapter(Refusals, ABC):
 
     # -- what the model is -----------------------------------------------------------------------------
     @property
-    @abstractmethod
     def denoiser(self) -> torch.nn.Module:
         """The UNet / transformer: called exactly once per denoising step (CFG rows are fused)."""
+        return getattr(self.pipe, self.denoiser_name)
 
-    @abstractmethod
     def default_size(self) -> tuple[int, int]:
-        """(height, width) served when a request gives none."""
+        """(height, width) served when a request gives none: the denoiser's latent sample size, in pixels."""
+        side = self.denoiser.config.sample_size * self.vae_scale_factor
+        return side, side
 
     fixed_size: ClassVar[bool] = False
     # Compatibility keys (ModelInfo.request_key / step_key): the SamplingParams fields that must be equal to
@@ -170,6 +190,53 @@ class PipelineAdapter(Refusals, ABC):
             return contextlib.nullcontext()
         rows = [r.sampling.loras for r, n in requests for _ in range(n)]
         return self.loras.rows(component, rows * repeat)
+
+    @contextlib.contextmanager
+    def batch_lora_rows(self, requests: list[DiffusionRequest], cfg_rows: int = 1,
+                        components: tuple[str, ...] | None = None):
+        """Context for one fused call over ``requests``: every LoRA component (or ``components``) gets one
+        row per image; the denoiser's rows repeat ``cfg_rows`` times ([uncond; cond] under CFG)."""
+        rows = [(r, r.sampling.num_outputs) for r in requests]
+        with contextlib.ExitStack() as stack:
+            for component in self.lora_components if components is None else components:
+                repeat = cfg_rows if component == self.denoiser_name else 1
+                stack.enter_context(self.lora_rows(component, rows, repeat=repeat))
+            yield
+
+    @property
+    def encoder_lora_components(self) -> tuple[str, ...]:
+        """The LoRA components called once per prompt (the text encoders), not per step."""
+        return tuple(c for c in self.lora_components if c != self.denoiser_name)
+
+    def call_pipeline(self, requests: list[DiffusionRequest], pipe: DiffusionPipeline | None = None,
+                      generators: list[torch.Generator] | None = None, **family_kw) -> dict[str, np.ndarray]:
+        """ONE call of ``pipe`` (the family's pipeline by default) for key-compatible requests → uint8 images by
+        request id. Fills what every family passes, where ``__call__`` takes it: the shared size, steps and
+        guidance, one generator per image (``generators``, when the family drew from them already),
+        ``output_type="np"``; ``family_kw`` adds the family's own (prompts or embeddings, image, strength, …)."""
+        pipe = self.pipe if pipe is None else pipe
+        s = requests[0].sampling                      # key-compatible: size, steps and guidance are shared
+        shared = {"height": s.height, "width": s.width, "num_inference_steps": s.num_inference_steps,
+                  "guidance_scale": s.guidance_scale}
+        accepted = call_parameters(type(pipe))
+        kwargs = {name: value for name, value in shared.items() if name in accepted}
+        generators = self.generators(requests) if generators is None else generators
+        kwargs.update(family_kw, generator=generators, output_type="np", return_dict=False)
+        return self.split_images(requests, pipe(**kwargs)[0])
+
+    @staticmethod
+    def image_rows(requests: list[DiffusionRequest]) -> list[DiffusionRequest]:
+        """Each request once per image it asks for, in request order: the rows of a fused call."""
+        return [r for r in requests for _ in range(r.sampling.num_outputs)]
+
+    @classmethod
+    def prompt_kwargs(cls, requests: list[DiffusionRequest], negative: bool = True) -> dict[str, list[str]]:
+        """``prompt`` (and ``negative_prompt``, "" when none) per image row."""
+        rows = cls.image_rows(requests)
+        kwargs = {"prompt": [r.prompt for r in rows]}
+        if negative:
+            kwargs["negative_prompt"] = [r.sampling.negative_prompt or "" for r in rows]
+        return kwargs
 
     # -- helpers for subclasses -------------------------------------------------------------------------
     @staticmethod

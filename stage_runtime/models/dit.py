@@ -24,18 +24,12 @@ NULL_CLASS = 1000         # DiTPipeline's unconditional class id for guidance
 
 
 class DiTAdapter(DiTRefusals, StepContract, PipelineAdapter):
+    pipeline_classes = ("DiTPipeline",)
+    tiny_kinds = ("dit",)
     default_guidance = 4.0
     parallel_kinds = frozenset({"cfg", "ulysses", "ring", "tp"})
     fixed_size = True
     supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
-
-    @property
-    def denoiser(self) -> torch.nn.Module:
-        return self.pipe.transformer
-
-    def default_size(self) -> tuple[int, int]:
-        side = self.pipe.transformer.config.sample_size * self.vae_scale_factor
-        return side, side
 
     @property
     def num_classes(self) -> int:
@@ -50,11 +44,7 @@ class DiTAdapter(DiTRefusals, StepContract, PipelineAdapter):
         return class_id(prompt, getattr(self.pipe, "labels", None) or {}, self.num_classes)
 
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
-        s = requests[0].sampling
-        labels = [self.class_label(r.prompt) for r in requests for _ in range(r.sampling.num_outputs)]
-        images = self.pipe(class_labels=labels, guidance_scale=s.guidance_scale, generator=self.generators(requests),
-                           num_inference_steps=s.num_inference_steps, output_type="np", return_dict=False)[0]
-        return self.split_images(requests, images)
+        return self.call_pipeline(requests, class_labels=[self.class_label(r.prompt) for r in self.image_rows(requests)])
 
     # -- step contract: the same math as DiTPipeline.__call__, one step at a time ------------------------
     def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
@@ -66,7 +56,7 @@ class DiTAdapter(DiTRefusals, StepContract, PipelineAdapter):
         labels = torch.tensor([self.class_label(request.prompt)] * n, device=self.device)
         if do_cfg:        # conditional rows first, then the null class (DiT's order)
             labels = torch.cat([labels, torch.full_like(labels, NULL_CLASS)])
-        return StepRequestState(request, self.request_scheduler(s.num_inference_steps), latents, do_cfg,
+        return StepRequestState(request, self.noise_scheduler_for(s.num_inference_steps), latents, do_cfg,
                                 cond={"labels": labels})
 
     def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Per-request flow-matching schedules (FLUX, SD3): the timesteps a pipeline's ``__call__`` would set.
+"""Per-request flow-matching schedules (FLUX, SD3, Qwen-Image): the timesteps a pipeline's ``__call__`` would set.
 
 With ``use_dynamic_shifting`` the schedule depends on the image: ``mu`` is a linear function of the image
 token count, from ``base_shift`` at ``base_image_seq_len`` tokens to ``max_shift`` at ``max_image_seq_len``

@@ -25,14 +25,16 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from stage_runtime.models.edit_images import pil_image
 from stage_runtime.models.flow_match import flux_sigmas, request_flow_scheduler
 from stage_runtime.models.flux import FLUX_MAX_SHIFT, FluxAdapter
-from stage_runtime.models.sd_edit import pil_image
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
 
 
 class FluxKontextAdapter(FluxAdapter):
+    pipeline_classes = ("FluxKontextPipeline",)
+    tiny_kinds = ("flux-kontext",)
     parallel_kinds = frozenset()
     step_key_fields = ("height", "width", "task")
     edit_step_rule = "int"                 # unused: instruction edits run every step
@@ -46,19 +48,14 @@ class FluxKontextAdapter(FluxAdapter):
 
     # -- request mode ----------------------------------------------------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
-        s = requests[0].sampling           # key-compatible: size, steps, guidance and task are shared
-        rows = [r for r in requests for _ in range(r.sampling.num_outputs)]
-        kwargs = {}
+        s, kwargs = requests[0].sampling, {}          # key-compatible: size, steps, guidance and task are shared
         if requests[0].edit is not None:
-            kwargs = {"image": [pil_image(r.edit, s.height, s.width) for r in rows], "_auto_resize": False}
-        lora_rows = [(r, r.sampling.num_outputs) for r in requests]    # one row per image (CLIP, transformer)
-        with self.lora_rows("text_encoder", lora_rows), self.lora_rows("transformer", lora_rows):
-            images = self.pipe(prompt=[r.prompt for r in rows], height=s.height, width=s.width,
-                               max_area=s.height * s.width, num_inference_steps=s.num_inference_steps,
-                               guidance_scale=s.guidance_scale, generator=self.generators(requests),
-                               max_sequence_length=self.max_sequence_length(), output_type="np", return_dict=False,
-                               **kwargs)[0]
-        return self.split_images(requests, images)
+            kwargs = {"image": [pil_image(r.edit, s.height, s.width) for r in self.image_rows(requests)],
+                      "_auto_resize": False}
+        with self.batch_lora_rows(requests):          # one row per image (CLIP, transformer)
+            return self.call_pipeline(requests, **self.prompt_kwargs(requests, negative=False),
+                                      max_area=s.height * s.width, max_sequence_length=self.max_sequence_length(),
+                                      **kwargs)
 
     # -- step contract: FluxKontextPipeline.__call__, one step at a time ---------------------------------
     def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:

@@ -18,29 +18,23 @@ own usage; diffusers enables it only when a negative prompt is given). Guidance 
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import torch
 
 from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.flow_match import request_flow_scheduler
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
 
 DEFAULT_NEGATIVE = " "
 MAX_SEQUENCE_LENGTH = 512          # QwenImagePipeline.__call__'s default
-
-
-def image_seq_shift(image_seq_len: int, config) -> float:
-    """mu of the dynamic shift: linear in the packed image sequence length (base → max shift)."""
-    base_len, max_len = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)
-    base_shift, max_shift = config.get("base_shift", 0.5), config.get("max_shift", 1.15)
-    slope = (max_shift - base_shift) / (max_len - base_len)
-    return image_seq_len * slope + base_shift - slope * base_len
+QWEN_MAX_SHIFT = 1.15              # the dynamic shift's default top (QwenImagePipeline's calculate_shift)
 
 
 class QwenImageAdapter(StepContract, PipelineAdapter):
+    pipeline_classes = ("QwenImagePipeline",)
+    tiny_kinds = ("qwen-image",)
     default_steps = 50
     default_guidance = 4.0
     guidance = "true_cfg"
@@ -50,10 +44,6 @@ class QwenImageAdapter(StepContract, PipelineAdapter):
     @property
     def supports_block_cache(self) -> bool:        # zero_cond_t doubles the modulation rows: not per-row
         return not getattr(self.pipe.transformer.config, "zero_cond_t", False)
-
-    @property
-    def denoiser(self) -> torch.nn.Module:
-        return self.pipe.transformer
 
     @property
     def vae_scale_factor(self) -> int:
@@ -79,7 +69,7 @@ class QwenImageAdapter(StepContract, PipelineAdapter):
         states = [self.prepare_encode(r) for r in requests]
         while not states[0].finished:               # a wave shares its step count
             for state, pred in zip(states, self.denoise_step(states), strict=True):
-                self.step_scheduler(state, pred)
+                self.noise_step(state, pred)
         return {st.request_id: self.post_decode(st) for st in states}
 
     # -- step contract -------------------------------------------------------------------------------------
@@ -101,17 +91,10 @@ class QwenImageAdapter(StepContract, PipelineAdapter):
             cond["neg_embeds"], cond["neg_mask"] = self._encode(negative, n)
         latents = pipe.prepare_latents(n, pipe.transformer.config.in_channels // 4, s.height, s.width, embeds.dtype,
                                        self.device, self.generators([request]))
-        scheduler = self.request_scheduler_shifted(s.num_inference_steps, latents.shape[1])
+        scheduler = request_flow_scheduler(pipe.scheduler, s.num_inference_steps, self.device, latents.shape[1],
+                                           QWEN_MAX_SHIFT, np.linspace(1.0, 1 / s.num_inference_steps,
+                                                                       s.num_inference_steps))
         return StepRequestState(request, scheduler, latents, do_cfg, cond=cond)
-
-    def request_scheduler_shifted(self, num_steps: int, image_seq_len: int):
-        """This request's flow-matching scheduler: sigmas 1 → 1/steps, shifted by mu(image tokens)."""
-        scheduler = copy.deepcopy(self.pipe.scheduler)
-        sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
-        scheduler.set_timesteps(sigmas=sigmas, device=self.device,
-                                mu=image_seq_shift(image_seq_len, scheduler.config))
-        scheduler.set_begin_index(0)
-        return scheduler
 
     def latent_grid(self, state: StepRequestState) -> tuple[int, int, int]:
         """(frames, rows, columns) of packed tokens: the transformer's ``img_shapes`` entry."""

@@ -1,7 +1,9 @@
 """Pipeline registry: the diffusers class named in ``model_index.json`` → the adapter that serves it.
 
-A class without a dedicated adapter is served by the generic diffusers adapter (request mode only; it
-says at startup what it cannot do). Entries are import paths, imported only when a model is loaded (the registry itself never imports torch).
+The table is read from the adapters themselves (``stage_runtime.model_catalog``: each adapter class names its
+``pipeline_classes``), never written here. A class without a dedicated adapter is served by the generic diffusers
+adapter (request mode only; it says at startup what it cannot do). Entries are import paths, imported only when
+a model is loaded (the registry itself never imports torch).
 ``model.adapter`` in the stage config overrides the lookup with any ``package.module:Class``.
 """
 
@@ -10,19 +12,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from stage_runtime import model_catalog
 from stage_runtime.config import ModelConfig
 from stage_runtime.errors import ModelLoadError
 from stage_runtime.plugins import import_object
 
-ADAPTERS: dict[str, str] = {
-    "FluxPipeline": "stage_runtime.models.flux:FluxAdapter",
-    "FluxKontextPipeline": "stage_runtime.models.flux_kontext:FluxKontextAdapter",
-    "StableDiffusion3Pipeline": "stage_runtime.models.sd3:StableDiffusion3Adapter",
-    "StableDiffusionPipeline": "stage_runtime.models.sd:StableDiffusionAdapter",
-    "DiTPipeline": "stage_runtime.models.dit:DiTAdapter",
-    "StableDiffusionXLPipeline": "stage_runtime.models.sdxl:StableDiffusionXLAdapter",
-    "QwenImagePipeline": "stage_runtime.models.qwen_image:QwenImageAdapter",
-}
+ADAPTERS: dict[str, str] = model_catalog.adapters_by_pipeline()
 GENERIC = "stage_runtime.models.generic:GenericDiffusersAdapter"
 
 

@@ -25,6 +25,8 @@ SD3_MAX_SHIFT = 1.16
 
 
 class StableDiffusion3Adapter(StepContract, PipelineAdapter):
+    pipeline_classes = ("StableDiffusion3Pipeline",)
+    tiny_kinds = ("sd3",)
     default_steps = 28
     default_guidance = 7.0
     parallel_kinds = frozenset({"cfg", "ulysses", "ring", "tp"})
@@ -33,14 +35,6 @@ class StableDiffusion3Adapter(StepContract, PipelineAdapter):
     lora_components = ("transformer", "text_encoder", "text_encoder_2")   # as SD3LoraLoaderMixin (not T5)
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale")
     step_key_fields = ("height", "width")
-
-    @property
-    def denoiser(self) -> torch.nn.Module:
-        return self.pipe.transformer
-
-    def default_size(self) -> tuple[int, int]:
-        side = self.pipe.transformer.config.sample_size * self.vae_scale_factor
-        return side, side
 
     def size_multiple(self) -> int:
         return self.vae_scale_factor * self.pipe.transformer.config.patch_size
@@ -66,22 +60,15 @@ class StableDiffusion3Adapter(StepContract, PipelineAdapter):
 
     # -- request mode ----------------------------------------------------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
-        s = requests[0].sampling           # key-compatible: size, steps and guidance are shared
-        rows = [(r.prompt, r.sampling.negative_prompt or "") for r in requests for _ in range(r.sampling.num_outputs)]
-        per_request = [(r, r.sampling.num_outputs) for r in requests]    # LoRA rows: one per prompt row
-        with (self.lora_rows("text_encoder", per_request), self.lora_rows("text_encoder_2", per_request),
-              self.lora_rows("transformer", per_request, repeat=2 if s.guidance_scale > 1 else 1)):
-            images = self.pipe(prompt=[p for p, _ in rows], negative_prompt=[n for _, n in rows], height=s.height,
-                               width=s.width, num_inference_steps=s.num_inference_steps,
-                               guidance_scale=s.guidance_scale, generator=self.generators(requests),
-                               max_sequence_length=self.max_sequence_length(), output_type="np", return_dict=False)[0]
-        return self.split_images(requests, images)
+        with self.batch_lora_rows(requests, cfg_rows=2 if requests[0].sampling.guidance_scale > 1 else 1):
+            return self.call_pipeline(requests, **self.prompt_kwargs(requests),
+                                      max_sequence_length=self.max_sequence_length())
 
     # -- step contract: the same math as StableDiffusion3Pipeline.__call__, one step at a time -----------
     def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
         s, pipe, n = request.sampling, self.pipe, request.sampling.num_outputs
         do_cfg = s.guidance_scale > 1
-        with self.lora_rows("text_encoder", [(request, n)]), self.lora_rows("text_encoder_2", [(request, n)]):
+        with self.batch_lora_rows([request], components=self.encoder_lora_components):
             embeds, negative, pooled, negative_pooled = pipe.encode_prompt(
                 prompt=[request.prompt] * n, prompt_2=None, prompt_3=None, device=self.device,
                 num_images_per_prompt=1, do_classifier_free_guidance=do_cfg,
@@ -106,8 +93,3 @@ class StableDiffusion3Adapter(StepContract, PipelineAdapter):
                 pooled_projections=torch.cat([st.cond["pooled"] for st in states]), joint_attention_kwargs=None,
                 return_dict=False)[0]
         return self.guided_per_request(states, noise, rows)
-
-    def post_decode(self, state: StepRequestState) -> np.ndarray:
-        vae = self.pipe.vae
-        image = vae.decode(state.latents / vae.config.scaling_factor + vae.config.shift_factor, return_dict=False)[0]
-        return self.to_uint8(self.pipe.image_processor.postprocess(image, output_type="np"))

@@ -13,23 +13,70 @@ call the embeddings, so a request's conditioning never depends on its batch-mate
 
 Parallel: CFG-parallel splits the rows (the ``added_cond_kwargs`` tensors included); Ulysses shards
 the tokens of the UNet's transformer blocks (BasicTransformerBlock, as SD's): both are the defaults.
+
+img2img (StableDiffusionXLImg2ImgPipeline semantics) over the generation components: the pipeline is built
+with ``from_pipe`` over the generation folder's modules (no weight copied; ``requires_aesthetics_score``
+False, so the micro-conditioning is the generation's: original size, crop (0, 0), target size). Request mode
+calls it with the per-request embeddings (as the generation path); step mode is Stable Diffusion's img2img
+math (``sd.StableDiffusionEditMixin``). The VAE encodes in float32 when its config says ``force_upcast`` (as
+the pipeline does). Fresh generators in step mode: the pipeline draws the image's latent sample, then the
+noise, then (Euler) each step's noise from the same generators, so the text-to-image latents drawn first are
+discarded and the noise scheduler's step kwargs get the fresh generators.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+from diffusers import StableDiffusionXLImg2ImgPipeline
 from diffusers.utils.torch_utils import randn_tensor
 
 from stage_runtime.errors import ConfigError
 from stage_runtime.models.adapter import PipelineAdapter
-from stage_runtime.models.sdxl_edit import StableDiffusionXLEditMixin
+from stage_runtime.models.edit_images import pil_image
+from stage_runtime.models.sd import StableDiffusionEditMixin
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
 
 
+class StableDiffusionXLEditMixin(StableDiffusionEditMixin):
+    """img2img for an SDXL adapter (``self.pipe`` a StableDiffusionXLPipeline)."""
+
+    def edit_tasks(self) -> tuple[str, ...]:
+        return ("img2img",) if self.pipe.unet.config.in_channels == 4 else ()
+
+    def _edit_pipelines(self):
+        if getattr(self, "_edit_pipes", None) is None:
+            img2img = StableDiffusionXLImg2ImgPipeline.from_pipe(self.pipe, requires_aesthetics_score=False)
+            img2img.set_progress_bar_config(disable=True)
+            self._edit_pipes = {"img2img": img2img}
+        return self._edit_pipes
+
+    def run_edit_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
+        s, edit = requests[0].sampling, requests[0].edit
+        return self.call_pipeline(
+            requests, self._edit_pipelines()["img2img"], **self.fused_embeddings(requests),
+            image=[pil_image(r.edit, s.height, s.width) for r in self.image_rows(requests)], strength=edit.strength)
+
+    def prepare_edit(self, request: DiffusionRequest, state: StepRequestState, generators=None) -> None:
+        generators = self.generators([request])
+        vae, dtype = self.pipe.vae, state.latents.dtype
+        upcast = vae.config.force_upcast and vae.dtype != torch.float32
+        if upcast:
+            vae.to(dtype=torch.float32)
+        try:
+            super().prepare_edit(request, state, generators)
+        finally:
+            if upcast:
+                vae.to(dtype=dtype)
+        state.step_kwargs = self.pipe.prepare_extra_step_kwargs(generators, 0.0)
+
+
 class StableDiffusionXLAdapter(StableDiffusionXLEditMixin, StepContract, PipelineAdapter):
+    pipeline_classes = ("StableDiffusionXLPipeline",)
+    tiny_kinds = ("sdxl",)
+    denoiser_name = "unet"
     default_steps = 30
     default_guidance = 5.0
     parallel_kinds = frozenset({"cfg", "ulysses"})
@@ -41,14 +88,6 @@ class StableDiffusionXLAdapter(StableDiffusionXLEditMixin, StepContract, Pipelin
         if config.addition_embed_type != "text_time":
             raise ConfigError(f"StableDiffusionXLPipeline: unet.addition_embed_type={config.addition_embed_type!r}, "
                               "expected 'text_time' (SDXL micro-conditioning)")
-
-    @property
-    def denoiser(self) -> torch.nn.Module:
-        return self.pipe.unet
-
-    def default_size(self) -> tuple[int, int]:
-        side = self.pipe.unet.config.sample_size * self.vae_scale_factor
-        return side, side
 
     # -- conditioning, shared by request and step mode ---------------------------------------------------
     def do_cfg(self, request: DiffusionRequest) -> bool:
@@ -73,20 +112,18 @@ class StableDiffusionXLAdapter(StableDiffusionXLEditMixin, StepContract, Pipelin
                               f"not fit {len(ids)} time ids and a pooled projection of {projection}")
         return torch.tensor([ids] * s.num_outputs, dtype=dtype, device=self.device)
 
+    def fused_embeddings(self, requests: list[DiffusionRequest]) -> dict[str, torch.Tensor | None]:
+        """Each request's own encoding (``encode``), concatenated in row order, as the pipeline's keywords."""
+        encoded = [self.encode(r) for r in requests]
+        names = ("prompt_embeds", "negative_prompt_embeds", "pooled_prompt_embeds", "negative_pooled_prompt_embeds")
+        return {name: None if encoded[0][i] is None else torch.cat([e[i] for e in encoded])
+                for i, name in enumerate(names)}
+
     # -- request mode: one pipeline call, per-request embeddings -------------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
-        if requests[0].edit is not None:   # img2img: sdxl_edit
+        if requests[0].edit is not None:   # img2img
             return self.run_edit_batch(requests)
-        s = requests[0].sampling
-        encoded = [self.encode(r) for r in requests]
-        parts = {name: [e[i] for e in encoded] for i, name in enumerate(
-            ("prompt_embeds", "negative_prompt_embeds", "pooled_prompt_embeds", "negative_pooled_prompt_embeds"))}
-        embeds = {k: None if v[0] is None else torch.cat(v) for k, v in parts.items()}
-        images = self.pipe(
-            **embeds, height=s.height, width=s.width, num_inference_steps=s.num_inference_steps,
-            guidance_scale=s.guidance_scale, generator=self.generators(requests), output_type="np",
-            return_dict=False)[0]
-        return self.split_images(requests, images)
+        return self.call_pipeline(requests, **self.fused_embeddings(requests))
 
     # -- step contract: the same math as StableDiffusionXLPipeline.__call__, one step at a time -----------
     def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
@@ -94,7 +131,7 @@ class StableDiffusionXLAdapter(StableDiffusionXLEditMixin, StepContract, Pipelin
         embeds, negative, pooled, negative_pooled = self.encode(request)
         time_ids = self.time_ids(request, embeds.dtype)
         do_cfg = self.do_cfg(request)
-        scheduler = self.request_scheduler(s.num_inference_steps)
+        scheduler = self.noise_scheduler_for(s.num_inference_steps)
         if hasattr(scheduler, "set_begin_index"):
             scheduler.set_begin_index(0)
         generators = self.generators([request])
@@ -107,7 +144,7 @@ class StableDiffusionXLAdapter(StableDiffusionXLEditMixin, StepContract, Pipelin
             cond = {"embeds": embeds, "text_embeds": pooled, "time_ids": time_ids}
         state = StepRequestState(request, scheduler, latents * scheduler.init_noise_sigma, do_cfg, cond=cond,
                                  step_kwargs=pipe.prepare_extra_step_kwargs(generators, 0.0))
-        if request.edit is not None:       # img2img: latents from the image (sdxl_edit)
+        if request.edit is not None:       # img2img: latents from the image
             self.prepare_edit(request, state)
         return state
 
@@ -118,8 +155,3 @@ class StableDiffusionXLAdapter(StableDiffusionXLEditMixin, StepContract, Pipelin
                                encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
                                added_cond_kwargs=added, return_dict=False)[0]
         return self.guided_per_request(states, noise, rows)
-
-    def post_decode(self, state: StepRequestState) -> np.ndarray:
-        pipe = self.pipe
-        image = pipe.vae.decode(state.latents / pipe.vae.config.scaling_factor, return_dict=False)[0]
-        return self.to_uint8(pipe.image_processor.postprocess(image, output_type="np"))

@@ -4,8 +4,10 @@
                                          request's generators, a per-request copy of the noise scheduler
     denoise_step(states) -> [pred]       ONE batched denoiser forward for every scheduled request, each at
                                          its own timestep; guidance applied; predictions sliced per request
-    step_scheduler(state, pred)          latent update for one step; the only place step_index advances
-    post_decode(state) -> uint8 images   VAE decode (on completion, or for a preview)
+    noise_step(state, pred)              latent update for one step (the noise scheduler's ``step``); the
+                                         only place step_index advances
+    post_decode(state) -> uint8 images   VAE decode (on completion, or for a preview); the default decodes
+                                         ``decode_latents(state)`` with the pipeline's VAE and image processor
 
 Each request keeps its own generator, scheduler copy and progress, so its image equals what the
 pipeline's ``__call__`` gives it alone, whatever it is batched with and whenever it joined.
@@ -35,17 +37,26 @@ class StepContract:
     def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
         """One denoiser forward for all states → one guided prediction per state, in order."""
 
-    @abstractmethod
     def post_decode(self, state: StepRequestState) -> np.ndarray:
-        """Decode the state's current latents → uint8 (num_outputs, H, W, 3)."""
+        """Decode the state's current latents → uint8 (num_outputs, H, W, 3): un-normalise them with the VAE's
+        scaling (and shift) factor, decode, post-process as the pipeline does."""
+        vae = self.pipe.vae
+        latents = self.decode_latents(state) / vae.config.scaling_factor
+        shift = getattr(vae.config, "shift_factor", None)
+        image = vae.decode(latents if shift is None else latents + shift, return_dict=False)[0]
+        return self.to_uint8(self.pipe.image_processor.postprocess(image, output_type="np"))
 
-    def step_scheduler(self, state: StepRequestState, noise_pred: torch.Tensor) -> None:
-        state.latents = state.scheduler.step(noise_pred, state.timestep, state.latents, **state.step_kwargs,
-                                             return_dict=False)[0]
+    def decode_latents(self, state: StepRequestState) -> torch.Tensor:
+        """The latents the VAE decodes (a family with packed latents unpacks them here)."""
+        return state.latents
+
+    def noise_step(self, state: StepRequestState, noise_pred: torch.Tensor) -> None:
+        state.latents = state.noise_scheduler.step(noise_pred, state.timestep, state.latents, **state.step_kwargs,
+                                                   return_dict=False)[0]
         state.step_index += 1
 
     # -- shared helpers --------------------------------------------------------------------------------
-    def request_scheduler(self, num_steps: int):
+    def noise_scheduler_for(self, num_steps: int):
         """A private copy of the pipeline's noise scheduler with this request's timesteps."""
         scheduler = copy.deepcopy(self.pipe.scheduler)
         scheduler.set_timesteps(num_steps, device=self.device)
@@ -57,7 +68,7 @@ class StepContract:
         rows, timesteps = [], []
         for st in states:
             latents = torch.cat([st.latents] * 2) if st.do_cfg else st.latents
-            rows.append(st.scheduler.scale_model_input(latents, st.timestep))
+            rows.append(st.noise_scheduler.scale_model_input(latents, st.timestep))
             timesteps.append(st.timestep.reshape(1).expand(len(latents)))
         return rows, torch.cat(timesteps)
 

@@ -13,12 +13,12 @@ from stage_runtime.request import DiffusionRequest
 @dataclass
 class StepRequestState:
     request: DiffusionRequest
-    scheduler: Any                      # this request's own copy of the noise scheduler (timesteps set)
+    noise_scheduler: Any                # this request's own copy of the noise scheduler (timesteps set)
     latents: torch.Tensor               # (num_outputs, C, h, w)
     do_cfg: bool
     cond: dict[str, torch.Tensor] = field(default_factory=dict)   # prompt embeds / class labels, CFG rows first
     step_kwargs: dict[str, Any] = field(default_factory=dict)     # extra kwargs for scheduler.step
-    step_index: int = 0                 # steps completed; advanced only by step_scheduler()
+    step_index: int = 0                 # steps completed; advanced only by noise_step()
     t_start: int = 0                    # an edit skips the first t_start timesteps (strength < 1)
     edit: dict[str, Any] = field(default_factory=dict)            # edit tensors (inpaint: mask, image latents, noise)
     cache: Any = None                   # its BlockCacheState (models.block_cache) when the block cache is on
@@ -29,11 +29,11 @@ class StepRequestState:
 
     @property
     def total_steps(self) -> int:
-        return len(self.scheduler.timesteps) - self.t_start
+        return len(self.noise_scheduler.timesteps) - self.t_start
 
     @property
     def timestep(self) -> torch.Tensor:
-        return self.scheduler.timesteps[self.t_start + self.step_index]
+        return self.noise_scheduler.timesteps[self.t_start + self.step_index]
 
     @property
     def finished(self) -> bool:

@@ -224,7 +224,7 @@ class DiffusionModelRunner:
         for state, pred in zip(states, preds, strict=True):
             rid = state.request_id
             try:
-                self.adapter.step_scheduler(state, pred)
+                self.adapter.noise_step(state, pred)
                 if state.finished:
                     images = self.adapter.post_decode(state)
                 elif state.request.preview_at(state.step_index):

@@ -53,10 +53,10 @@ class StepFaultSDAdapter(StableDiffusionAdapter):
             raise RuntimeError("boom in prepare_encode")
         return super().prepare_encode(request)
 
-    def step_scheduler(self, state, noise_pred):
+    def noise_step(self, state, noise_pred):
         if state.request.prompt == "late-boom" and state.step_index == 2:
             raise RuntimeError("boom in step 3")
-        super().step_scheduler(state, noise_pred)
+        super().noise_step(state, noise_pred)
 
 
 class TracingSDAdapter(StableDiffusionAdapter):
@@ -87,10 +87,10 @@ class StallOnRankOneSDAdapter(StableDiffusionAdapter):
 class StepFaultDiTAdapter(DiTAdapter):
     """Step mode, DiT (block cache): prompt "late-boom" fails in its third scheduler step."""
 
-    def step_scheduler(self, state, noise_pred):
+    def noise_step(self, state, noise_pred):
         if state.request.prompt == "late-boom" and state.step_index == 2:
             raise RuntimeError("boom in step 3")
-        super().step_scheduler(state, noise_pred)
+        super().noise_step(state, noise_pred)
 
 
 class HangUntilFileSDAdapter(StableDiffusionAdapter):

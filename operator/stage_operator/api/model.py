@@ -18,8 +18,11 @@ from typing import Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from stage_operator.api.base import ApiModel, cel
+from stage_runtime.model_catalog import tiny_kinds
 
 _CAMEL = ApiModel.model_config
+# `builtin`: one tiny model per kind the runtime builds (its adapters' `tiny_kinds`, read without torch).
+BUILTIN_MODELS = tuple(f"tiny-{kind}" for kind in tiny_kinds())
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -163,8 +166,7 @@ class ModelSource(ApiModel):
         _exactly_one(_MODEL, "model"),
         cel("!has(self.cache) || (has(self.source) && has(self.source.uri))",
             "'model.cache applies to model.source.uri only (it stores downloads)'")]})
-    builtin: Literal["tiny-sd", "tiny-dit", "tiny-sd3", "tiny-flux", "tiny-sdxl", "tiny-qwen-image",
-                     "tiny-flux-kontext"] | None = Field(None, description=(
+    builtin: Literal[BUILTIN_MODELS] | None = Field(None, description=(
         "A tiny random-weight model an init container builds (`stage-runtime make-tiny-model`): for trying the "
         "stage and tests; its images are noise."))
     path: str | None = Field(None, min_length=1, description=(

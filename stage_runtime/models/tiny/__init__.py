@@ -2,7 +2,8 @@
 
 ``make_tiny_model(out_dir, kind)`` writes a real pipeline folder with ``save_pretrained`` that loads back
 with ``DiffusionPipeline.from_pretrained(out_dir, local_files_only=True)``. Nothing is downloaded; the
-tokenizers are built in code. One module per kind, each with ``build(seed) -> DiffusionPipeline``.
+tokenizers are built in code. One module per kind, each with ``build(seed) -> DiffusionPipeline``;
+``make_tiny_models(out_dir)`` writes every kind as ``out_dir/tiny-<kind>`` (the runtime image's prebuilt models).
 """
 
 from __future__ import annotations
@@ -10,17 +11,12 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-# kind → the module whose ``build(seed)`` assembles it (imported only when that kind is built).
-BUILDERS: dict[str, str] = {
-    "flux": "stage_runtime.models.tiny.flux",
-    "flux-kontext": "stage_runtime.models.tiny.flux_kontext",
-    "sd3": "stage_runtime.models.tiny.sd3",
-    "sd": "stage_runtime.models.tiny.sd",
-    "dit": "stage_runtime.models.tiny.dit",
-    "sdxl": "stage_runtime.models.tiny.sdxl",
-    "qwen-image": "stage_runtime.models.tiny.qwen_image",
-}
-KINDS = tuple(BUILDERS)
+from stage_runtime import model_catalog
+
+# kind → the module whose ``build(seed)`` assembles it (imported only when that kind is built). The kinds are
+# the adapters' own ``tiny_kinds`` (stage_runtime.model_catalog); kind ``k`` lives in ``tiny/<k with - as _>.py``.
+KINDS = model_catalog.tiny_kinds()
+BUILDERS: dict[str, str] = {kind: model_catalog.tiny_builder(kind) for kind in KINDS}
 
 
 def make_tiny_model(out_dir: str | Path, kind: str = "sd", seed: int = 0) -> Path:
@@ -36,3 +32,8 @@ def make_tiny_model(out_dir: str | Path, kind: str = "sd", seed: int = 0) -> Pat
     out.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def make_tiny_models(out_dir: str | Path, seed: int = 0) -> list[Path]:
+    """Every kind, each to ``out_dir/tiny-<kind>`` (the runtime image bakes them: ``make-tiny-model DIR --all``)."""
+    return [make_tiny_model(Path(out_dir) / f"tiny-{kind}", kind=kind, seed=seed) for kind in KINDS]

@@ -50,11 +50,11 @@ def _request(adapter, rid: str, prompt: str, steps: int, seed: int, guidance: fl
 
 
 def run_steps(adapter, requests) -> dict:
-    """The step contract: prepare_encode, batched denoise_step / step_scheduler until done, post_decode."""
+    """The step contract: prepare_encode, batched denoise_step / noise_step until done, post_decode."""
     states = [adapter.prepare_encode(r) for r in requests]
     while active := [st for st in states if not st.finished]:
         for st, pred in zip(active, adapter.denoise_step(active), strict=True):
-            adapter.step_scheduler(st, pred)
+            adapter.noise_step(st, pred)
     return {st.request_id: adapter.post_decode(st) for st in states}
 
 

@@ -12,7 +12,8 @@ from family_probes import (bare_pipeline, check_abort_at_random_steps, check_dif
 
 from stage_runtime.config import ModelConfig
 from stage_runtime.model_info import ModelInfo
-from stage_runtime.models.qwen_image import QwenImageAdapter, image_seq_shift
+from stage_runtime.models.flow_match import resolution_shift
+from stage_runtime.models.qwen_image import QwenImageAdapter
 from stage_runtime.models.registry import resolve_adapter_class
 
 torch.set_num_threads(1)
@@ -56,10 +57,11 @@ def test_model_info(tiny_qwen_image_path):
 
 
 def test_dynamic_shift_is_linear_in_image_tokens():
+    """Qwen-Image's shift is the shared flow-matching one (models.flow_match), read from its scheduler config."""
     config = {"base_image_seq_len": 256, "max_image_seq_len": 8192, "base_shift": 0.5, "max_shift": 0.9}
-    assert image_seq_shift(256, config) == pytest.approx(0.5)
-    assert image_seq_shift(8192, config) == pytest.approx(0.9)
-    assert image_seq_shift(4224, config) == pytest.approx(0.7)
+    assert resolution_shift(256, config, 1.15) == pytest.approx(0.5)
+    assert resolution_shift(8192, config, 1.15) == pytest.approx(0.9)
+    assert resolution_shift(4224, config, 1.15) == pytest.approx(0.7)
 
 
 def test_request_mode_equals_the_bare_pipeline(request_engine, tiny_qwen_image_path):
