@@ -10,40 +10,37 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
-
-@pytest.fixture(scope="session")
-def tiny_sd_path(tmp_path_factory) -> str:
-    from stage_runtime.models.tiny import make_tiny_model
-
-    return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sd", kind="sd", seed=0))
+from stage_runtime.model_catalog import tiny_kinds  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def tiny_dit_path(tmp_path_factory) -> str:
+def tiny_model(tmp_path_factory):
+    """``tiny_model(kind)`` → the folder of that tiny pipeline (seed 0), built once per session on first use."""
     from stage_runtime.models.tiny import make_tiny_model
 
-    return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-dit", kind="dit", seed=0))
+    built: dict[str, str] = {}
+
+    def build(kind: str) -> str:
+        if kind not in built:
+            out = tmp_path_factory.mktemp("models") / f"tiny-{kind}"
+            built[kind] = str(make_tiny_model(out, kind=kind, seed=0))
+        return built[kind]
+
+    return build
 
 
-@pytest.fixture(scope="session")
-def tiny_sd3_path(tmp_path_factory) -> str:
-    from stage_runtime.models.tiny import make_tiny_model
+def _kind_fixture(kind: str):
+    @pytest.fixture(scope="session")
+    def path(tiny_model) -> str:
+        return tiny_model(kind)
 
-    return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sd3", kind="sd3", seed=0))
-
-
-@pytest.fixture(scope="session")
-def tiny_flux_path(tmp_path_factory) -> str:
-    from stage_runtime.models.tiny import make_tiny_model
-
-    return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-flux", kind="flux", seed=0))
+    path.__doc__ = f"The tiny {kind} pipeline folder (``tiny_model({kind!r})``)."
+    return path
 
 
-@pytest.fixture(scope="session")
-def tiny_flux_kontext_path(tmp_path_factory) -> str:
-    from stage_runtime.models.tiny import make_tiny_model
-
-    return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-flux-kontext", kind="flux-kontext", seed=0))
+# tiny_sd_path, tiny_dit_path, tiny_flux_kontext_path, …: one per kind the adapters declare (model_catalog).
+for _kind in tiny_kinds():
+    globals()[f"tiny_{_kind.replace('-', '_')}_path"] = _kind_fixture(_kind)
 
 
 def _save_variant(sd_path: str, out, cls_name: str, **extra) -> str:
@@ -70,17 +67,3 @@ def tiny_pag_path(tiny_sd_path, tmp_path_factory) -> str:
 def tiny_sag_path(tiny_sd_path, tmp_path_factory) -> str:
     """StableDiffusionSAGPipeline: its __call__ has no callback_on_step_end (only the legacy callback)."""
     return _save_variant(tiny_sd_path, tmp_path_factory.mktemp("models") / "tiny-sag", "StableDiffusionSAGPipeline")
-
-
-@pytest.fixture(scope="session")
-def tiny_sdxl_path(tmp_path_factory) -> str:
-    from stage_runtime.models.tiny import make_tiny_model
-
-    return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-sdxl", kind="sdxl", seed=0))
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen_image_path(tmp_path_factory) -> str:
-    from stage_runtime.models.tiny import make_tiny_model
-
-    return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen-image", kind="qwen-image", seed=0))

@@ -1,16 +1,21 @@
-"""The acceptance checks every first-class family passes through the real engine (in-process executor):
-equal to the bare diffusers call, different step counts batched in step mode, abort at a random step,
-progress in order. test_sd3.py / test_flux.py run them on their tiny pipeline."""
+"""What every model family's tests share: the engine around a tiny family model, the bare diffusers call it must
+equal, and the acceptance checks each family passes (models/test_families.py runs them over the registry).
+
+A family's test module declares its ``FAMILY`` row (tiny kind, the bare call's family keywords, guidance
+scales); the checks observe the real engine and replace nothing.
+"""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
 from diffusers import DiffusionPipeline
-from engine_probes import assert_no_state, count_denoiser_calls, max_diff
+from engine_probes import assert_no_state, count_denoiser_calls, max_diff, runner_of
 
 from stage_runtime.config import load_config
 from stage_runtime.engine import DiffusionEngine
@@ -18,76 +23,114 @@ from stage_runtime.errors import RequestAbortedError
 from stage_runtime.request import DiffusionRequest, SamplingParams
 
 SIZE = 64
+_PIPES: dict[str, DiffusionPipeline] = {}
 
 
-def make_engine(path: str, **scheduler) -> DiffusionEngine:
-    config = load_config({"model": {"path": path}, "device": "cpu", "warmup": False, "scheduler": scheduler})
+def prompt_call(pipe, prompt: str, n: int, guidance: float) -> dict:
+    """The bare call's family keywords of a text-to-image pipeline with CFG or distilled guidance."""
+    return {"prompt": [prompt] * n, "guidance_scale": guidance}
+
+
+@dataclass(frozen=True)
+class Family:
+    """A family's row in the checklist (declared as ``FAMILY`` by its test module)."""
+
+    kind: str                                        # its tiny kind (conftest's ``tiny_model(kind)``)
+    call: Callable[..., dict] = prompt_call          # (pipe, prompt, n, guidance) → the bare call's own keywords
+    guidances: tuple[float, float] = (7.5, 7.5)      # step mode's two requests (different when the step key allows)
+    sized: bool = True                               # its __call__ takes height and width
+
+
+def make_engine(path: str, mode: str = "request", adapter: str | None = None, warmup: bool = True,
+                **scheduler) -> DiffusionEngine:
+    """An in-process engine over the folder (the checklist turns warmup off: it runs at the model's default
+    size, 512 px for the tiny Qwen-Image)."""
+    config = load_config({"model": {"path": path, "adapter": adapter}, "device": "cpu", "warmup": warmup,
+                          "scheduler": {"execution_mode": mode, **scheduler}})
     return DiffusionEngine.make_engine(config)
 
 
 def req(rid: str, prompt: str, steps: int, seed: int, **kw) -> DiffusionRequest:
-    return DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed, height=SIZE,
-                                                        width=SIZE, **kw))
+    return DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed, **kw))
 
 
-class BareCall:
-    """The pipeline's own ``__call__`` (one generator per image, seed + i), loaded once."""
-
-    def __init__(self, path: str):
-        self.pipe = DiffusionPipeline.from_pretrained(path, local_files_only=True, low_cpu_mem_usage=False)
-        self.pipe.set_progress_bar_config(disable=True)
-
-    def __call__(self, prompt: str, steps: int, seed: int, guidance: float, n: int = 1, **kw) -> np.ndarray:
-        gens = [torch.Generator("cpu").manual_seed(seed + i) for i in range(n)]
-        images = self.pipe(prompt=[prompt] * n, height=SIZE, width=SIZE, num_inference_steps=steps,
-                           guidance_scale=guidance, generator=gens, output_type="np", **kw).images
-        return (images * 255).round().clip(0, 255).astype(np.uint8)
+def sized_req(rid: str, prompt: str, steps: int, seed: int, **kw) -> DiffusionRequest:
+    return req(rid, prompt, steps, seed, height=SIZE, width=SIZE, **kw)
 
 
-def check_request_mode(path: str, bare: BareCall, guidance: float, **call_kw) -> None:
+def bare_pipeline(path: str) -> DiffusionPipeline:
+    """The folder loaded by diffusers alone (cached per path: loading is the slow part)."""
+    if path not in _PIPES:
+        pipe = DiffusionPipeline.from_pretrained(path, local_files_only=True, low_cpu_mem_usage=False)
+        pipe.set_progress_bar_config(disable=True)
+        _PIPES[path] = pipe
+    return _PIPES[path]
+
+
+def to_uint8(images) -> np.ndarray:
+    return (np.asarray(images) * 255).round().clip(0, 255).astype(np.uint8)
+
+
+def generators(seed: int, n: int) -> list[torch.Generator]:
+    return [torch.Generator("cpu").manual_seed(seed + i) for i in range(n)]
+
+
+def bare_call(family: Family, path: str, prompt: str, steps: int, seed: int, guidance: float,
+              n: int = 1) -> np.ndarray:
+    """The pipeline's own ``__call__`` for one request (one generator per image, seed + i) → uint8."""
+    pipe = bare_pipeline(path)
+    size = {"height": SIZE, "width": SIZE} if family.sized else {}
+    images = pipe(**family.call(pipe, prompt, n, guidance), **size, num_inference_steps=steps,
+                  generator=generators(seed, n), output_type="np").images
+    return to_uint8(images)
+
+
+# -- the checklist's checks, on a fresh engine over the family's tiny model --------------------------------
+def check_request_mode(family: Family, path: str) -> None:
     """Two requests fused into one call (n=1 and n=2) each equal their bare call within 1 uint8."""
-    eng = make_engine(path, execution_mode="request", max_num_seqs=2, request_batch_max_wait_ms=200)
+    guidance = family.guidances[0]
+    eng = make_engine(path, "request", max_num_seqs=2, request_batch_max_wait_ms=200, warmup=False)
     calls = count_denoiser_calls(eng)
     try:
-        a = eng.add_request(req("a", "a photo of a cat", 3, 1))
-        b = eng.add_request(req("b", "a red car", 3, 2, num_outputs=2))
+        a = eng.add_request(sized_req("a", "a photo of a cat", 3, 1, guidance_scale=guidance))
+        b = eng.add_request(sized_req("b", "a red car", 3, 2, num_outputs=2, guidance_scale=guidance))
         out_a, out_b = a.result(timeout=60), b.result(timeout=60)
         assert calls[0] == 3, f"{calls[0]} denoiser forwards for two 3-step requests: they were not fused"
-        assert max_diff(out_a.images, bare("a photo of a cat", 3, 1, guidance, **call_kw)) <= 1
-        assert max_diff(out_b.images, bare("a red car", 3, 2, guidance, n=2, **call_kw)) <= 1
-        assert out_a.images.std() > 10 and max_diff(out_a.images, out_b.images[:1]) > 50
+        assert max_diff(out_a.images, bare_call(family, path, "a photo of a cat", 3, 1, guidance)) <= 1
+        assert max_diff(out_b.images, bare_call(family, path, "a red car", 3, 2, guidance, n=2)) <= 1
+        assert out_a.images.std() > 5 and max_diff(out_a.images, out_b.images[:1]) > 20
         assert_no_state(eng)
     finally:
         eng.close()
 
 
-def check_step_mode_batches_different_step_counts(path: str, bare: BareCall, guidances: tuple[float, float],
-                                                  **call_kw) -> None:
-    """Requests of different step counts (and guidance) share ticks; each equals its bare call within 2."""
-    eng = make_engine(path, execution_mode="step", max_num_seqs=4)
+def check_step_mode(family: Family, path: str) -> None:
+    """Requests of different step counts (and guidance, where the step key allows) share ticks; each equals its
+    bare call within 2 uint8."""
+    eng = make_engine(path, "step", max_num_seqs=4, warmup=False)
     calls = count_denoiser_calls(eng)
     try:
-        g1, g2 = guidances
-        long = eng.add_request(req("long", "a photo of a cat", 6, 3, guidance_scale=g1))
-        short = eng.add_request(req("short", "a red car", 3, 4, num_outputs=2, guidance_scale=g2))
+        g1, g2 = family.guidances
+        long = eng.add_request(sized_req("long", "a photo of a cat", 6, 3, guidance_scale=g1))
+        short = eng.add_request(sized_req("short", "a red car", 3, 4, num_outputs=2, guidance_scale=g2))
         long_out, short_out = long.result(timeout=60), short.result(timeout=60)
         assert calls[0] == 6, f"{calls[0]} denoiser forwards for 6 + 3 steps: the requests did not share ticks"
-        assert max_diff(long_out.images, bare("a photo of a cat", 6, 3, g1, **call_kw)) <= 2
-        assert max_diff(short_out.images, bare("a red car", 3, 4, g2, n=2, **call_kw)) <= 2
+        assert max_diff(long_out.images, bare_call(family, path, "a photo of a cat", 6, 3, g1)) <= 2
+        assert max_diff(short_out.images, bare_call(family, path, "a red car", 3, 4, g2, n=2)) <= 2
         assert_no_state(eng)
     finally:
         eng.close()
 
 
-def check_abort_at_random_steps(path: str, rounds: int = 6) -> None:
+def check_abort_next_to_a_batch_mate(family: Family, path: str, rounds: int = 4) -> None:
     """Abort at a random step, next to a running batch-mate: the stream ends aborted, all state is released."""
-    eng = make_engine(path, execution_mode="step", max_num_seqs=2)
+    eng = make_engine(path, "step", max_num_seqs=2, warmup=False)
     rng = random.Random(14)
-    mate = eng.add_request(req("mate", "a tree", 400, 9))
+    mate = eng.add_request(sized_req("mate", "a tree", 400, 9))
     try:
         for i in range(rounds):
             target = rng.randint(1, 5)
-            stream = eng.add_request(req(f"r{i}", "a dog", 8, i, stream=True))
+            stream = eng.add_request(sized_req(f"r{i}", "a dog", 8, i, stream=True))
             while stream.get(timeout=30).step_index < target:
                 pass
             assert eng.abort(f"r{i}") == [f"r{i}"]
@@ -103,14 +146,54 @@ def check_abort_at_random_steps(path: str, rounds: int = 6) -> None:
         eng.close()
 
 
-def check_progress_in_order(path: str) -> None:
+def check_progress_with_previews(family: Family, path: str) -> None:
     """A streamed request reports every step in order, previews where asked, then one final image."""
-    eng = make_engine(path, execution_mode="step", max_num_seqs=2, streaming_output=True)
+    eng = make_engine(path, "step", max_num_seqs=2, streaming_output=True, warmup=False)
     try:
-        items = list(eng.add_request(req("s", "a cat", 4, 3, preview_every=2)))
+        items = list(eng.add_request(sized_req("s", "a cat", 4, 3, preview_every=2)))
         assert [i.step_index for i in items] == [1, 2, 3, 4]
         assert [i.finished for i in items] == [False, False, False, True]
         assert [i.step_index for i in items[:-1] if i.images is not None] == [2]
         assert items[-1].images.shape == (1, SIZE, SIZE, 3)
     finally:
         eng.close()
+
+
+# -- the same contracts on an engine a module already holds (any mode) ----------------------------------------
+def check_different_step_counts_share_ticks(engine, solo, prompts: tuple[str, str], **kw) -> None:
+    """Step mode: a long and a short request batched together each equal their solo runs (<= 2 uint8), and
+    they shared denoiser calls (fewer forwards than 7 + 3)."""
+    calls = [0]
+    handle = runner_of(engine).adapter.denoiser.register_forward_pre_hook(
+        lambda _m, _a: calls.__setitem__(0, calls[0] + 1))
+    try:
+        long = engine.add_request(req("long", prompts[0], 7, 5, **kw))
+        short = engine.add_request(req("short", prompts[1], 3, 6, **kw))
+        short_images, long_images = short.result(timeout=120).images, long.result(timeout=120).images
+    finally:
+        handle.remove()
+    assert calls[0] < 10, f"{calls[0]} denoiser calls: the two requests never shared a tick"
+    assert max_diff(short_images, solo(prompts[1], 3, 6)) <= 2
+    assert max_diff(long_images, solo(prompts[0], 7, 5)) <= 2
+    assert_no_state(engine)
+
+
+def check_progress_in_order(engine, prompt: str, steps: int = 5, **kw) -> None:
+    items = list(engine.add_request(req("progress", prompt, steps, 3, stream=True, **kw)))
+    assert [i.step_index for i in items] == list(range(1, steps + 1))
+    assert [i.finished for i in items] == [False] * (steps - 1) + [True] and items[-1].ok
+
+
+def check_abort_at_random_steps(engine, prompt: str, rounds: int = 4, steps: int = 8, seed: int = 7, **kw) -> None:
+    """Abort each request at a random step: it ends aborted within a step and nothing is left anywhere."""
+    rng = random.Random(seed)
+    for i in range(rounds):
+        target = rng.randint(1, steps - 2)
+        stream = engine.add_request(req(f"abort{i}", prompt, steps, i, stream=True, **kw))
+        while stream.get(timeout=60).step_index < target:
+            pass
+        assert engine.abort(f"abort{i}") == [f"abort{i}"]
+        with pytest.raises(RequestAbortedError):
+            stream.result(timeout=60)
+        assert_no_state(engine)
+    assert runner_of(engine).num_request_states() == 0

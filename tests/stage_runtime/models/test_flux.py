@@ -1,12 +1,12 @@
-"""FluxPipeline (FLUX.1) through the engine: equal to the bare pipeline call, step batching of different
-step counts and guidance scales, abort, progress; its facts; CFG-parallel refused with the reason."""
+"""FluxPipeline (FLUX.1): its facts, its keys, CFG-parallel refused with the reason, a negative prompt refused
+(equal to the bare call, step batching of different step counts and guidance scales, abort and progress:
+its ``FAMILY`` row in the checklist, test_families.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from family_checks import (BareCall, check_abort_at_random_steps, check_progress_in_order, check_request_mode,
-                           check_step_mode_batches_different_step_counts)
+from family_checks import Family
 
 from stage_runtime.config import ModelConfig, ParallelConfig
 from stage_runtime.distributed.apply import apply_parallelism
@@ -15,11 +15,8 @@ from stage_runtime.models.registry import resolve_adapter_class
 from stage_runtime.request import DiffusionRequest, SamplingParams
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def bare(tiny_flux_path):
-    return BareCall(tiny_flux_path)
+# The checklist (test_families.py): guidance is an embedding per row, so two scales share ticks.
+FAMILY = Family("flux", guidances=(3.5, 6.0))
 
 
 @pytest.fixture(scope="module")
@@ -65,19 +62,3 @@ def test_negative_prompt_is_refused_from_the_facts_the_loaded_adapter_reports(ad
     with pytest.raises(InvalidRequestError, match="^negative_prompt='blurry': FluxPipeline is guidance-distilled"):
         type(adapter).check_request(request, info)          # what the engine calls at admission
     type(adapter).check_request(DiffusionRequest("g", "x", SamplingParams(guidance_scale=9.0)).resolve(info), info)
-
-
-def test_request_mode_equals_the_bare_call(tiny_flux_path, bare):
-    check_request_mode(tiny_flux_path, bare, guidance=3.5)
-
-
-def test_step_mode_batches_different_step_counts_and_guidance(tiny_flux_path, bare):
-    check_step_mode_batches_different_step_counts(tiny_flux_path, bare, guidances=(3.5, 6.0))
-
-
-def test_abort_at_random_steps_releases_all_state(tiny_flux_path):
-    check_abort_at_random_steps(tiny_flux_path)
-
-
-def test_progress_arrives_in_order(tiny_flux_path):
-    check_progress_in_order(tiny_flux_path)

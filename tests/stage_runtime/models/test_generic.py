@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 from engine_probes import assert_no_state, max_diff
-from family_probes import (bare_pipeline, check_abort_at_random_steps, check_progress_in_order, generators,
+from family_checks import (bare_pipeline, check_abort_at_random_steps, check_progress_in_order, generators,
                            make_engine, req, to_uint8)
 
 from stage_runtime.config import ModelConfig, ParallelConfig

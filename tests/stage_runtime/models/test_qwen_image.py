@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_probes import assert_no_state, max_diff, runner_of
-from family_probes import (bare_pipeline, check_abort_at_random_steps, check_different_step_counts_share_ticks,
-                           check_progress_in_order, generators, make_engine, req, to_uint8)
+from family_checks import (Family, bare_pipeline, check_abort_at_random_steps, check_progress_in_order, generators,
+                           make_engine, req, to_uint8)
 
 from stage_runtime.config import ModelConfig
 from stage_runtime.model_info import ModelInfo
@@ -29,6 +29,15 @@ def bare(path: str, prompt: str, steps: int, seed: int, n: int = 1, negative: st
                               true_cfg_scale=guidance, num_inference_steps=steps, height=size[0], width=size[1],
                               num_images_per_prompt=n, generator=generators(seed, n), output_type="np").images
     return to_uint8(out)
+
+
+def qwen_call(pipe, prompt: str, n: int, guidance: float) -> dict:
+    """QwenImagePipeline's own keywords for the checklist: true CFG with the default negative prompt."""
+    return {"prompt": prompt, "negative_prompt": " " if guidance > 1 else None, "true_cfg_scale": guidance,
+            "num_images_per_prompt": n}
+
+
+FAMILY = Family("qwen-image", call=qwen_call, guidances=(4.0, 4.0))   # the checklist (test_families.py)
 
 
 @pytest.fixture(scope="module")
@@ -96,14 +105,3 @@ def test_step_mode_equals_the_bare_pipeline(step_engine, tiny_qwen_image_path):
     alone = step_engine.add_request(req("alone", "a red fox", 4, 11, num_outputs=2, **SIZE)).result(timeout=60)
     assert max_diff(alone.images, bare(tiny_qwen_image_path, "a red fox", 4, 11, n=2)) <= 2
     assert_no_state(step_engine)
-
-
-def test_step_mode_different_step_counts_share_ticks(step_engine, tiny_qwen_image_path):
-    check_different_step_counts_share_ticks(
-        step_engine, lambda p, steps, seed: bare(tiny_qwen_image_path, p, steps, seed),
-        ("a lighthouse on the sea", "a boat"), **SIZE)
-
-
-def test_step_mode_progress_and_abort(step_engine):
-    check_progress_in_order(step_engine, "a cat", **SIZE)
-    check_abort_at_random_steps(step_engine, "a cat", **SIZE)

@@ -1,4 +1,4 @@
-"""Pipeline registry (model_index.json → adapter), the adapter override, and ModelInfo of the tiny models."""
+"""Pipeline registry (model_index.json → adapter) and the adapter override (each family's own facts: its test module)."""
 
 from __future__ import annotations
 
@@ -6,18 +6,14 @@ import json
 
 import pytest
 import torch
-from diffusers import DiTPipeline
 
 from stage_runtime.config import ModelConfig
 from stage_runtime.errors import ModelLoadError
 from stage_runtime.models.dit import DiTAdapter
-from stage_runtime.model_info import ModelInfo
+from stage_runtime.models.sd import StableDiffusionAdapter
 from stage_runtime.plugins import import_object
 from stage_runtime.models.registry import (ADAPTERS, GENERIC, read_pipeline_class, resolve_adapter_class,
                                            resolve_adapter_path)
-from stage_runtime.models.refusals import class_id
-from stage_runtime.models.sd import StableDiffusionAdapter
-from stage_runtime.request import DiffusionRequest
 
 
 def write_index(folder, content) -> str:
@@ -92,65 +88,7 @@ def test_malformed_adapter_path_rejected_by_config():
         ModelConfig(path="/x", adapter="not a path")
 
 
-# -- ModelInfo of the loaded tiny adapters ------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def sd_adapter(tiny_sd_path):
-    return resolve_adapter_class(ModelConfig(path=tiny_sd_path)).load(tiny_sd_path, torch.device("cpu"))
-
-
-@pytest.fixture(scope="module")
-def dit_adapter(tiny_dit_path):
-    return resolve_adapter_class(ModelConfig(path=tiny_dit_path)).load(tiny_dit_path, torch.device("cpu"))
-
-
-def test_sd_model_info(sd_adapter):
-    info = sd_adapter.info()
-    assert isinstance(info, ModelInfo)
-    assert info == ModelInfo(
-        pipeline_class="StableDiffusionPipeline", adapter="stage_runtime.models.sd:StableDiffusionAdapter",
-        default_height=64, default_width=64, default_steps=20, default_guidance=7.5, size_multiple=8,
-        fixed_size=False, supports_request_batch=True, num_attention_heads=4, max_steps=999,
-        supports_step_execution=type(sd_adapter).supports_step_execution, parallel_kinds=("cfg", "ulysses"),
-        guidance="cfg", max_sequence_length=77, edit_tasks=("img2img", "inpaint"),
-        lora_components=("unet", "text_encoder"))
-    assert sd_adapter.denoiser is sd_adapter.pipe.unet
-
-
-def test_dit_model_info(dit_adapter):
-    info = dit_adapter.info()
-    assert info == ModelInfo(
-        pipeline_class="DiTPipeline", adapter="stage_runtime.models.dit:DiTAdapter",
-        default_height=64, default_width=64, default_steps=20, default_guidance=4.0, size_multiple=8,
-        fixed_size=True, supports_request_batch=True, num_attention_heads=4, max_steps=999,
-        supports_step_execution=type(dit_adapter).supports_step_execution, parallel_kinds=("cfg", "ring", "tp", "ulysses"),
-        guidance="cfg", max_sequence_length=None, num_classes=1000, class_labels=(),
-        refusals="stage_runtime.models.refusals:DiTRefusals")
-    assert dit_adapter.denoiser is dit_adapter.pipe.transformer
-    assert dit_adapter.num_classes == 1000
-
-
-def test_dit_class_label(dit_adapter):
-    assert dit_adapter.class_label("207") == 207
-    assert dit_adapter.class_label(" 207 ") == 207
-    first = dit_adapter.class_label("a cat")
-    assert 0 <= first < 1000
-    assert first == 92                                     # CRC32, not hash(): stable across processes
-    assert all(dit_adapter.class_label("a cat") == first for _ in range(3))
-    assert dit_adapter.class_label("5000") == 5000          # out of range: check_request rejects it
-
-
-def test_dit_labels_reach_model_info_and_map_prompts_as_the_adapter_does(dit_adapter):
-    pipe = DiTPipeline(**dit_adapter.pipe.components, id2label={0: "tench, Tinca tinca", 1: "goldfish"})
-    labelled = DiTAdapter(pipe, torch.device("cpu"))
-    info = labelled.info()
-    assert info.num_classes == 1000 and info.class_labels == (("Tinca tinca", 0), ("goldfish", 1), ("tench", 0))
-    for prompt in ("goldfish", "Tinca tinca", "a cat", "999"):
-        request = DiffusionRequest("r", prompt).resolve(info)
-        DiTAdapter.check_request(request, info)              # admitted, and the rank maps it to the same class
-        assert labelled.class_label(prompt) == class_id(prompt, dict(info.class_labels), info.num_classes)
-    assert labelled.class_label("goldfish") == 1
-
-
+# -- ModelInfo follows the adapter class ------------------------------------------------------------------------
 def test_model_info_reflects_the_adapter_declarations(tiny_sd_path):
     cls = resolve_adapter_class(ModelConfig(path=tiny_sd_path, adapter="adapters_for_tests:SingleRequestSDAdapter"))
     info = cls.load(tiny_sd_path, torch.device("cpu")).info()

@@ -1,14 +1,14 @@
 """StableDiffusionXLPipeline on the tiny SDXL (two CLIP encoders, pooled embeddings, micro-conditioning, Euler):
-request and step mode equal the bare diffusers call with the same seed; step mode batches different step
-counts; progress arrives in order; abort at a random step releases everything."""
+request and step mode equal the bare diffusers call with the same seed (negative prompts, no guidance, other
+sizes: the time ids follow); progress and abort in request mode (step mode's: the checklist, test_families.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from engine_probes import assert_no_state, max_diff
-from family_probes import (bare_pipeline, check_abort_at_random_steps, check_different_step_counts_share_ticks,
-                           check_progress_in_order, generators, make_engine, req, to_uint8)
+from family_checks import (Family, bare_pipeline, check_abort_at_random_steps, check_progress_in_order, generators,
+                           make_engine, req, to_uint8)
 
 from stage_runtime.config import ModelConfig
 from stage_runtime.model_info import ModelInfo
@@ -16,6 +16,7 @@ from stage_runtime.models.registry import resolve_adapter_class
 from stage_runtime.models.sdxl import StableDiffusionXLAdapter
 
 torch.set_num_threads(1)
+FAMILY = Family("sdxl", guidances=(5.0, 5.0))      # the checklist (test_families.py): step mode, abort, progress
 
 
 def bare(path: str, prompt: str, steps: int, seed: int, n: int = 1, negative: str | None = None,
@@ -79,13 +80,3 @@ def test_step_mode_equals_the_bare_pipeline(step_engine, tiny_sdxl_path):
     neg = step_engine.add_request(req("neg", "a red fox", 4, 12, negative_prompt="a dog")).result(timeout=60)
     assert max_diff(neg.images, bare(tiny_sdxl_path, "a red fox", 4, 12, negative="a dog")) <= 2
     assert_no_state(step_engine)
-
-
-def test_step_mode_different_step_counts_share_ticks(step_engine, tiny_sdxl_path):
-    check_different_step_counts_share_ticks(step_engine, lambda p, steps, seed: bare(tiny_sdxl_path, p, steps, seed),
-                                            ("a lighthouse", "a boat"))
-
-
-def test_step_mode_progress_and_abort(step_engine):
-    check_progress_in_order(step_engine, "a cat")
-    check_abort_at_random_steps(step_engine, "a cat")

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from family_probes import bare_pipeline, generators, to_uint8
+from family_checks import bare_pipeline, generators, to_uint8
 from serve_probes import decode_png, sse_events
 from stage_process import StageProcess
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from family_probes import make_engine
+from family_checks import make_engine
 
 from stage_runtime.config import load_config
 from stage_runtime.serve.metrics import StageMetrics
