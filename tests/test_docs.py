@@ -8,7 +8,7 @@ Anchors are GitHub's heading slugs (lower case, punctuation dropped, spaces to h
 Every repository path the pages mention exists too, and every ``path.py:Symbol`` names a module-level name or
 a ``Class.member`` of that file (read with ``ast``; ``path:12`` a line it has). A mention is a word of inline
 code that ends in a source or doc suffix (``.py``, ``.md``, ``.lua``, ``.toml``) or holds a ``/`` after a
-folder of the tree, or, in a code block, a ``folder/….py`` or ``….md`` word (the diagrams). A short form is
+folder of the tree, or, in a code block, a ``folder/….py`` or ``….md`` word or a ``name.py:Symbol`` (the diagrams). A short form is
 tried from the page's folder, the repository root, then ``stage_runtime/``, ``operator/stage_operator/``,
 ``e2e/`` and ``tests/`` (so ``models/sd.py``, ``builders/pod.py``, ``local/demo.py`` resolve); ``{a,b}`` is
 expanded and ``*`` globbed. Words with a placeholder (``<kind>``, ``…``, ``$VAR``), absolute or hidden paths
@@ -40,7 +40,7 @@ DESIGN_FILE = "DESIGN" + ".md"          # spelled apart so this file does not ci
 SEARCH = ("", "stage_runtime", "operator/stage_operator", "e2e", "tests")
 SUFFIXES = (".py", ".md", ".lua", ".toml")
 SPAN = re.compile(r"`([^`]+)`")
-FENCED_PATH = re.compile(r"(?<![\w./<-])(?:[\w-]+/)+[\w.-]+\.(?:py|md)(?::[\w.-]+)?")
+FENCED_PATH = re.compile(r"(?<![\w./<-])(?:(?:[\w-]+/)+[\w.-]+\.(?:py|md)(?::[\w.-]*\w)?|[\w-]+\.py:\w[\w.]*\w)")
 NOT_A_REPO_PATH = re.compile(r"[<>…$%=@~]|\.\.\.|://|^[/.-]")
 LINES = re.compile(r"\d+(?:-\d+)?")
 
@@ -261,7 +261,7 @@ def test_a_stale_path_or_symbol_is_named_and_other_words_are_not_paths(tmp_path)
                     "`stage_runtime/sched/`, `tests/test_{a,b}.py`, `tests/test_*.py`, `a.md`, `docs/a.md:Title`,\n"
                     "not paths: `diffstage.io/stage`, `/dev/shm`, `stage.yaml`, `.cluster/logs`, `models/<kind>.py`,\n"
                     "`kubectl apply -f engine/x.yaml` and a wrapped `stage_runtime/\nengine/old.py`\n"
-                    "```\nserve/app.py → engine/engine.py:DiffusionEngine.add_request, /usr/lib/x/y.py\n```\n")
+                    "```\nserve/app.py → engine/engine.py:DiffusionEngine.add_request, /usr/lib/x/y.py, engine.py:go.\n```\n")
     assert stale_paths(page, tmp_path) == [
         "docs/a.md:4 engine/engine.py:9 (stage_runtime/engine/engine.py has 6 lines)",
         "docs/a.md:4 engine/gone.py (no such file or folder)",
@@ -272,6 +272,7 @@ def test_a_stale_path_or_symbol_is_named_and_other_words_are_not_paths(tmp_path)
         "docs/a.md:7 engine/x.yaml (no such file or folder)",
         "docs/a.md:7 engine/old.py (no such file or folder)",
         "docs/a.md:10 serve/app.py (no such file or folder)",
+        "docs/a.md:10 engine.py:go (no such file or folder)",
     ]
 
 
