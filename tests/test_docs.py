@@ -8,7 +8,8 @@ Anchors are GitHub's heading slugs (lower case, punctuation dropped, spaces to h
 Every repository path the pages mention exists too, and every ``path.py:Symbol`` names a module-level name or
 a ``Class.member`` of that file (read with ``ast``; ``path:12`` a line it has). A mention is a word of inline
 code that ends in a source or doc suffix (``.py``, ``.md``, ``.lua``, ``.toml``) or holds a ``/`` after a
-folder of the tree, or, in a code block, a ``folder/….py`` or ``….md`` word or a ``name.py:Symbol`` (the diagrams). A short form is
+folder of the tree, or, in a code block, such a ``folder/…`` word (``.yaml`` too: the samples) or a
+``name.py:Symbol`` (the diagrams). Every ``make TARGET`` in code is a target of the Makefile. A short form is
 tried from the page's folder, the repository root, then ``stage_runtime/``, ``operator/stage_operator/``,
 ``e2e/`` and ``tests/`` (so ``models/sd.py``, ``builders/pod.py``, ``local/demo.py`` resolve); ``{a,b}`` is
 expanded and ``*`` globbed. Words with a placeholder (``<kind>``, ``…``, ``$VAR``), absolute or hidden paths
@@ -40,7 +41,8 @@ DESIGN_FILE = "DESIGN" + ".md"          # spelled apart so this file does not ci
 SEARCH = ("", "stage_runtime", "operator/stage_operator", "e2e", "tests")
 SUFFIXES = (".py", ".md", ".lua", ".toml")
 SPAN = re.compile(r"`([^`]+)`")
-FENCED_PATH = re.compile(r"(?<![\w./<-])(?:(?:[\w-]+/)+[\w.-]+\.(?:py|md)(?::[\w.-]*\w)?|[\w-]+\.py:\w[\w.]*\w)")
+FENCED_PATH = re.compile(r"(?<![\w./<$-])(?:(?:[\w-]+/)+[\w.-]+\.(?:py|md|yaml|lua|toml)(?::[\w.-]*\w)?|[\w-]+\.py:\w[\w.]*\w)")
+MAKE = re.compile(r"(?<![\w-])make ([a-z][\w-]*)")
 NOT_A_REPO_PATH = re.compile(r"[<>…$%=@~]|\.\.\.|://|^[/.-]")
 LINES = re.compile(r"\d+(?:-\d+)?")
 
@@ -141,7 +143,7 @@ def mentions(text: str, root: Path = ROOT) -> list[tuple[int, str]]:
             fenced = not fenced
             line = ""
         elif fenced:
-            out += [(number, word) for word in FENCED_PATH.findall(line)]
+            out += [(number, word) for word in FENCED_PATH.findall(line) if is_mention(word, root)]
             line = ""
         prose.append(line)
     joined = "\n".join(prose)                      # inline code may wrap onto the next line
@@ -209,6 +211,20 @@ def stale_paths(page: Path, root: Path = ROOT) -> list[str]:
             if (why := stale(word, page, root))]
 
 
+def unknown_make_targets(page: Path, root: Path = ROOT) -> list[str]:
+    """Every ``make TARGET`` in the code of ``page`` (inline or a block) that the Makefile does not define."""
+    targets = set(re.findall(r"^([\w-]+):", (root / "Makefile").read_text(encoding="utf-8"), re.M))
+    blocks, fenced, prose = [], False, []
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        else:
+            (blocks if fenced else prose).append(line.partition("#")[0] if fenced else line)   # not comments
+    code = blocks + SPAN.findall("\n".join(prose))
+    return sorted({f"{page.relative_to(root)}: make {name}" for chunk in code for name in MAKE.findall(chunk)
+                   if name not in targets})
+
+
 def test_the_docs_exist_and_the_index_lists_every_page():
     assert (DOCS / "README.md").is_file()
     index = (DOCS / "README.md").read_text(encoding="utf-8")
@@ -225,6 +241,11 @@ def test_every_link_resolves(page):
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_path_and_symbol_mentioned_exists(page):
     assert stale_paths(page) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_make_target_mentioned_exists(page):
+    assert unknown_make_targets(page) == []
 
 
 def test_no_code_cites_the_out_of_repo_design_file():
@@ -261,7 +282,10 @@ def test_a_stale_path_or_symbol_is_named_and_other_words_are_not_paths(tmp_path)
                     "`stage_runtime/sched/`, `tests/test_{a,b}.py`, `tests/test_*.py`, `a.md`, `docs/a.md:Title`,\n"
                     "not paths: `diffstage.io/stage`, `/dev/shm`, `stage.yaml`, `.cluster/logs`, `models/<kind>.py`,\n"
                     "`kubectl apply -f engine/x.yaml` and a wrapped `stage_runtime/\nengine/old.py`\n"
-                    "```\nserve/app.py → engine/engine.py:DiffusionEngine.add_request, /usr/lib/x/y.py, engine.py:go.\n```\n")
+                    "```\nserve/app.py → engine/engine.py:DiffusionEngine.add_request, /usr/lib/x/y.py, engine.py:go.\n"
+                    "make demo; kubectl apply -f tests/gone.yaml -f $PWD/x/y.yaml  # make sense of it\n```\n"
+                    "`make nope`, `make test`, and to make sense of it all\n")
+    (tmp_path / "Makefile").write_text("demo: venv\n\tpython -m demo\ntest:\n")
     assert stale_paths(page, tmp_path) == [
         "docs/a.md:4 engine/engine.py:9 (stage_runtime/engine/engine.py has 6 lines)",
         "docs/a.md:4 engine/gone.py (no such file or folder)",
@@ -273,7 +297,9 @@ def test_a_stale_path_or_symbol_is_named_and_other_words_are_not_paths(tmp_path)
         "docs/a.md:7 engine/old.py (no such file or folder)",
         "docs/a.md:10 serve/app.py (no such file or folder)",
         "docs/a.md:10 engine.py:go (no such file or folder)",
+        "docs/a.md:11 tests/gone.yaml (no such file or folder)",
     ]
+    assert unknown_make_targets(page, tmp_path) == ["docs/a.md: make nope"]
 
 
 def test_slugs_follow_github():
