@@ -71,7 +71,7 @@ def crd_builtins(crd: Path) -> set[str]:
 
 def doc_facts(cls: type, family: model_catalog.Family) -> dict[str, str]:
     """What the docs row must say, from the adapter class's attributes."""
-    return {"Tiny kind": ", ".join(family.tiny_kinds) or "—", "Adapter": f"`models/{module_name(family)}.py`",
+    return {"Tiny kind": ", ".join(f"`{kind}`" for kind in family.tiny_kinds) or "—", "Adapter": f"`models/{module_name(family)}.py`",
             "Guidance": cls.guidance, "Step mode": "yes" if cls.supports_step_execution else "no",
             "Parallel": ", ".join(sorted(cls.parallel_kinds)) or "—", "LoRA": "yes" if cls.lora_components else "no"}
 
