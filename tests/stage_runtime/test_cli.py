@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from stage_runtime import model_catalog
 from stage_runtime.cli import main
+from stage_runtime.models.registry import ADAPTERS, read_pipeline_class
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,14 +144,17 @@ def test_make_tiny_model_dit(tmp_path, capsys):
     assert index["_class_name"] == "DiTPipeline"
 
 
-@pytest.mark.parametrize(("kind", "class_name"), [("sdxl", "StableDiffusionXLPipeline"),
-                                                  ("qwen-image", "QwenImagePipeline"),
-                                                  ("flux-kontext", "FluxKontextPipeline")])
-def test_make_tiny_model_families(tmp_path, capsys, kind, class_name):
-    out_dir = tmp_path / kind
-    rc, out, _ = run_cli(capsys, "make-tiny-model", str(out_dir), "--kind", kind)
-    assert rc == 0 and f"wrote tiny {kind} pipeline" in out
-    assert json.loads((out_dir / "model_index.json").read_text())["_class_name"] == class_name
+def test_make_tiny_model_all_writes_every_kind_each_served_by_its_adapter(tmp_path, capsys):
+    """``--all`` (the runtime image's prebuilt models): tiny-<kind> for every kind the adapters declare, each a
+    folder whose pipeline class the registry hands to the adapter that declared the kind."""
+    rc, out, _ = run_cli(capsys, "make-tiny-model", str(tmp_path), "--all", "--no-demo-loras")
+    assert rc == 0
+    for family in model_catalog.families():
+        for kind in family.tiny_kinds:
+            assert f"wrote tiny {kind} pipeline to {tmp_path / f'tiny-{kind}'}" in out
+            cls = read_pipeline_class(tmp_path / f"tiny-{kind}")
+            assert cls in family.pipeline_classes and ADAPTERS[cls] == family.adapter
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"tiny-{k}" for k in model_catalog.tiny_kinds())
 
 
 # -- generate -------------------------------------------------------------------------------------------------
