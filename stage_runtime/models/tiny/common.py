@@ -1,4 +1,4 @@
-"""Parts the tiny builders share: seeded construction, the tiny VAE, DDIM, a tiny CLIP text encoder.
+"""Parts the tiny builders share: seeded construction, the tiny UNet and VAE, DDIM, a tiny CLIP text encoder.
 
 Sizes: 64x64 images by default (VAE downsample 2, 32x32 latents with 4 channels); every attention
 layer has 4 heads so sequence-parallel schemes that split heads 2- or 4-ways work.
@@ -19,6 +19,24 @@ def seeded(seed: int, build):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return build()
+
+
+def tiny_unet(**config):
+    """UNet2DConditionModel on 32x32 latents with 4-head (self and cross) attention; ``config`` adds to or
+    overrides the SD-1.x layout (SDXL: two encoders' width, linear projections, text-time embedding).
+
+    Channels are 16/32; attention only lives at the 32-channel level (down, mid, up), so every attention layer
+    has 4 heads of dim 8, like the text encoder and DiT. In ``UNet2DConditionModel`` ``attention_head_dim`` is
+    historically the *number of heads* (diffusers issue #2011), so 4 here means 4 heads per layer.
+    """
+    from diffusers import UNet2DConditionModel
+
+    layout = {"sample_size": 32, "in_channels": LATENT_CHANNELS, "out_channels": LATENT_CHANNELS,
+              "down_block_types": ("DownBlock2D", "CrossAttnDownBlock2D"),
+              "up_block_types": ("CrossAttnUpBlock2D", "UpBlock2D"), "block_out_channels": (16, 32),
+              "layers_per_block": 1, "norm_num_groups": 8, "cross_attention_dim": HIDDEN,
+              "attention_head_dim": NUM_HEADS}
+    return UNet2DConditionModel(**{**layout, **config})
 
 
 def tiny_vae():

@@ -51,15 +51,12 @@ def build(seed: int):
 
     from stage_runtime.models.tiny.clip_tokenizer import build_clip_tokenizer
 
-    clip_1, clip_2, t5 = build_clip_tokenizer(), build_clip_tokenizer(), build_t5_tokenizer()
-    return StableDiffusion3Pipeline(
-        transformer=seeded(seed + 2, _tiny_sd3_transformer),
-        scheduler=flow_match_scheduler(dynamic_shift=False),
-        vae=seeded(seed, flow_vae),
-        text_encoder=seeded(seed + 1, lambda: _tiny_clip_with_projection(clip_1)),
-        tokenizer=clip_1,
-        text_encoder_2=seeded(seed + 4, lambda: _tiny_clip_with_projection(clip_2)),
-        tokenizer_2=clip_2,
-        text_encoder_3=seeded(seed + 3, lambda: tiny_t5_encoder(t5)),
-        tokenizer_3=t5,
-    )
+    t5 = build_t5_tokenizer()
+    text = {"text_encoder_3": seeded(seed + 3, lambda: tiny_t5_encoder(t5)), "tokenizer_3": t5}
+    for suffix, seed_offset in (("", 1), ("_2", 4)):          # two CLIP encoders with pooled projections
+        clip = build_clip_tokenizer()
+        text[f"text_encoder{suffix}"] = seeded(seed + seed_offset, lambda clip=clip: _tiny_clip_with_projection(clip))
+        text[f"tokenizer{suffix}"] = clip
+    return StableDiffusion3Pipeline(transformer=seeded(seed + 2, _tiny_sd3_transformer),
+                                    scheduler=flow_match_scheduler(dynamic_shift=False), vae=seeded(seed, flow_vae),
+                                    **text)

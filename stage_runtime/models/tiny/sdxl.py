@@ -3,36 +3,19 @@ embedding), a 4-head UNet with SDXL's text-time micro-conditioning, the tiny VAE
 
 from __future__ import annotations
 
-from stage_runtime.models.tiny.common import HIDDEN, LATENT_CHANNELS, NUM_HEADS, seeded, tiny_clip_text_encoder, tiny_vae
+from stage_runtime.models.tiny.common import HIDDEN, NUM_HEADS, seeded, tiny_clip_text_encoder, tiny_unet, tiny_vae
 
 TIME_EMBED_DIM = 8           # per micro-conditioning number: (orig h, orig w, crop top, crop left, target h, w)
 PROJECTION_DIM = HIDDEN      # text_encoder_2's pooled projection
 
 
 def _tiny_unet():
-    """UNet2DConditionModel on 32x32 latents, 4-head linear-projection transformers, text_time embedding.
-
-    Cross-attention sees both encoders' hidden states concatenated (2 x 32); the added embedding takes the
-    pooled text projection plus six micro-conditioning numbers of TIME_EMBED_DIM each.
-    """
-    from diffusers import UNet2DConditionModel
-
-    return UNet2DConditionModel(
-        sample_size=32,
-        in_channels=LATENT_CHANNELS,
-        out_channels=LATENT_CHANNELS,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        block_out_channels=(16, 32),
-        layers_per_block=1,
-        norm_num_groups=8,
-        cross_attention_dim=2 * HIDDEN,
-        attention_head_dim=NUM_HEADS,
-        use_linear_projection=True,
-        addition_embed_type="text_time",
-        addition_time_embed_dim=TIME_EMBED_DIM,
-        projection_class_embeddings_input_dim=6 * TIME_EMBED_DIM + PROJECTION_DIM,
-    )
+    """The tiny UNet with linear-projection transformers and the text_time embedding: cross-attention sees both
+    encoders' hidden states concatenated (2 x 32); the added embedding takes the pooled text projection plus six
+    micro-conditioning numbers of TIME_EMBED_DIM each."""
+    return tiny_unet(cross_attention_dim=2 * HIDDEN, use_linear_projection=True, addition_embed_type="text_time",
+                     addition_time_embed_dim=TIME_EMBED_DIM,
+                     projection_class_embeddings_input_dim=6 * TIME_EMBED_DIM + PROJECTION_DIM)
 
 
 def _tiny_text_encoder_2(tokenizer):
