@@ -8,7 +8,7 @@ import numpy as np
 
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import RequestStatus
-from stage_runtime.sched import RequestState
+from stage_runtime.sched.request_state import RequestState
 
 # The engine's outcome counters, by the terminal output's error_type (None = completed; a deadline counts
 # as failed here, /metrics tells it apart).

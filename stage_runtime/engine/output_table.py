@@ -26,7 +26,7 @@ from stage_runtime.errors import RequestAbortedError, RequestFailedError
 from stage_runtime.executor.abstract import DiffusionExecutor
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import DiffusionRequest, SamplingParams
-from stage_runtime.sched import RequestState
+from stage_runtime.sched.request_state import RequestState
 
 WARMUP_PREFIX = "warmup-"
 
