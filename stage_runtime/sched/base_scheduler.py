@@ -14,11 +14,11 @@ from collections import deque
 from collections.abc import Hashable, Iterable
 from typing import ClassVar
 
-from stage_runtime.config import SchedulerConfig
+from stage_runtime.config import ExecutionMode, SchedulerConfig
 from stage_runtime.errors import DeadlineExceededError, DuplicateRequestError, QueueFullError
 from stage_runtime.outputs import BatchRunnerOutput
 from stage_runtime.request import DiffusionRequest, RequestStatus
-from stage_runtime.scheduler_output import ExecutionMode, NewRequestData, SchedulerOutput
+from stage_runtime.scheduler_output import NewRequestData, SchedulerOutput
 from stage_runtime.sched.policy import make_policy
 from stage_runtime.sched.request_state import RequestState
 
