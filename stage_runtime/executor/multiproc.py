@@ -53,7 +53,7 @@ from stage_runtime.executor.procs import (
     worker_context,
 )
 from stage_runtime.executor.result_pump import ResultPump
-from stage_runtime.executor.worker_proc import EXIT_FATAL, WorkerSpec, worker_main
+from stage_runtime.executor.worker_proc import EXIT_FATAL, WorkerProc, WorkerSpec, worker_main
 from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, RunnerOutput
 from stage_runtime.scheduler_output import SchedulerOutput
 
@@ -64,7 +64,7 @@ DEAD_GRACE_S = 0.5
 
 
 class MultiprocExecutor(DiffusionExecutor):
-    worker_options: dict[str, Any] = {}        # fault injection for tests (see WorkerSpec.options)
+    worker_proc_class: type[WorkerProc] = WorkerProc     # what each rank runs (a subclass may change how it replies)
 
     def _init_executor(self) -> None:
         parallel = self.config.parallel
@@ -109,9 +109,9 @@ class MultiprocExecutor(DiffusionExecutor):
             ready_r, ready_w = ctx.Pipe(duplex=False)
             alive_r, alive_w = ctx.Pipe(duplex=False)
             spec = WorkerSpec(rank, self.config, f"ipc://{self._ipc_dir}/bcast", f"ipc://{self._ipc_dir}/result-{rank}",
-                              self.shm_prefix, init_method, dict(self.worker_options), dict(os.environ))
-            proc = ctx.Process(target=worker_main, args=(spec, ready_w, alive_r), name=f"DiffusionWorker-{rank}",
-                               daemon=True)
+                              self.shm_prefix, init_method, dict(os.environ))
+            proc = ctx.Process(target=worker_main, args=(spec, ready_w, alive_r, self.worker_proc_class),
+                               name=f"DiffusionWorker-{rank}", daemon=True)
             proc.start()
             ready_w.close()
             alive_r.close()
