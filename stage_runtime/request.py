@@ -28,6 +28,20 @@ from stage_runtime.model_info import ModelInfo
 MAX_PROMPT_CHARS = 2000
 DEFAULT_STRENGTH = 0.8         # an img2img / inpaint edit's strength when the request gives none
 MAX_LORAS_PER_REQUEST = 8
+MAX_SIDE = 4096                # pixels, either side
+MAX_IMAGES = 16                # outputs of one request
+
+# The sampling bounds, defined once: SamplingParams here and the HTTP bodies (serve/schemas.py) use these types.
+Steps = Annotated[int, Field(ge=1, le=1000)]
+Side = Annotated[int, Field(ge=8, le=MAX_SIDE)]
+Guidance = Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)]
+NegativePrompt = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
+Seed = Annotated[int, Field(ge=0, lt=2**63)]
+NumImages = Annotated[int, Field(ge=1, le=MAX_IMAGES)]
+PreviewEvery = Annotated[int, Field(ge=1, le=1000)]        # a decoded preview every k steps (step mode)
+Priority = Annotated[int, Field(ge=-1000, le=1000)]        # higher runs first (--scheduling-policy priority)
+TimeoutS = Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)]   # seconds from arrival
+PartialImages = Annotated[int, Field(ge=0, le=3)]          # OpenAI's: this many previews, evenly spaced
 
 
 class RequestStatus(enum.IntEnum):
@@ -63,10 +77,13 @@ def _cache_policy(value: object) -> object:
 
 
 CachePolicyField = Annotated[Literal["off"] | RequestCache | None, BeforeValidator(_cache_policy)]
-class LoraRef(BaseModel):
-    """One adapter a request applies: a loaded adapter's name and its scale (never a path)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+class LoraRef(BaseModel):
+    """One adapter a request applies: a loaded adapter's name and its scale (never a path). The same entry of
+    ``loras`` over HTTP and ZMQ, with strict types at both (a scale is a number, never a string)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: str = Field(pattern=LORA_NAME_PATTERN)
     scale: float = Field(1.0, ge=-16.0, le=16.0, allow_inf_nan=False)
@@ -77,18 +94,18 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    num_inference_steps: int | None = Field(None, ge=1, le=1000)
-    height: int | None = Field(None, ge=8, le=4096)
-    width: int | None = Field(None, ge=8, le=4096)
-    guidance_scale: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
-    negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
-    seed: int | None = Field(None, ge=0, lt=2**63)
-    num_outputs: int = Field(1, ge=1, le=16)      # images for this one prompt ("n")
+    num_inference_steps: Steps | None = None
+    height: Side | None = None
+    width: Side | None = None
+    guidance_scale: Guidance | None = None
+    negative_prompt: NegativePrompt | None = None
+    seed: Seed | None = None
+    num_outputs: NumImages = 1                    # images for this one prompt ("n")
     stream: bool = False                          # progress events (step k of n) on the output stream
-    preview_every: int | None = Field(None, ge=1, le=1000)   # decoded preview every k steps (step mode)
-    priority: int = Field(0, ge=-1000, le=1000)   # higher runs first (--scheduling-policy priority)
-    timeout_s: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False)   # deadline from arrival
-    partial_images: int = Field(0, ge=0, le=3)    # OpenAI's: this many previews, evenly spaced (step mode)
+    preview_every: PreviewEvery | None = None
+    priority: Priority = 0
+    timeout_s: TimeoutS | None = None             # deadline from arrival
+    partial_images: PartialImages = 0             # step mode
     cache: CachePolicyField = None   # block cache: None = the stage's cache.mode
     # LoRA adapters by name, applied in this order (unfused, this request's rows only); not in any batch key
     loras: tuple[LoraRef, ...] = Field((), max_length=MAX_LORAS_PER_REQUEST)

@@ -11,11 +11,9 @@ the host); ``resumed_req_ids`` come back (a subset of the cached ids; the runner
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
+from stage_runtime.config import ExecutionMode
 from stage_runtime.request import DiffusionRequest
-
-ExecutionMode = Literal["request", "step"]
 
 
 @dataclass(frozen=True)

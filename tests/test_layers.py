@@ -10,12 +10,15 @@
     offload   weight residency                       core
     sched     scheduling policy                      core                 (never torch / diffusers)
     distributed  groups, collectives, CFG/Ulysses    core
-    core      config, errors, request, outputs, scheduler_output, model_info, plugins, imageio, control
-                                                     core only            (never torch / diffusers)
+    core      config, errors, request, outputs, scheduler_output, model_info, plugins, imageio, control,
+              lora_spec, model_catalog               core only            (never torch / diffusers)
 
 The operator imports nothing of the runtime but ``stage_runtime.config`` (one source of truth for the
-topology rules) and ``stage_runtime.model_catalog`` (the families, hence the tiny ``builtin`` models) and never torch; inside it only ``kube.py`` talks to the API server (imports ``kubernetes``).
+topology rules) and ``stage_runtime.model_catalog`` (the families, hence the tiny ``builtin`` models), and
+never torch; inside it only ``kube.py`` talks to the API server (imports ``kubernetes``).
 No source file is over 400 lines. Every import counts, also those inside functions and under TYPE_CHECKING.
+No two modules of the runtime or the operator import each other, directly or around a loop (a strongly connected
+component of the module graph; a ``from package import name`` is an edge to the package's ``__init__``).
 """
 
 from __future__ import annotations
@@ -79,6 +82,98 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(rel.with_suffix("").parts)
 
 
+def module_graph(root: Path) -> dict[str, dict[str, str]]:
+    """module → {module it imports: ``file:line``}, over ``stage_runtime/`` and ``operator/`` (a package is its
+    ``__init__``; ``from a import b`` is an edge to ``a.b`` when that is a module, else to ``a``)."""
+    files = {}
+    for path in [*sorted((root / "stage_runtime").rglob("*.py")), *sorted((root / "operator").rglob("*.py"))]:
+        files[module_name(path, root).removesuffix(".__init__")] = path
+    graph: dict[str, dict[str, str]] = {}
+    for module, path in files.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        edges = graph[module] = {}
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            else:
+                continue
+            for target in targets:
+                if target in files and target != module:
+                    edges.setdefault(target, f"{path.relative_to(root)}:{node.lineno}")
+    return graph
+
+
+def strongly_connected(graph: dict[str, dict[str, str]]) -> list[list[str]]:
+    """Tarjan's components with more than one module, iteratively (each sorted)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def import_cycles(root: Path) -> list[str]:
+    """Each component as one loop through it, with the import line of every edge."""
+    graph, out = module_graph(root), []
+    for component in strongly_connected(graph):
+        members, first = set(component), component[0]
+        paths = {first: [first]}
+        queue = [first]
+        while queue:                              # the shortest way back to the first module
+            node = queue.pop(0)
+            for child in sorted(graph[node]):
+                if child == first:
+                    loop = paths[node] + [first]
+                    queue = []
+                    break
+                if child in members and child not in paths:
+                    paths[child] = paths[node] + [child]
+                    queue.append(child)
+        where = "; ".join(f"{graph[a][b]} imports {b}" for a, b in zip(loop, loop[1:]))
+        out.append(f"import cycle {' → '.join(loop)} ({where})" +
+                   (f"; the component also holds {', '.join(sorted(members - set(loop)))}" if members - set(loop) else ""))
+    return out
+
+
 def violations(root: Path) -> list[str]:
     """Every broken rule under ``root``, as ``file:line imports X (why)``."""
     out = []
@@ -110,7 +205,7 @@ def violations(root: Path) -> list[str]:
             lines = len(path.read_text().splitlines())
             if lines > MAX_LINES:
                 out.append(f"{path.relative_to(root)} has {lines} lines (at most {MAX_LINES})")
-    return out
+    return out + import_cycles(root)
 
 
 def test_the_tree_keeps_the_layer_rules():
@@ -154,3 +249,19 @@ def test_allowed_imports_pass(tmp_path):
         "from stage_runtime.request import DiffusionRequest\nimport torch\n")
     (tmp_path / "stage_runtime" / "cli.py").write_text("from stage_runtime.serve.app import make_app\n")
     assert violations(tmp_path) == []
+
+
+def test_an_import_cycle_is_named_also_when_one_side_only_imports_for_type_checking(tmp_path):
+    for folder in SOURCE_DIRS:
+        (tmp_path / folder).mkdir()
+    sched = tmp_path / "stage_runtime" / "sched"
+    sched.mkdir()
+    (sched / "__init__.py").write_text("")
+    (sched / "base.py").write_text("from stage_runtime.sched.policy import make_policy\n")
+    (sched / "policy.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                                     "    from stage_runtime.sched import base\n")
+    (sched / "other.py").write_text("from stage_runtime.sched.base import X\n")
+    assert violations(tmp_path) == [
+        "import cycle stage_runtime.sched.base → stage_runtime.sched.policy → stage_runtime.sched.base "
+        "(stage_runtime/sched/base.py:1 imports stage_runtime.sched.policy; "
+        "stage_runtime/sched/policy.py:4 imports stage_runtime.sched.base)"]

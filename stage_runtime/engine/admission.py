@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stage_runtime.config import StageConfig
+from stage_runtime.config import ExecutionMode, StageConfig
 from stage_runtime.engine.limits import check_request_cost
 from stage_runtime.errors import ConfigError, InvalidRequestError
 from stage_runtime.model_info import ModelInfo
@@ -30,7 +30,7 @@ def check_execution_mode(config: StageConfig, info: ModelInfo) -> None:
         raise ConfigError(f"cache.mode='block': {info.block_cache_refusal}; use cache.mode='none'")
 
 
-def check_request_mode(request: DiffusionRequest, execution_mode: str) -> None:
+def check_request_mode(request: DiffusionRequest, execution_mode: ExecutionMode) -> None:
     """Previews are step-mode output: a 400 naming the field in request mode."""
     if request.sampling.preview_every is not None and execution_mode != "step":
         raise InvalidRequestError("preview_every", request.sampling.preview_every,
@@ -44,7 +44,7 @@ def family_check(info: ModelInfo) -> FamilyCheck:
     return import_object(info.refusals).check_request
 
 
-def admit(request: DiffusionRequest, info: ModelInfo, execution_mode: str, check_family: FamilyCheck,
+def admit(request: DiffusionRequest, info: ModelInfo, execution_mode: ExecutionMode, check_family: FamilyCheck,
           max_cost: int | None = None) -> DiffusionRequest:
     """The request resolved against the model, or InvalidRequestError (400 naming the field) before it is
     queued: what the model's facts rule out, what the mode cannot do, what the family refuses, and what costs

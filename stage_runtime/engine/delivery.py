@@ -6,13 +6,19 @@ import time
 
 import numpy as np
 
+from stage_runtime.errors import RequestAbortedError, RequestFailedError, outcome_of
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import RequestStatus
-from stage_runtime.sched import RequestState
+from stage_runtime.sched.request_state import RequestState
 
-# The engine's outcome counters, by the terminal output's error_type (None = completed; a deadline counts
-# as failed here, /metrics tells it apart).
-OUTCOME_COUNTERS = {None: "finished_total", "request_aborted": "aborted_total", "request_failed": "failed_total"}
+# The engine's three counters (/v1/stats), by the request's outcome (errors.outcome_of): every outcome but
+# completed and aborted counts as failed here (a deadline too; /metrics tells them apart).
+_COUNTERS = {"completed": "finished_total", "aborted": "aborted_total"}
+
+
+def outcome_counter(error_type: str | None) -> str:
+    """The engine counter a terminal output with ``error_type`` (None: it completed) adds to."""
+    return _COUNTERS.get(outcome_of(error_type), "failed_total")
 
 
 def terminal_output(state: RequestState) -> DiffusionOutput:
@@ -31,9 +37,9 @@ def terminal_output(state: RequestState) -> DiffusionOutput:
     if state.status == RequestStatus.FINISHED_COMPLETED:
         out.images = state.result.images
     elif state.status == RequestStatus.FINISHED_ABORTED:
-        out.error, out.error_type = f"Request {rid} aborted.", "request_aborted"
+        out.error, out.error_type = f"Request {rid} aborted.", RequestAbortedError.error_type
     else:
-        out.error, out.error_type = state.error, state.error_type or "request_failed"
+        out.error, out.error_type = state.error, state.error_type or RequestFailedError.error_type
     return out
 
 

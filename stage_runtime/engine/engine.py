@@ -55,7 +55,8 @@ class DiffusionEngine:
             self.check_family = family_check(self.model_info)   # the family's refusals, before queueing
             self.scheduler = (StepScheduler if config.scheduler.execution_mode == "step" else RequestScheduler)(
                 config.scheduler)
-            self.loras = LoraTable(self, config)            # LoRA names, pinning, max_loras (and what ranks hold)
+            # LoRA names, pinning, max_loras (and what ranks hold)
+            self.loras = LoraTable(self._lock, self.rank_rpc, self.model_info, config, self._live_requests)
         except BaseException:
             self.executor.shutdown()
             raise
@@ -150,6 +151,7 @@ class DiffusionEngine:
         direct before the loop starts. An undeclared name, a failed rank or a timeout: RpcError. The LoRA
         RPCs go through the engine's adapter table (engine.lora_table), which then tells every rank."""
         if method in LORA_RPCS:
+            self._check_open()
             return self.loras.control(method, tuple(args), kwargs or {})
         return self.rank_rpc(method, args, kwargs, timeout, unique_reply_rank)
 
@@ -310,6 +312,10 @@ class DiffusionEngine:
         with self._lock:
             return {"waiting": self.scheduler.num_waiting_reqs, "running": self.scheduler.num_running_reqs,
                     "capacity": self.scheduler.max_num_running_reqs, **self.counters}
+
+    def _live_requests(self) -> list[DiffusionRequest]:
+        """The requests in flight (waiting, running, preempted); under the lock (the LoRA table's port)."""
+        return [state.request for state in self.scheduler.live_states(list(self.outputs.streams))]
 
     def requests_snapshot(self) -> list[dict[str, Any]]:
         """In-flight requests with state and step progress (``GET /v1/requests``)."""

@@ -2,7 +2,9 @@
 
 The engine owns it; the ranks hold the weights (models.lora.manager) and are told through the declared
 control RPCs ``load_lora`` / ``unload_lora`` / ``list_loras``, which ``DiffusionEngine.collective_rpc``
-routes here (so HTTP ``/v1/loras`` and a ZMQ ``collective_rpc`` take the same path and rules):
+routes here (so HTTP ``/v1/loras`` and a ZMQ ``collective_rpc`` take the same path and rules). The table
+knows nothing of the engine: it gets the engine's lock, its way to the ranks and a view of the requests in
+flight (the ports), so it can be built and tested on its own.
 
 - admission (under the engine lock): every name a request gives must be loaded, else 400 before it is
   queued; the request records each adapter's digest (``DiffusionRequest.lora_key``) and touches its LRU;
@@ -18,17 +20,18 @@ import itertools
 import re
 import threading
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from stage_runtime.config import StageConfig
 from stage_runtime.errors import InvalidRequestError, LoraConflictError, LoraLoadError, LoraNotFoundError, RpcError
+from stage_runtime.model_info import ModelInfo
 from stage_runtime.request import LORA_NAME_PATTERN, DiffusionRequest
 
-if TYPE_CHECKING:
-    from stage_runtime.config import StageConfig
-    from stage_runtime.engine.engine import DiffusionEngine
-
 LORA_RPCS = ("load_lora", "unload_lora", "list_loras")
+# (method, args=(), kwargs=None, timeout=None, unique_reply_rank=None) → the ranks' replies, around the table
+RankRpc = Callable[..., Any]
 
 
 @dataclass
@@ -42,17 +45,24 @@ class LoraEntry:
 
 
 class LoraTable:
-    def __init__(self, engine: DiffusionEngine, config: StageConfig):
-        self.engine = engine
+    def __init__(self, lock: threading.Condition, rank_rpc: RankRpc, model_info: ModelInfo, config: StageConfig,
+                 live_requests: Callable[[], Iterable[DiffusionRequest]]):
+        """``lock``: the engine's (admission holds it); ``rank_rpc``: a control RPC on every rank, ordered with
+        the engine's waves; ``live_requests``: the requests in flight (waiting, running, preempted), read under
+        ``lock``."""
+        self._lock = lock
+        self._rank_rpc = rank_rpc
+        self.model_info = model_info
+        self._live_requests = live_requests
         self.max_loras = config.max_loras
         self.entries: dict[str, LoraEntry] = {}
         self._clock = itertools.count(1)
         self._mutate = threading.Lock()             # one load / unload at a time
         self.requests_by_adapter: Counter[str] = Counter()
         self.counters = {"loads": 0, "unloads": 0, "evictions": 0, "refused": 0}
-        if engine.model_info.lora_components:       # the startup adapters (``loras:``, ``--lora``) the ranks loaded
+        if model_info.lora_components:       # the startup adapters (``loras:``, ``--lora``) the ranks loaded
             pinned = {spec.name: spec.pinned for spec in config.loras}
-            for s in engine.rank_rpc("list_loras", unique_reply_rank=0):
+            for s in rank_rpc("list_loras", unique_reply_rank=0):
                 self.entries[s["name"]] = LoraEntry(s["name"], s["path"], s["digest"], pinned.get(s["name"], True),
                                                     s, next(self._clock))
                 self.counters["loads"] += 1
@@ -64,10 +74,10 @@ class LoraTable:
         refs = request.sampling.loras
         if not refs:
             return request
-        info = self.engine.model_info
+        info = self.model_info
         if not info.lora_components:
             raise InvalidRequestError("loras", [r.name for r in refs], f"{info.pipeline_class} serves no LoRA adapters")
-        with self.engine._lock:
+        with self._lock:
             for i, ref in enumerate(refs):
                 if ref.name not in self.entries:
                     raise InvalidRequestError(f"loras.{i}.name", ref.name, "no LoRA adapter of that name is loaded "
@@ -87,16 +97,16 @@ class LoraTable:
 
     def users(self, name: str) -> list[str]:
         """Ids of in-flight requests (waiting, running, preempted) that name adapter ``name``."""
-        return [state.request_id for state in self.engine.scheduler.live_states(list(self.engine.outputs.streams))
-                if any(ref.name == name for ref in state.request.sampling.loras)]
+        return [request.request_id for request in self._live_requests()
+                if any(ref.name == name for ref in request.sampling.loras)]
 
     # -- management (any thread) -------------------------------------------------------------------------
     def control(self, method: str, args: tuple, kwargs: dict) -> Any:
-        self.engine._check_open()
+        """One of LORA_RPCS (the engine checked that it is open)."""
         return {"load_lora": self.load, "unload_lora": self.unload, "list_loras": self.list}[method](*args, **kwargs)
 
     def list(self) -> list[dict]:
-        with self.engine._lock:
+        with self._lock:
             return [self._view(e) for e in self.entries.values()]
 
     def load(self, name: str, path: str, pinned: bool = False) -> dict:
@@ -104,11 +114,11 @@ class LoraTable:
             raise InvalidRequestError("name", name, f"must match {LORA_NAME_PATTERN}")
         if not isinstance(path, str) or not path:
             raise InvalidRequestError("path", path, "must be a non-empty path inside the stage")
-        info = self.engine.model_info
+        info = self.model_info
         if not info.lora_components:
             raise LoraLoadError(f"LoRA adapter {name!r}: {info.pipeline_class} serves no LoRA adapters")
         with self._mutate:
-            with self.engine._lock:
+            with self._lock:
                 if name in self.entries:
                     raise LoraConflictError(f"a LoRA adapter named {name!r} is already loaded; unload it first")
                 victim = self._victim_locked() if len(self.entries) >= self.max_loras else None
@@ -121,21 +131,21 @@ class LoraTable:
                 summary = self._load_on_ranks(name, path)
             except BaseException:
                 if victim is not None:
-                    with self.engine._lock:
+                    with self._lock:
                         self.entries[victim] = evicted
                 raise
             if victim is not None:
                 self._rank("unload_lora", victim)
                 self.counters["evictions"] += 1
             entry = LoraEntry(name, path, summary["digest"], bool(pinned), summary, next(self._clock))
-            with self.engine._lock:
+            with self._lock:
                 self.entries[name] = entry
                 self.counters["loads"] += 1
                 return {**self._view(entry), "evicted": victim}
 
     def unload(self, name: str) -> dict:
         with self._mutate:
-            with self.engine._lock:
+            with self._lock:
                 if name not in self.entries:
                     raise LoraNotFoundError(f"no LoRA adapter named {name!r} is loaded "
                                             f"(loaded: {', '.join(self.entries) or 'none'})")
@@ -149,7 +159,7 @@ class LoraTable:
             return {"name": name, "unloaded": True}
 
     def metrics(self) -> dict:
-        with self.engine._lock:
+        with self._lock:
             return {"resident": len(self.entries), "requests_by_adapter": dict(self.requests_by_adapter),
                     "operations": dict(self.counters)}
 
@@ -169,7 +179,7 @@ class LoraTable:
 
     def _rank(self, method: str, *args: Any) -> list:
         try:
-            return self.engine.rank_rpc(method, args)
+            return self._rank_rpc(method, args)
         except RpcError as exc:
             raise RpcError(f"{method}({', '.join(map(repr, args))}) failed on the workers: {exc}") from exc
 

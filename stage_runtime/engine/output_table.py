@@ -20,13 +20,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stage_runtime.engine.delivery import OUTCOME_COUNTERS, progress_output, terminal_output
+from stage_runtime.engine.delivery import outcome_counter, progress_output, terminal_output
 from stage_runtime.engine.stream import RequestStream
 from stage_runtime.errors import RequestAbortedError, RequestFailedError
 from stage_runtime.executor.abstract import DiffusionExecutor
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import DiffusionRequest, SamplingParams
-from stage_runtime.sched import RequestState
+from stage_runtime.sched.request_state import RequestState
 
 WARMUP_PREFIX = "warmup-"
 
@@ -112,7 +112,7 @@ class OutputTable:
     def _deliver(self, output: DiffusionOutput) -> None:
         rid = output.request_id
         if not rid.startswith(WARMUP_PREFIX):
-            self.counters[OUTCOME_COUNTERS.get(output.error_type, "failed_total")] += 1
+            self.counters[outcome_counter(output.error_type)] += 1
         stream = self.streams.pop(rid, None)
         if self.on_final is not None:
             self.on_final(output)

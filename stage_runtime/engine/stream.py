@@ -9,23 +9,15 @@ import asyncio
 import threading
 from collections import deque
 
-from stage_runtime.errors import (DeadlineExceededError, EngineClosedError, EngineDeadError, RequestAbortedError,
-                                  RequestFailedError)
+from stage_runtime.errors import from_wire
 from stage_runtime.outputs import DiffusionOutput
-
-_ERRORS: dict[str, type[Exception]] = {
-    RequestAbortedError.error_type: RequestAbortedError,
-    DeadlineExceededError.error_type: DeadlineExceededError,
-    EngineClosedError.error_type: EngineClosedError,
-    EngineDeadError.error_type: EngineDeadError,
-}
 
 
 def raise_for_output(output: DiffusionOutput) -> DiffusionOutput:
-    """Return a successful final output; raise the matching error for a failed one."""
+    """Return a successful final output; raise the error tree's class of its ``error_type`` for a failed one."""
     if output.error is None:
         return output
-    raise _ERRORS.get(output.error_type or "", RequestFailedError)(output.error)
+    raise from_wire(output.error_type, output.error)
 
 
 class RequestStream:

@@ -35,7 +35,7 @@ from typing import Any
 import zmq
 
 from stage_runtime.errors import (ConfigError, EngineClosedError, EngineDeadError, EngineStartupError, ModelLoadError,
-                                  RpcError)
+                                  RpcError, by_name)
 from stage_runtime.executor import shm
 from stage_runtime.executor.abstract import DiffusionExecutor
 from stage_runtime.executor.async_output import AsyncOutputTable
@@ -53,19 +53,18 @@ from stage_runtime.executor.procs import (
     worker_context,
 )
 from stage_runtime.executor.result_pump import ResultPump
-from stage_runtime.executor.worker_proc import EXIT_FATAL, WorkerSpec, worker_main
+from stage_runtime.executor.worker_proc import EXIT_FATAL, WorkerProc, WorkerSpec, worker_main
 from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, RunnerOutput
 from stage_runtime.scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
-STARTUP_ERRORS = {"ConfigError": ConfigError, "LoraLoadError": ConfigError, "ModelLoadError": ModelLoadError}
 JOIN_GRACE_S = 5.0
 FATAL_REASON_WAIT_S = 0.5
 DEAD_GRACE_S = 0.5
 
 
 class MultiprocExecutor(DiffusionExecutor):
-    worker_options: dict[str, Any] = {}        # fault injection for tests (see WorkerSpec.options)
+    worker_proc_class: type[WorkerProc] = WorkerProc     # what each rank runs (a subclass may change how it replies)
 
     def _init_executor(self) -> None:
         parallel = self.config.parallel
@@ -110,9 +109,9 @@ class MultiprocExecutor(DiffusionExecutor):
             ready_r, ready_w = ctx.Pipe(duplex=False)
             alive_r, alive_w = ctx.Pipe(duplex=False)
             spec = WorkerSpec(rank, self.config, f"ipc://{self._ipc_dir}/bcast", f"ipc://{self._ipc_dir}/result-{rank}",
-                              self.shm_prefix, init_method, dict(self.worker_options), dict(os.environ))
-            proc = ctx.Process(target=worker_main, args=(spec, ready_w, alive_r), name=f"DiffusionWorker-{rank}",
-                               daemon=True)
+                              self.shm_prefix, init_method, dict(os.environ))
+            proc = ctx.Process(target=worker_main, args=(spec, ready_w, alive_r, self.worker_proc_class),
+                               name=f"DiffusionWorker-{rank}", daemon=True)
             proc.start()
             ready_w.close()
             alive_r.close()
@@ -146,7 +145,11 @@ class MultiprocExecutor(DiffusionExecutor):
         if msg is None:
             proc.join(JOIN_GRACE_S)
             raise EngineStartupError(f"worker {describe_exit(rank, proc.pid, proc.exitcode)} during startup")
-        error_cls = STARTUP_ERRORS.get(msg["error_type"], EngineStartupError)
+        # The rank names its error's class: a permanent one (configuration, the model: exit 2) is raised as that
+        # class of the tree, anything else as a failed startup.
+        sent = by_name(msg["error_type"])
+        permanent = sent is not None and issubclass(sent, (ConfigError, ModelLoadError))
+        error_cls = sent if permanent else EngineStartupError
         log.error("worker rank %d failed to start:\n%s", rank, msg.get("traceback", ""))
         raise error_cls(f"worker rank {rank} (pid {proc.pid}) failed to start: {msg['error_type']}: {msg['message']}")
 

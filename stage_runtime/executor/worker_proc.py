@@ -26,8 +26,8 @@ import threading
 import traceback
 import uuid
 from collections import deque
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 import zmq
 
@@ -60,12 +60,12 @@ class WorkerSpec:
     result_addr: str
     shm_prefix: str
     init_method: str | None                  # torch.distributed rendezvous; None for a world of one
-    options: dict[str, Any] = field(default_factory=dict)   # for tests: delays, shm_threshold
     environ: dict[str, str] | None = None    # the engine process's environment when the rank started
 
 
-def worker_main(spec: WorkerSpec, ready_conn, alive_conn) -> None:
-    """Process entry point (forked from the fork server, or spawned)."""
+def worker_main(spec: WorkerSpec, ready_conn, alive_conn, proc_class: type[WorkerProc] | None = None) -> None:
+    """Process entry point (forked from the fork server, or spawned); ``proc_class``: the executor's
+    ``worker_proc_class`` (a WorkerProc subclass, e.g. a test's)."""
     if spec.environ is not None:              # a forked rank has the fork server's; give it the engine's
         os.environ.clear()
         os.environ.update(spec.environ)
@@ -73,7 +73,7 @@ def worker_main(spec: WorkerSpec, ready_conn, alive_conn) -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     threading.Thread(target=_exit_with_parent, args=(alive_conn, spec), name="parent-watch", daemon=True).start()
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s rank{spec.rank} %(name)s: %(message)s")
-    proc = WorkerProc(spec)
+    proc = (proc_class or WorkerProc)(spec)
     try:
         proc.start()
     except BaseException as exc:
@@ -100,10 +100,12 @@ def _exit_with_parent(alive_conn, spec: WorkerSpec) -> None:
 
 
 class WorkerProc:
+    shm_threshold: ClassVar[int] = shm.SHM_THRESHOLD     # images over this many bytes leave through shared memory
+
     def __init__(self, spec: WorkerSpec):
         self.spec = spec
         self.rank = spec.rank
-        self.shm = shm.ShmWriter(spec.shm_prefix, spec.rank, spec.options.get("shm_threshold", shm.SHM_THRESHOLD))
+        self.shm = shm.ShmWriter(spec.shm_prefix, spec.rank, self.shm_threshold)
         self.inbox: deque[Any] = deque()
         self.cancelled: set[str] = set()            # request ids of the model call in flight
         self.current_rpc: int | None = None
@@ -218,22 +220,19 @@ class WorkerProc:
             stripped.outputs[rid] = out
         if images:
             self._outputs.put(images)
-        delay = self.spec.options.get("compute_done_delay_s", 0)
-        if delay:
-            threading.Event().wait(delay)
         self._send(ComputeDone(rpc_id, self.rank, result=stripped))
 
     def _output_loop(self) -> None:
-        delay = self.spec.options.get("output_ready_delay_s", 0)
         while (images := self._outputs.get()) is not None:
-            if delay:
-                threading.Event().wait(delay)
-            try:
-                self._send(OutputReady(self.rank, {k: self.shm.put(v) for k, v in images.items()}))
-            except Exception as exc:
-                log.exception("packing outputs failed")
-                self._send(OutputReady(self.rank, {}, error=f"{type(exc).__name__}: {exc}",
-                                       failed_ids=tuple(images)))
+            self._send_outputs(images)
+
+    def _send_outputs(self, images: dict[str, Any]) -> None:
+        """One batch's large images (by async output id) into shared memory, then OUTPUT_READY (output thread)."""
+        try:
+            self._send(OutputReady(self.rank, {k: self.shm.put(v) for k, v in images.items()}))
+        except Exception as exc:
+            log.exception("packing outputs failed")
+            self._send(OutputReady(self.rank, {}, error=f"{type(exc).__name__}: {exc}", failed_ids=tuple(images)))
 
     def _fatal(self, reason: str) -> None:
         log.error("fatal: %s", reason)

@@ -12,44 +12,15 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from stage_runtime.config import SchedulerConfig
+from stage_runtime.config import ExecutionMode, SchedulerConfig
 from stage_runtime.errors import DeadlineExceededError, DuplicateRequestError, QueueFullError
-from stage_runtime.outputs import BatchRunnerOutput, RunnerOutput
+from stage_runtime.outputs import BatchRunnerOutput
 from stage_runtime.request import DiffusionRequest, RequestStatus
-from stage_runtime.scheduler_output import ExecutionMode, NewRequestData, SchedulerOutput
+from stage_runtime.scheduler_output import NewRequestData, SchedulerOutput
 from stage_runtime.sched.policy import make_policy
-
-
-@dataclass
-class RequestState:
-    request: DiffusionRequest
-    key: Hashable
-    status: RequestStatus = RequestStatus.WAITING
-    error: str | None = None
-    error_type: str | None = None       # FINISHED_ERROR's kind when it is not a plain failure
-    result: RunnerOutput | None = None
-    step_index: int = 0
-    queued_at: float = 0.0
-    scheduled_at: float | None = None
-    finished_at: float | None = None
-    seq: int = 0                        # admission order (the policies' tie-break)
-    admitted_tick: int = 0              # the scheduler tick at admission (aging)
-    deadline: float | None = None       # monotonic; arrival + timeout_s
-    preemptions: int = 0
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    def snapshot(self) -> dict[str, Any]:
-        """One row of ``GET /v1/requests``: state, step progress, priority, preemptions, block-cache counts."""
-        return {"request_id": self.request_id, "state": self.status.name.lower(), "step": self.step_index,
-                "num_steps": self.request.num_steps, "priority": self.request.sampling.priority,
-                "preempted": self.status == RequestStatus.PREEMPTED, "preemptions": self.preemptions,
-                **((self.result and self.result.cache) or {})}   # steps_computed, steps_skipped (block cache)
+from stage_runtime.sched.request_state import RequestState
 
 
 class BaseScheduler(ABC):

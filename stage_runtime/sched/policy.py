@@ -17,12 +17,10 @@ better-ranked arrivals can keep a waiting (or preempted) request waiting.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from stage_runtime.config import SchedulerConfig
-
-if TYPE_CHECKING:
-    from stage_runtime.sched.base_scheduler import RequestState
+from stage_runtime.sched.request_state import RequestState
 
 Rank = tuple[float, int]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from stage_runtime.outputs import BatchRunnerOutput
 from stage_runtime.request import DiffusionRequest, RequestStatus, StepBatchKey
 from stage_runtime.sched.base_scheduler import BaseScheduler
-from stage_runtime.sched.base_scheduler import RequestState
+from stage_runtime.sched.request_state import RequestState
 from stage_runtime.scheduler_output import SchedulerOutput
 
 

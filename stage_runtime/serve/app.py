@@ -1,7 +1,7 @@
 """The stage's HTTP surface (aiohttp): routes of docs/http-api.md and JSON errors for every failure.
 
 Errors are ``{"error": {"type", "message"}}`` (+ ``param`` on a 400), with the status of the error
-tree (:data:`stage_runtime.serve.wire.STATUS_BY_TYPE`); 429 carries Retry-After.
+tree (each class's ``http_status``, ``stage_runtime.errors``); 429 carries Retry-After.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import logging
 
 from aiohttp import web
 
-from stage_runtime.errors import DiffStageError, InvalidRequestError, QueueFullError, RequestTooLargeError
+from stage_runtime.errors import (DiffStageError, EngineDeadError, InvalidRequestError, QueueFullError,
+                                  RequestTooLargeError, StageUnavailableError)
 from stage_runtime.serve.auth import bearer_auth
 from stage_runtime.serve.bodies import read_json
 from stage_runtime.serve.images import SERVICE, create_edits, create_images
@@ -67,25 +68,26 @@ async def health(request: web.Request) -> web.Response:
     """Liveness: 200 while the engine is alive (also while starting or draining), 503 once it is dead."""
     service = request.app[SERVICE]
     if service.dead_reason is not None:
-        return web.json_response(error_body("engine_dead", f"Engine is dead: {service.dead_reason}"), status=503)
+        return web.json_response(error_body(EngineDeadError.error_type, f"Engine is dead: {service.dead_reason}"),
+                                 status=EngineDeadError.http_status)
     return web.json_response({"status": "ok", "state": service.state})
 
 
 async def ready(request: web.Request) -> web.Response:
     """Readiness: 200 only after warmup while admitting work; 503 while starting, stalled, draining or dead."""
     service = request.app[SERVICE]
-    state = service.state
+    state, unavailable, status = service.state, StageUnavailableError.error_type, StageUnavailableError.http_status
     if state == "starting":           # loading: say what it is doing (phase, seconds so far)
         view = service.startup.view()
-        body = error_body("stage_unavailable", f"the stage is loading: {service.startup.describe()}")
+        body = error_body(unavailable, f"the stage is loading: {service.startup.describe()}")
         return web.json_response({**body, "state": "loading", "phase": view["phase"], "detail": view["detail"],
-                                  "elapsed_s": view["elapsed_s"]}, status=503)
+                                  "elapsed_s": view["elapsed_s"]}, status=status)
     if state == "stalled":            # the watchdog: out of the Service until the step moves again
         reason = service.engine.stall_reason or "progress resumed"
-        return web.json_response({**error_body("stage_unavailable", f"the stage is stalled: {reason}"),
-                                  "state": "stalled"}, status=503)
+        return web.json_response({**error_body(unavailable, f"the stage is stalled: {reason}"),
+                                  "state": "stalled"}, status=status)
     if state != "ready":
-        return web.json_response(error_body("stage_unavailable", f"the stage is {state}"), status=503)
+        return web.json_response(error_body(unavailable, f"the stage is {state}"), status=status)
     return web.json_response({"status": "ready"})
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from stage_runtime.errors import ConfigError
+from stage_runtime.errors import ConfigError, UnauthorizedError
 from stage_runtime.serve.schemas import error_body
 
 PROTECTED_PREFIX = "/v1/"
@@ -45,8 +45,9 @@ def bearer_auth(keys: tuple[bytes, ...]):
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not key_matches(token.strip().encode(), keys):
                 why = "a wrong API key" if token else "no API key (Authorization: Bearer <key>)"
-                return web.json_response(error_body("unauthorized", f"{why}: this stage requires an API key"),
-                                         status=401, headers={"WWW-Authenticate": "Bearer"})
+                return web.json_response(error_body(UnauthorizedError.error_type,
+                                                    f"{why}: this stage requires an API key"),
+                                         status=UnauthorizedError.http_status, headers={"WWW-Authenticate": "Bearer"})
         return await handler(request)
 
     return check_key

@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from stage_runtime.errors import RequestFailedError
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.serve.schemas import ImageOptions, cache_report, error_body, images_body
 
@@ -66,8 +67,7 @@ class EventWriter:
                 await send(self.response, f"{p}.completed", {"id": rid, "b64_json": b64, "usage": _USAGE, **fields,
                                                              **cache_report(item.metrics)})
         else:
-            await send(self.response, "error", {"id": rid, **error_body(item.error_type or "request_failed",
-                                                                        item.error)})
+            await send(self.response, "error", {"id": rid, **_failure(item)})
 
     async def _write_diffstage(self, item: DiffusionOutput) -> None:
         rid = item.request_id
@@ -81,5 +81,9 @@ class EventWriter:
             await send(self.response, "completed", images_body(rid, await self.encode(item.images),
                                                                 **cache_report(item.metrics)))
         else:
-            await send(self.response, "error", {"id": rid, **error_body(item.error_type or "request_failed",
-                                                                        item.error)})
+            await send(self.response, "error", {"id": rid, **_failure(item)})
+
+
+def _failure(item: DiffusionOutput) -> dict:
+    """A failed final item's ``error`` member (a failure without a type is a failed request)."""
+    return error_body(item.error_type or RequestFailedError.error_type, item.error)

@@ -16,7 +16,7 @@ import numpy as np
 from aiohttp import web
 
 from stage_runtime.engine.stream import raise_for_output
-from stage_runtime.errors import InvalidRequestError, RequestAbortedError, RequestTooLargeError
+from stage_runtime.errors import InvalidRequestError, RequestAbortedError, RequestTooLargeError, StageUnavailableError
 from stage_runtime.imageio import encode_image
 from stage_runtime.request import DiffusionRequest
 from stage_runtime.serve.bodies import read_edit_form, read_json
@@ -52,8 +52,8 @@ async def create_images(request: web.Request) -> web.StreamResponse:
         body = parse_body(ImageGenerationRequest, await read_json(request))
         check_model(body, service)
         engine_request = body.to_request(service.config.server.max_image_pixels)
-    except (InvalidRequestError, RequestTooLargeError):
-        service.metrics.count("invalid")
+    except (InvalidRequestError, RequestTooLargeError) as exc:
+        service.metrics.count(exc.outcome)
         raise
     return await run_request(request, service, body, engine_request, "image_generation")
 
@@ -66,8 +66,8 @@ async def create_edits(request: web.Request) -> web.StreamResponse:
         body, edit = await read_edit_form(request, server.max_upload_bytes, server.max_image_pixels)
         check_model(body, service)
         engine_request = body.to_request(edit, server.max_image_pixels)
-    except (InvalidRequestError, RequestTooLargeError):
-        service.metrics.count("invalid")
+    except (InvalidRequestError, RequestTooLargeError) as exc:
+        service.metrics.count(exc.outcome)
         raise
     return await run_request(request, service, body, engine_request, "image_edit")
 
@@ -86,8 +86,9 @@ async def run_request(request: web.Request, service: StageService, body: ImageOp
         async for item in items:
             final = item
     if final.error_type == RequestAbortedError.error_type and service.draining:
-        # Aborted by the drain, not by a client: 503, so the caller retries on another replica.
-        return web.json_response(error_body(final.error_type, final.error), status=503)
+        # Aborted by the drain, not by a client: a 503 as the stage's unavailability, so the caller retries on
+        # another replica.
+        return web.json_response(error_body(final.error_type, final.error), status=StageUnavailableError.http_status)
     raise_for_output(final)                                # 409 aborted, 503 engine dead, 500 failed
     height, width = final.images.shape[1:3]
     return web.json_response(images_body(final.request_id, await encode(final.images),

@@ -17,7 +17,8 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from stage_runtime.errors import StageUnavailableError
+from stage_runtime.errors import (DiffStageError, LoraConflictError, LoraLoadError, LoraNotFoundError,
+                                  StageUnavailableError)
 from stage_runtime.request import LORA_NAME_PATTERN
 from stage_runtime.serve.bodies import read_json
 from stage_runtime.serve.images import SERVICE
@@ -87,13 +88,15 @@ def add_routes(app: web.Application) -> None:
     app.router.add_delete("/v1/loras/{name}", unload_lora)
 
 
-def openapi_paths(responses, json_body, v1: tuple[int, ...]) -> dict[str, Any]:
+def openapi_paths(responses, json_body, v1: tuple[type[DiffStageError], ...]) -> dict[str, Any]:
     name = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
     return {
         "/v1/loras": {
-            "get": {"operationId": "listLoras", "responses": responses(LoraList, 503, *v1)},
+            "get": {"operationId": "listLoras", "responses": responses(LoraList, StageUnavailableError, *v1)},
             "post": {"operationId": "loadLora", "requestBody": {"required": True, "content": json_body(LoraLoadBody)},
-                     "responses": responses(LoraAdapter, 400, 409, 503, *v1)}},
+                     "responses": responses(LoraAdapter, LoraLoadError, LoraConflictError, StageUnavailableError,
+                                            *v1)}},
         "/v1/loras/{name}": {"delete": {"operationId": "unloadLora", "parameters": name,
-                                        "responses": responses(LoraUnloaded, 404, 409, 503, *v1)}},
+                                        "responses": responses(LoraUnloaded, LoraNotFoundError, LoraConflictError,
+                                                               StageUnavailableError, *v1)}},
     }

@@ -10,6 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from stage_runtime.errors import (DiffStageError, EngineDeadError, InvalidRequestError, QueueFullError,
+                                  RequestAbortedError, RequestFailedError, RequestTooLargeError, StageUnavailableError,
+                                  UnauthorizedError)
 from stage_runtime.serve.loras_route import LoraAdapter, LoraList, LoraLoadBody, LoraUnloaded, openapi_paths
 from stage_runtime.serve.schemas import AbortBody, ImageEditRequest, ImageGenerationRequest, StageStats
 
@@ -90,10 +93,13 @@ def _json(model: type[BaseModel]) -> dict[str, Any]:
     return {"application/json": {"schema": _ref(model)}}
 
 
-def _responses(ok: type[BaseModel] | None, *errors: int, ok_types: dict | None = None) -> dict[str, Any]:
+def _responses(ok: type[BaseModel] | None, *errors: type[DiffStageError] | int,
+               ok_types: dict | None = None) -> dict[str, Any]:
+    """200 and the status of each error the route answers (a class of the tree, or a plain HTTP status)."""
     out: dict[str, Any] = {"200": {"description": "OK", "content": ok_types or _json(ok)}}
-    for status in errors:
-        out[str(status)] = {"description": "error", "content": _json(ErrorResponse)}
+    for error in errors:
+        out[str(error if isinstance(error, int) else error.http_status)] = {"description": "error",
+                                                                            "content": _json(ErrorResponse)}
     return out
 
 
@@ -114,8 +120,9 @@ def openapi_document(api_keys: bool) -> dict[str, Any]:
     components["ImageEditForm"] = edit_form_schema()
     components.update(components["ImageEditForm"].pop("$defs", {}))
     images_out = {**_json(ImagesResponse), "text/event-stream": {"schema": {"type": "string"}}}
-    image_errors = (400, 409, 413, 429, 500, 503) + ((401,) if api_keys else ())
-    v1 = (401,) if api_keys else ()
+    v1 = (UnauthorizedError,) if api_keys else ()
+    image_errors = (InvalidRequestError, RequestAbortedError, RequestTooLargeError, QueueFullError, RequestFailedError,
+                    StageUnavailableError, *v1)
     paths = {
         "/v1/images/generations": {"post": {
             "operationId": "createImage", "requestBody": {"required": True, "content": _json(ImageGenerationRequest)},
@@ -125,17 +132,18 @@ def openapi_document(api_keys: bool) -> dict[str, Any]:
                 "multipart/form-data": {"schema": {"$ref": REF.format(model="ImageEditForm")}}}},
             "responses": _responses(None, *image_errors, ok_types=images_out)}},
         "/v1/abort": {"post": {"operationId": "abort", "requestBody": {"required": True, "content": _json(AbortBody)},
-                               "responses": _responses(AbortResult, 400, 413, *v1)}},
+                               "responses": _responses(AbortResult, InvalidRequestError, RequestTooLargeError, *v1)}},
         "/v1/stats": {"get": {"operationId": "stats", "responses": _responses(StageStats, *v1)}},
         "/v1/requests": {"get": {"operationId": "listRequests", "responses": _responses(RequestsList, *v1)}},
-        "/v1/models": {"get": {"operationId": "listModels", "responses": _responses(ModelList, 503, *v1)}},
+        "/v1/models": {"get": {"operationId": "listModels",
+                               "responses": _responses(ModelList, StageUnavailableError, *v1)}},
         "/v1/models/{model_id}": {"get": {
             "operationId": "retrieveModel",
             "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
-            "responses": _responses(ModelCard, 404, 503, *v1)}},
+            "responses": _responses(ModelCard, 404, StageUnavailableError, *v1)}},
         **openapi_paths(_responses, _json, v1),
-        "/health": {"get": {"operationId": "health", "responses": _responses(HealthStatus, 503)}},
-        "/ready": {"get": {"operationId": "ready", "responses": _responses(HealthStatus, 503)}},
+        "/health": {"get": {"operationId": "health", "responses": _responses(HealthStatus, EngineDeadError)}},
+        "/ready": {"get": {"operationId": "ready", "responses": _responses(HealthStatus, StageUnavailableError)}},
         "/metrics": {"get": {"operationId": "metrics", "responses": {"200": {
             "description": "Prometheus text", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
     }

@@ -2,7 +2,7 @@
 
     bind HTTP + ZMQ (state "starting": /health 200, /ready 503 "loading" with the phase)
       → hold the model if it lives in the node cache (stage_runtime.fetch.cache: never evicted while we run)
-      → build the engine in a thread: loading_weights (device check, model load), then warmup
+      → build the engine in a thread: loading_weights (each rank: device check, model load), then warmup
                                                                              failure → exit 2 / 3 / 1
         not ready within --startup-timeout: "StartupTimeout: …" naming the phase, exit 1 at once
       → ready (/ready 200) … until SIGTERM / SIGINT / a ZMQ shutdown, or the engine dies
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from stage_runtime.config import StageConfig
-from stage_runtime.errors import ConfigError, StartupTimeoutError
+from stage_runtime.errors import StartupTimeoutError
 from stage_runtime.fetch.cache import hold, release
 from stage_runtime.fetch.archive import folder_bytes
 from stage_runtime.serve.app import build_app
@@ -51,28 +51,15 @@ DEAD_EXIT_DEADLINE_S = 1.8   # …and exit 3 no later than this after noticing, 
 HTTP_SHUTDOWN_S = 2.0
 
 
-def check_visible_devices(config: StageConfig) -> None:
-    """One device per rank: more ranks than visible CUDA devices is a topology error (exit 2)."""
-    if config.device == "cpu":
-        return
-    import torch
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    world = config.parallel.world_size
-    if (config.device == "cuda" and world > count) or (config.device == "auto" and 0 < count < world):
-        raise ConfigError(f"device={config.device!r}: {config.parallel.describe()} needs {world} CUDA device(s), "
-                          f"one per rank, but {count} are visible")
-
-
 def build_engine(config: StageConfig, progress: StartupProgress | None = None) -> DiffusionEngine:
-    """Load (device check, pipeline, ranks), then warm up; `progress` hears each phase."""
+    """Load (the ranks: each checks its device, then loads the pipeline), then warm up; `progress` hears each
+    phase."""
     progress = progress or StartupProgress()
     progress.enter(LOADING_WEIGHTS, config.model.path)
     try:
         progress.model_bytes = folder_bytes(Path(config.model.path))
     except OSError:
         progress.model_bytes = None           # the loader says what is wrong with the folder
-    check_visible_devices(config)
     from stage_runtime.engine import DiffusionEngine
 
     engine = DiffusionEngine.make_engine(config.model_copy(update={"warmup": False}))

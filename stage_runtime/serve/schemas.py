@@ -14,13 +14,12 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from stage_runtime.errors import InvalidRequestError
-from stage_runtime.request import (LORA_NAME_PATTERN, MAX_LORAS_PER_REQUEST, MAX_PROMPT_CHARS, CachePolicyField,
-                                   DiffusionRequest, EditInput, LoraRef, SamplingParams)
+from stage_runtime.request import (MAX_LORAS_PER_REQUEST, MAX_PROMPT_CHARS, MAX_SIDE, CachePolicyField,
+                                   DiffusionRequest, EditInput, Guidance, LoraRef, NegativePrompt, NumImages,
+                                   PartialImages, PreviewEvery, Priority, SamplingParams, Seed, Steps, TimeoutS)
 
 _EDGE = ConfigDict(extra="forbid", strict=True, frozen=True)
 _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
-MAX_SIDE = 4096
-MAX_IMAGES = 16
 
 
 def parse_body(model: type[BaseModel], data: Any) -> Any:
@@ -36,20 +35,12 @@ def parse_body(model: type[BaseModel], data: Any) -> Any:
         raise InvalidRequestError(field, value, err["msg"].removeprefix("Value error, ")) from None
 
 
-class LoraChoice(BaseModel):
-    """One entry of a request's ``loras``: a loaded adapter's name and its scale (``GET /v1/loras`` lists names)."""
-
-    model_config = _EDGE
-    name: str = Field(pattern=LORA_NAME_PATTERN)
-    scale: float = Field(1.0, ge=-16.0, le=16.0, allow_inf_nan=False)
-
-
 class ImageOptions(BaseModel):
     """What generations and edits share: OpenAI's fields (meaning in docs/http-api.md) plus our knobs."""
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     model: str | None = None                      # OpenAI clients send it; checked against the served name
-    n: int = Field(1, ge=1, le=MAX_IMAGES)
+    n: NumImages = 1
     response_format: Literal["b64_json"] = "b64_json"
     output_format: Literal["png", "jpeg", "webp"] = "png"
     output_compression: int | None = Field(None, ge=0, le=100)    # jpeg/webp quality
@@ -59,19 +50,19 @@ class ImageOptions(BaseModel):
     moderation: Literal["auto", "low"] | None = None   # accepted; this stage runs no moderation
     user: str | None = Field(None, max_length=256)     # accepted and ignored
     safety_identifier: str | None = Field(None, max_length=256)   # accepted and ignored
-    seed: int | None = Field(None, ge=0, lt=2**63)
-    num_inference_steps: int | None = Field(None, ge=1, le=1000)
-    guidance_scale: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
-    negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    seed: Seed | None = None
+    num_inference_steps: Steps | None = None
+    guidance_scale: Guidance | None = None
+    negative_prompt: NegativePrompt | None = None
     request_id: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")
     stream: bool = False
-    partial_images: int | None = Field(None, ge=0, le=3)    # previews while streaming (step mode)
+    partial_images: PartialImages | None = None   # previews while streaming (step mode)
     stream_format: Literal["openai", "diffstage"] = "openai"  # the SSE event names (docs/http-api.md)
-    preview_every: int | None = Field(None, ge=1, le=1000)   # stream a decoded preview every k steps
-    priority: int = Field(0, ge=-1000, le=1000)             # higher first (--scheduling-policy priority)
-    timeout_s: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False)   # 504 deadline_exceeded after
+    preview_every: PreviewEvery | None = None     # stream a decoded preview every k steps
+    priority: Priority = 0                        # higher first (--scheduling-policy priority)
+    timeout_s: TimeoutS | None = None             # 504 deadline_exceeded after
     cache: CachePolicyField = None                # "off" | {"threshold": x}; None: the stage's cache.mode
-    loras: list[LoraChoice] = Field(default_factory=list, max_length=MAX_LORAS_PER_REQUEST)   # applied in order
+    loras: list[LoraRef] = Field(default_factory=list, max_length=MAX_LORAS_PER_REQUEST)   # applied in order
 
     @field_validator("size", check_fields=False)
     @classmethod
@@ -123,7 +114,7 @@ class ImageOptions(BaseModel):
             guidance_scale=self.guidance_scale, negative_prompt=self.negative_prompt, seed=self.seed,
             num_outputs=self.n, stream=self.stream, preview_every=self.preview_every,
             partial_images=self.partial_images or 0, priority=self.priority, timeout_s=self.timeout_s,
-            cache=self.cache, loras=tuple(LoraRef(name=c.name, scale=c.scale) for c in self.loras))
+            cache=self.cache, loras=tuple(self.loras))
 
     def new_request_id(self) -> str:
         return self.request_id or f"img-{uuid.uuid4().hex}"

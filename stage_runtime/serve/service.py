@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from stage_runtime.config import StageConfig
 from stage_runtime.control import check_control_rpc
-from stage_runtime.errors import (DeadlineExceededError, DuplicateRequestError, EngineClosedError, EngineDeadError,
-                                  InvalidRequestError, QueueFullError, RequestAbortedError, RpcError,
-                                  StageUnavailableError)
+from stage_runtime.errors import (DiffStageError, EngineClosedError, EngineDeadError, RpcError, StageUnavailableError,
+                                  outcome_of)
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.serve.metrics import StageMetrics
 from stage_runtime.serve.startup import StartupProgress
@@ -31,12 +30,6 @@ log = logging.getLogger(__name__)
 OFFLOAD_STATS_PERIOD_S = 2.0
 OFFLOAD_STATS_TIMEOUT_S = 60.0
 
-_OUTCOME = {None: "completed", RequestAbortedError.error_type: "aborted", EngineDeadError.error_type: "dead",
-            EngineClosedError.error_type: "unavailable", DeadlineExceededError.error_type: "deadline_exceeded"}
-_ADMISSION_OUTCOME = ((QueueFullError, "rejected"), (InvalidRequestError, "invalid"),
-                      (DuplicateRequestError, "invalid"), (EngineDeadError, "dead"),
-                      (StageUnavailableError, "unavailable"), (EngineClosedError, "unavailable"))
-_ADMISSION_ERRORS = tuple(cls for cls, _ in _ADMISSION_OUTCOME)
 
 
 class StageService:
@@ -106,8 +99,9 @@ class StageService:
             if state != "ready":
                 raise StageUnavailableError(f"the stage is {state}; not admitting requests")
             stream = self.engine.add_request(request)
-        except _ADMISSION_ERRORS as exc:
-            self.metrics.count(next(outcome for cls, outcome in _ADMISSION_OUTCOME if isinstance(exc, cls)))
+        except DiffStageError as exc:          # refused at admission: counted as its class's outcome
+            if exc.outcome is not None:
+                self.metrics.count(exc.outcome)
             raise
         self._active[request.request_id] = stream
         self._idle.clear()
@@ -138,7 +132,7 @@ class StageService:
                 log.info("request %s abandoned by its client: aborted", rid)
 
     def _finish(self, out: DiffusionOutput) -> DiffusionOutput:
-        outcome = _OUTCOME.get(out.error_type, "failed")
+        outcome = outcome_of(out.error_type)
         if outcome == "aborted" and self._drain_note is not None:
             out.error = f"Request {out.request_id} {self._drain_note}"
         images = 0 if out.images is None else len(out.images)

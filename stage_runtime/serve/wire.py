@@ -1,4 +1,4 @@
-"""What both frontends speak: msgpack message shapes (ZMQ) and the status code of each error type.
+"""What both frontends speak: msgpack message shapes (ZMQ) and an error's type and status on the wire.
 
 Client → stage (DEALER → ROUTER), one msgpack map per message, keyed by ``type``:
     add_request     {request_id, prompt, sampling_params: {SamplingParams fields}}
@@ -25,35 +25,20 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from stage_runtime.errors import (ConfigError, DeadlineExceededError, DiffStageError, DuplicateRequestError,
-                                  EngineClosedError, LoraConflictError, LoraNotFoundError,
-                                  EngineDeadError, InvalidRequestError, QueueFullError, RequestAbortedError,
-                                  RequestFailedError, RequestTooLargeError, RpcError, StageUnavailableError,
-                                  UnauthorizedError)
+from stage_runtime import errors
+from stage_runtime.errors import DiffStageError, InvalidRequestError, RequestFailedError
 from stage_runtime.outputs import DiffusionOutput
-
-# error_type → HTTP status (the ZMQ ``error`` message carries it too).
-STATUS_BY_TYPE = {
-    InvalidRequestError.error_type: 400, RequestTooLargeError.error_type: 413, UnauthorizedError.error_type: 401,
-    DuplicateRequestError.error_type: 409, QueueFullError.error_type: 429, RequestAbortedError.error_type: 409,
-    RequestFailedError.error_type: 500, DeadlineExceededError.error_type: 504,
-    LoraConflictError.error_type: 409, LoraNotFoundError.error_type: 404, RpcError.error_type: 500,
-    EngineClosedError.error_type: 503, EngineDeadError.error_type: 503, StageUnavailableError.error_type: 503,
-}
-ERROR_CLASSES: dict[str, type[DiffStageError]] = {
-    cls.error_type: cls for cls in (DuplicateRequestError, QueueFullError, RequestAbortedError, RequestFailedError,
-                                    DeadlineExceededError, LoraConflictError, LoraNotFoundError,
-                                    RpcError, EngineClosedError, EngineDeadError, StageUnavailableError)}
 
 
 def error_type_of(exc: BaseException) -> str:
-    if isinstance(exc, ConfigError):
-        return InvalidRequestError.error_type
-    return getattr(exc, "error_type", "internal_error")
+    """The wire type of an exception: its class's ``error_type`` (errors.py), ``internal_error`` for any other."""
+    return getattr(exc, "error_type", None) or "internal_error"
 
 
 def status_of(error_type: str) -> int:
-    return STATUS_BY_TYPE.get(error_type, 500)
+    """The HTTP status of a wire type (the ZMQ ``error`` message carries it too): its class's, else 500."""
+    cls = errors.by_type(error_type)
+    return cls.http_status if cls is not None and cls.http_status is not None else 500
 
 
 # -- msgpack ----------------------------------------------------------------------------------------------
@@ -137,4 +122,4 @@ def exception_from_message(msg: dict[str, Any]) -> DiffStageError:
     """Client side: the error tree's exception for an ``error`` message."""
     if msg.get("error_type") == InvalidRequestError.error_type and "param" in msg:
         return InvalidRequestError(msg["param"], msg.get("value"), msg.get("reason") or msg["error"])
-    return ERROR_CLASSES.get(msg.get("error_type", ""), RequestFailedError)(msg["error"])
+    return errors.from_wire(msg.get("error_type"), msg["error"])

@@ -26,7 +26,7 @@ import time
 import torch
 
 from stage_runtime.config import StageConfig
-from stage_runtime.errors import ConfigError, InvalidRequestError, WorkerFatalError
+from stage_runtime.errors import InvalidRequestError, WorkerFatalError
 from stage_runtime.models import block_cache, prompt_cache
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.model_info import ModelInfo
@@ -167,10 +167,8 @@ class DiffusionModelRunner:
 
     # -- step mode -------------------------------------------------------------------------------------
     def _execute_step(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
-        """One tick: drop finished states, prepare new requests, ONE denoiser forward for all, step each."""
-        if not self.model_info.supports_step_execution:
-            raise ConfigError(f"{self.model_info.pipeline_class} does not support step execution "
-                              f"(adapter {self.model_info.adapter}); use execution_mode=request")
+        """One tick: drop finished states, prepare new requests, ONE denoiser forward for all, step each (the engine
+        checked at startup that the family has the step contract: engine/admission.py ``check_execution_mode``)."""
         try:
             return self._tick_all(sched_out)
         finally:

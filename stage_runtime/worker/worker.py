@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from stage_runtime.config import StageConfig
+from stage_runtime.config import ParallelConfig, StageConfig
 from stage_runtime.control import check_control_rpc
 from stage_runtime.distributed.apply import apply_parallelism
 from stage_runtime.distributed.groups import ParallelGroups, destroy_distributed, init_distributed, single_rank_groups
@@ -22,16 +22,17 @@ from stage_runtime.worker.model_runner import DiffusionModelRunner
 log = logging.getLogger(__name__)
 
 
-def pick_device(requested: str, local_rank: int, world_size: int = 1) -> torch.device:
-    """``auto`` → CUDA when visible, else CPU; one device per rank (local_rank modulo the device count)."""
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+def pick_device(requested: str, local_rank: int, parallel: ParallelConfig) -> torch.device:
+    """``auto`` → CUDA when visible, else CPU; one device per rank (local_rank modulo the device count). More ranks
+    than visible CUDA devices (``cuda``, or ``auto`` with some but too few) is a topology error: exit 2. The one
+    device check: each rank makes it before it loads anything."""
+    count = torch.cuda.device_count() if requested != "cpu" and torch.cuda.is_available() else 0
+    if requested == "cpu" or (requested == "auto" and count == 0):
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ConfigError("device='cuda' but no CUDA device is visible")
-    count = torch.cuda.device_count()
-    if world_size > count:
-        raise ConfigError(f"the topology needs world_size={world_size} ranks (one GPU each) "
-                          f"but only {count} CUDA device(s) are visible")
+    world = parallel.world_size
+    if world > count:
+        raise ConfigError(f"device={requested!r}: {parallel.describe()} needs {world} CUDA device(s), "
+                          f"one per rank, but {count} are visible")
     return torch.device("cuda", local_rank % count)
 
 
@@ -50,7 +51,7 @@ class DiffusionWorker:
     def init_device(self) -> None:
         """Pick this rank's device; join the process groups when the world has more than one rank."""
         parallel = self.config.parallel
-        self.device = pick_device(self.config.device, self.local_rank, parallel.world_size)
+        self.device = pick_device(self.config.device, self.local_rank, parallel)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         if parallel.world_size > 1:

@@ -6,6 +6,12 @@ worker, watched the way the multiprocess executor watches its workers: when the 
 SIGKILLs the pid that ``/v1/stats`` reports for the rank) the executor latches dead with the reason the
 multiprocess executor gives, ``worker rank 0 (pid N) killed by signal 9 (SIGKILL)``. It reports that pid
 through ``workers()``, as the multiprocess executor does.
+
+``OutputReadyFirst`` and ``ComputeDoneFirst`` are the multiprocess executor with ranks (``worker_proc_class``) that
+hold back one half of a request-mode answer, so the engine sees OUTPUT_READY before COMPUTE_DONE, or the other
+way round with time to abort in between; both send every image over 1 KB through shared memory (the real
+threshold is 1 MiB; a tiny model's 64×64 image is 12 KB). The ranks import these classes by name: this module
+is on the path of the fork server and of every spawned rank (pyproject's ``pythonpath``).
 """
 
 from __future__ import annotations
@@ -15,7 +21,10 @@ import subprocess
 import sys
 import threading
 
+from stage_runtime.executor.messages import ComputeDone
+from stage_runtime.executor.multiproc import MultiprocExecutor
 from stage_runtime.executor.uniproc import UniProcExecutor
+from stage_runtime.executor.worker_proc import WorkerProc
 
 
 class SentinelWorkerExecutor(UniProcExecutor):
@@ -57,3 +66,34 @@ class SlowWarmupExecutor(UniProcExecutor):
 
             time.sleep(self.WARMUP_S)
         return super().execute_model(sched_out)
+
+
+class LateComputeDoneProc(WorkerProc):
+    """A rank whose COMPUTE_DONE leaves 0.3 s after its images went to the output thread."""
+
+    shm_threshold = 1024
+    COMPUTE_DONE_DELAY_S = 0.3
+
+    def _send(self, msg) -> None:
+        if isinstance(msg, ComputeDone):
+            threading.Event().wait(self.COMPUTE_DONE_DELAY_S)
+        super()._send(msg)
+
+
+class LateOutputReadyProc(WorkerProc):
+    """A rank whose output thread packs and sends a batch's images 0.5 s after it got them."""
+
+    shm_threshold = 1024
+    OUTPUT_READY_DELAY_S = 0.5
+
+    def _send_outputs(self, images) -> None:
+        threading.Event().wait(self.OUTPUT_READY_DELAY_S)
+        super()._send_outputs(images)
+
+
+class OutputReadyFirst(MultiprocExecutor):
+    worker_proc_class = LateComputeDoneProc
+
+
+class ComputeDoneFirst(MultiprocExecutor):
+    worker_proc_class = LateOutputReadyProc

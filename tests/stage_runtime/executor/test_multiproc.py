@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from engine_probes import max_diff, wait_until
+from executors_for_tests import ComputeDoneFirst, OutputReadyFirst
 from mp_probes import assert_released, mp_engine, req, segments
 from stage_process import proc_stat
 from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
 from stage_runtime.errors import RequestAbortedError, RpcError
 from stage_runtime.executor.messages import RpcMessage
-from stage_runtime.executor.multiproc import MultiprocExecutor
 from stage_runtime.executor.procs import start_fork_server
 
 
@@ -136,15 +136,8 @@ def test_100_aborted_requests_leave_nothing_behind(engine):
 
 
 # -- COMPUTE_DONE / OUTPUT_READY in both orders ----------------------------------------------------------------
-# Both also move every image over 1 KB through shared memory (the real threshold is 1 MiB; a tiny
-# model's 64×64 image is 12 KB), so these tests exercise the segments' whole life as well.
-class OutputReadyFirst(MultiprocExecutor):
-    worker_options = {"compute_done_delay_s": 0.3, "shm_threshold": 1024}
-
-
-class ComputeDoneFirst(MultiprocExecutor):
-    worker_options = {"output_ready_delay_s": 0.5, "shm_threshold": 1024}
-
+# Both also move every image over 1 KB through shared memory (executors_for_tests: their ranks' shm_threshold),
+# so these tests exercise the segments' whole life as well.
 
 @pytest.mark.parametrize("executor_class", [OutputReadyFirst, ComputeDoneFirst])
 def test_async_output_in_either_order_delivers_exactly_one_result(tiny_sd_path, uni_engine, executor_class):
