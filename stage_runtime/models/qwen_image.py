@@ -44,7 +44,8 @@ class QwenImageAdapter(StepContract, PipelineAdapter):
     default_steps = 50
     default_guidance = 4.0
     guidance = "true_cfg"
-    parallel_kinds = frozenset({"cfg", "ulysses"})
+    parallel_kinds = frozenset({"cfg", "ulysses", "ring"})
+    sequence_attention = "qwen"
     block_lists = ("transformer_blocks",)                          # the dual-stream MMDiT blocks
 
     @property
@@ -68,11 +69,6 @@ class QwenImageAdapter(StepContract, PipelineAdapter):
 
     def max_sequence_length(self) -> int:
         return MAX_SEQUENCE_LENGTH
-
-    def enable_ulysses(self, group, degree: int) -> None:
-        from stage_runtime.distributed.ulysses_qwen import enable_qwen_ulysses
-
-        enable_qwen_ulysses(self.denoiser, group, degree)
 
     # -- request mode: the step loop, to the end, for the whole wave -------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
