@@ -9,6 +9,8 @@ Per transformer (each ``Transformer2DModel`` inside a UNet, or a ``DiTTransforme
 
 A transformer whose sequence length S is not divisible by P (or that gets an attention mask) runs
 unsharded for that call: every rank sees the same shapes, so the decision is the same on all ranks.
+The hooks, the shard state and validate-then-install are distributed/sequence_shard.py's; this module
+brings the processor and the split rule (``split_tokens``).
 
 Self-attention (``attn.is_cross_attention`` False) sees the whole sequence by trading tokens for
 heads. With P = 2 ranks, H heads, tokens t0 (rank 0's chunk) and t1 (rank 1's)::

@@ -17,6 +17,8 @@ Keys arrive grouped by rank rather than in global order; attention without a mas
 order, so each query sees exactly the keys (and rotary positions) it sees unsharded. FLUX's single-stream
 blocks concatenate [text ‖ image] themselves; the local shards concatenate the same way. A stream shorter
 than P tokens runs unsharded (the same decision on every rank). The head count must be divisible by P.
+The hooks, the shard state and validate-then-install are distributed/sequence_shard.py's; this module brings
+the processor and the split rule (``split_streams``, which Qwen-Image's rule extends).
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ def joint_projections(attn, hidden_states: torch.Tensor, encoder_hidden_states: 
 class JointUlyssesProcessor:
     """The attention of one SD3 ``Attention`` / FLUX ``FluxAttention``; unsharded calls go to the original."""
 
-    def __init__(self, original, family: str, state: ShardState, mesh: SequenceMesh):
-        self.original, self.family, self.state, self.mesh = original, family, state, mesh
+    def __init__(self, mesh: SequenceMesh, state: ShardState, original, family: str):
+        self.mesh, self.state, self.original, self.family = mesh, state, original, family
         self.rank = mesh.sp_rank
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
@@ -177,4 +179,4 @@ def _plan(transformer: torch.nn.Module, degree: int) -> Sharded:
         raise ConfigError(f"Ulysses: {name} mixes attention kinds {sorted(kinds)}")
     family = kinds.pop()
     return Sharded(name, blocks, transformer.proj_out, [attn for _, attn in attentions],
-                   lambda mesh, state, attn: JointUlyssesProcessor(attn.processor, family, state, mesh), _split)
+                   lambda mesh, state, attn: JointUlyssesProcessor(mesh, state, attn.processor, family), _split)
