@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from stage_runtime.config import ParallelConfig
 from stage_runtime.distributed.groups import ParallelGroups
-from stage_runtime.distributed.ulysses import check_ulysses_heads
+from stage_runtime.distributed.sequence_shard import check_ulysses_heads
 from stage_runtime.distributed.usp import SequenceMesh
 from stage_runtime.errors import ConfigError
 

@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from stage_runtime.errors import WorkerFatalError
 
@@ -76,6 +77,16 @@ def all_gather_cat(tensor: torch.Tensor, group, dim: int = 0) -> torch.Tensor:
     count_bytes("all_gather", tensor, len(parts) - 1)
     guarded("all_gather", group, lambda: dist.all_gather(parts, tensor, group=group))
     return torch.cat(parts, dim=dim)
+
+
+def all_gather_tokens(tensor: torch.Tensor, counts: list[int], group) -> torch.Tensor:
+    """Concatenate every rank's (B, counts[rank], ...) ``tensor`` along dim 1, in group-rank order (uneven
+    counts: each is padded to the longest for the exchange, then cut back)."""
+    padded = F.pad(tensor, [0, 0] * (tensor.ndim - 2) + [0, max(counts) - tensor.shape[1]]).contiguous()
+    parts = [torch.empty_like(padded) for _ in counts]
+    count_bytes("all_gather", padded, len(parts) - 1)
+    guarded("all_gather", group, lambda: dist.all_gather(parts, padded, group=group))
+    return torch.cat([p[:, :n] for p, n in zip(parts, counts, strict=True)], dim=1)
 
 
 def all_to_all_dim0(tensor: torch.Tensor, group) -> torch.Tensor:

@@ -40,11 +40,12 @@ def _finish_exchange(requests: list, group) -> None:
 
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group,
-                   counts: list[int]) -> torch.Tensor:
+                   counts: list[int], key_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax attention of local ``query`` (B, H, S_q, D) over the keys of every rank of ``group``.
 
-    ``key``/``value`` (B, H, counts[rank], D) are this rank's block; ``counts[j]`` is rank j's. No mask,
-    default scale 1/sqrt(D). Returns (B, H, S_q, D) in ``query``'s dtype.
+    ``key``/``value`` (B, H, counts[rank], D) are this rank's block; ``counts[j]`` is rank j's. ``key_mask``
+    (B, sum(counts)) bool, the same on every rank: which keys of all the blocks, in rank order, may be
+    attended to (None: all). Default scale 1/sqrt(D). Returns (B, H, S_q, D) in ``query``'s dtype.
     """
     size, rank = group_size(group), group_rank(group)
     if len(counts) != size or counts[rank] != key.shape[2]:
@@ -55,13 +56,16 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     lse = torch.full(shape, float("-inf"), dtype=torch.float32, device=query.device)
     acc = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
     block = torch.stack([key, value]).contiguous()                   # (2, B, H, S_k, D): one message
+    starts = [sum(counts[:j]) for j in range(size)]
     for step in range(size):
         pending, incoming = [], None
         if step < size - 1:
             source = (rank - step - 1) % size                         # whose block arrives next
             incoming = block.new_empty((2, *key.shape[:2], counts[source], key.shape[-1]))
             pending = _start_exchange(block, incoming, group, send_to, recv_from)
-        out, block_lse = block_attention(query, block[0], block[1])
+        owner = (rank - step) % size                                  # whose block this is
+        mask = None if key_mask is None else key_mask[:, starts[owner]:starts[owner] + counts[owner]]
+        out, block_lse = block_attention(query, block[0], block[1], mask)
         new_lse = torch.logaddexp(lse, block_lse)
         acc = acc * torch.exp(lse - new_lse) + out * torch.exp(block_lse - new_lse)
         lse = new_lse
@@ -71,14 +75,19 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     return acc.to(query.dtype)
 
 
-def block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of ``query`` over one key block: (output, log-sum-exp of the scores (B, H, S_q, 1)),
-    both float32. CPU: torch's fused flash kernel, which returns the log-sum-exp; elsewhere the scores
-    are formed explicitly in float32."""
-    if query.device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+    both float32. CPU without a mask: torch's fused flash kernel, which returns the log-sum-exp; elsewhere
+    the scores are formed explicitly in float32. Keys where ``key_mask`` (B, S_k) is False score the lowest
+    float32 (not -inf: a block masked whole then weighs nothing in the merge instead of making NaN)."""
+    if key_mask is None and query.device.type == "cpu" and \
+            hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value)[:2]
         return out.float(), lse.float().unsqueeze(-1)
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * query.shape[-1] ** -0.5
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask[:, None, None, :], torch.finfo(torch.float32).min)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
     return torch.matmul(torch.exp(scores - lse), value.float()), lse
 

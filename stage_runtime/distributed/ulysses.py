@@ -9,6 +9,8 @@ Per transformer (each ``Transformer2DModel`` inside a UNet, or a ``DiTTransforme
 
 A transformer whose sequence length S is not divisible by P (or that gets an attention mask) runs
 unsharded for that call: every rank sees the same shapes, so the decision is the same on all ranks.
+The hooks, the shard state and validate-then-install are distributed/sequence_shard.py's; this module
+brings the processor and the split rule (``split_tokens``).
 
 Self-attention (``attn.is_cross_attention`` False) sees the whole sequence by trading tokens for
 heads. With P = 2 ranks, H heads, tokens t0 (rank 0's chunk) and t1 (rank 1's)::
@@ -30,33 +32,19 @@ import torch.nn.functional as F
 from diffusers.models.attention import BasicTransformerBlock
 from diffusers.models.attention_processor import Attention
 
-from stage_runtime.distributed.comm import all_gather_cat
+from stage_runtime.distributed import sequence_shard
+from stage_runtime.distributed.sequence_shard import Shard, ShardState, Sharded, check_ulysses_heads
 from stage_runtime.distributed.usp import SequenceMesh
 from stage_runtime.errors import ConfigError
 
-_MARK = "_diffstage_ulysses"
 _TRANSFORMERS = ("Transformer2DModel", "DiTTransformer2DModel")
-
-
-def check_ulysses_heads(num_heads: int, degree: int) -> None:
-    """ConfigError unless the Ulysses degree divides the attention head count."""
-    if degree < 1 or num_heads % degree:
-        raise ConfigError(f"ulysses_degree={degree} does not divide the model's attention heads "
-                          f"(num_attention_heads={num_heads}): Ulysses splits heads across ranks")
-
-
-class _ShardState:
-    """Whether the current call of one transformer runs with its token sequence sharded."""
-
-    def __init__(self) -> None:
-        self.active = False
 
 
 class UlyssesAttnProcessor:
     """Self-attention over the full sequence from a token shard (see the module docstring); with a ring
     in the mesh, Ulysses × ring (distributed.usp)."""
 
-    def __init__(self, mesh: SequenceMesh, state: _ShardState):
+    def __init__(self, mesh: SequenceMesh, state: ShardState):
         self.mesh, self.state = mesh, state
 
     def __call__(self, attn: Attention, hidden_states: torch.Tensor,
@@ -64,8 +52,8 @@ class UlyssesAttnProcessor:
                  temb: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         if hidden_states.ndim != 3:
             raise RuntimeError(f"Ulysses attention expects (batch, tokens, channels), got {tuple(hidden_states.shape)}")
-        shard = self.state.active and encoder_hidden_states is None
-        if shard and attention_mask is not None:
+        shard = self.state.shard if encoder_hidden_states is None else None
+        if shard is not None and attention_mask is not None:
             raise RuntimeError("Ulysses attention got an attention mask for a sharded sequence")
         batch, tokens, _ = hidden_states.shape
         context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
@@ -74,9 +62,9 @@ class UlyssesAttnProcessor:
             attention_mask = attention_mask.view(batch, attn.heads, -1, attention_mask.shape[-1])
         query, key, value = attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
         head_dim = key.shape[-1] // attn.heads
-        if shard:   # (B, S/P, H·D) ×3 → attention of my tokens over all S tokens (usp: Ulysses / ring)
+        if shard is not None:   # (B, S/P, H·D) ×3 → attention of my tokens over all S tokens (usp: Ulysses / ring)
             q, k, v = (t.view(batch, tokens, attn.heads, head_dim) for t in (query, key, value))
-            out = self.mesh.attention(q, k, v, [tokens] * self.mesh.sp_size).reshape(batch, tokens, -1)
+            out = self.mesh.attention(q, k, v, shard.image).reshape(batch, tokens, -1)
         else:
             query, key, value = (t.view(batch, -1, attn.heads, head_dim).transpose(1, 2) for t in (query, key, value))
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
@@ -115,37 +103,16 @@ def _check_block(block: torch.nn.Module, where: str, degree: int) -> list[Attent
     return selfs
 
 
-def _install(transformer: torch.nn.Module, name: str, mesh: SequenceMesh) -> None:
-    blocks = list(transformer.transformer_blocks)
-    state = _ShardState()
-    processors = [(attn, UlyssesAttnProcessor(mesh, state)) for i, block in enumerate(blocks)
-                  for attn in _check_block(block, f"{name}.transformer_blocks.{i}", mesh.ulysses_size)]
-    rank, group, degree = mesh.sp_rank, mesh.sp_group, mesh.sp_size
-
-    def shard(_module, args, kwargs):
-        for attn, processor in processors:   # e.g. set_attn_processor() after install: sharding would be wrong
-            if attn.processor is not processor:
-                raise RuntimeError(f"Ulysses: the attention processor of {name} was replaced by "
-                                   f"{type(attn.processor).__name__} after enable_ulysses(); sequence "
-                                   "sharding needs UlyssesAttnProcessor")
-        hidden = args[0] if args else kwargs["hidden_states"]
-        state.active = (hidden.ndim == 3 and hidden.shape[1] % degree == 0
-                        and kwargs.get("attention_mask") is None and (len(args) < 2 or args[1] is None))
-        if not state.active:
-            return None
-        local = hidden.chunk(degree, dim=1)[rank]
-        return ((local, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": local})
-
-    def gather(_module, _args, output):
-        if not state.active:
-            return None
-        state.active = False
-        return all_gather_cat(output, group, dim=1)
-
-    for attn, processor in processors:
-        attn.set_processor(processor)
-    blocks[0].register_forward_pre_hook(shard, with_kwargs=True)
-    blocks[-1].register_forward_hook(gather)
+def split_tokens(mesh: SequenceMesh, args: tuple, kwargs: dict) -> Shard | None:
+    """The split rule: hidden states (B, S, C) → my contiguous S/P tokens; None (unsharded) when S is not
+    divisible by P or the call has an attention mask or encoder hidden states given positionally."""
+    hidden, degree = (args[0] if args else kwargs["hidden_states"]), mesh.sp_size
+    if hidden.ndim != 3 or hidden.shape[1] % degree or kwargs.get("attention_mask") is not None \
+            or (len(args) > 1 and args[1] is not None):
+        return None
+    local = hidden.chunk(degree, dim=1)[mesh.sp_rank]
+    args, kwargs = ((local, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": local})
+    return Shard(args, kwargs, image=[local.shape[1]] * degree)
 
 
 def enable_ulysses(denoiser: torch.nn.Module, group, degree: int) -> None:
@@ -154,26 +121,24 @@ def enable_ulysses(denoiser: torch.nn.Module, group, degree: int) -> None:
     Raises ConfigError when the denoiser has no supported transformer, when a block uses a feature the
     processor does not implement, or when ``degree`` does not divide a self-attention's heads.
     """
-    if degree == 1:
-        return
-    enable_sequence_parallel(denoiser, degree, lambda: SequenceMesh.ulysses(group, degree))
+    if degree > 1:
+        enable_sequence_parallel(denoiser, degree, lambda: SequenceMesh.ulysses(group, degree))
 
 
 def enable_sequence_parallel(denoiser: torch.nn.Module, ulysses_degree: int, make_mesh) -> None:
     """Shard as :func:`enable_ulysses` does, over the mesh ``make_mesh()`` builds once everything is
     validated (Ulysses × ring; ``ulysses_degree`` is what the heads must be divisible by)."""
-    degree = ulysses_degree
-    if getattr(denoiser, _MARK, False):
-        raise ConfigError(f"Ulysses is already enabled on this {type(denoiser).__name__}")
+    sequence_shard.install(denoiser, make_mesh, lambda: _plan(denoiser, ulysses_degree))
+
+
+def _plan(denoiser: torch.nn.Module, degree: int) -> list[Sharded]:
     targets = [(name or type(denoiser).__name__, m) for name, m in denoiser.named_modules()
                if type(m).__name__ in _TRANSFORMERS and len(getattr(m, "transformer_blocks", ())) > 0]
     if not targets:
         raise ConfigError(f"Ulysses: {type(denoiser).__name__} has no Transformer2DModel/DiTTransformer2DModel "
                           "blocks to shard")
-    for name, _m in targets:   # validate everything before installing anything
-        for i, block in enumerate(_m.transformer_blocks):
-            _check_block(block, f"{name}.transformer_blocks.{i}", degree)
-    mesh = make_mesh()
-    for name, transformer in targets:
-        _install(transformer, name, mesh)
-    setattr(denoiser, _MARK, True)
+    return [Sharded(name, list(m.transformer_blocks), m.transformer_blocks[-1],
+                    [attn for i, block in enumerate(m.transformer_blocks)
+                     for attn in _check_block(block, f"{name}.transformer_blocks.{i}", degree)],
+                    lambda mesh, state, _attn: UlyssesAttnProcessor(mesh, state), split_tokens)
+            for name, m in targets]

@@ -17,6 +17,8 @@ Keys arrive grouped by rank rather than in global order; attention without a mas
 order, so each query sees exactly the keys (and rotary positions) it sees unsharded. FLUX's single-stream
 blocks concatenate [text ‖ image] themselves; the local shards concatenate the same way. A stream shorter
 than P tokens runs unsharded (the same decision on every rank). The head count must be divisible by P.
+The hooks, the shard state and validate-then-install are distributed/sequence_shard.py's; this module brings
+the processor and the split rule (``split_streams``, which Qwen-Image's rule extends).
 """
 
 from __future__ import annotations
@@ -24,15 +26,12 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
-from stage_runtime.distributed.comm import count_bytes, guarded
-from stage_runtime.distributed.ulysses import check_ulysses_heads
+from stage_runtime.distributed import sequence_shard
+from stage_runtime.distributed.sequence_shard import Shard, ShardState, Sharded, check_ulysses_heads
 from stage_runtime.distributed.usp import SequenceMesh
 from stage_runtime.errors import ConfigError
 
-_MARK = "_diffstage_ulysses_joint"
 _DEFAULT_PROCESSORS = {"JointAttnProcessor2_0": "sd3", "FluxAttnProcessor": "flux"}
 
 
@@ -47,50 +46,40 @@ def joint_attention_heads(denoiser: torch.nn.Module) -> int:
     return math.gcd(*heads) if heads else 1
 
 
-class _ShardState:
-    """One transformer call: whether it runs sharded, and every rank's token counts of each stream."""
+def joint_projections(attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None):
+    """(image q, k, v), (text q, k, v or None without encoder states): (B, S, H, D) each, q and k normed as
+    the model does."""
+    head_dim = attn.to_q.out_features // attn.heads
 
-    def __init__(self) -> None:
-        self.active = False
-        self.image: list[int] = []
-        self.text: list[int] = []
-        self.rotary: tuple[torch.Tensor, ...] | None = None     # FLUX: my rows of the rotary table
+    def project(x: torch.Tensor, projections, norm_q, norm_k) -> list[torch.Tensor]:
+        q, k, v = (p(x).unflatten(-1, (attn.heads, head_dim)) for p in projections)
+        return [q, k, v] if norm_q is None else [norm_q(q), norm_k(k), v]
 
-
-def ulysses_attention(query, key, value, counts: list[int], rank: int, group) -> torch.Tensor:
-    """SDPA over every rank's tokens from local (B, S_r, H, D) q/k/v (rank j holds ``counts[j]`` tokens)."""
-    return SequenceMesh(group, len(counts), rank, group, len(counts)).attention(query, key, value, counts)
+    image = project(hidden_states, (attn.to_q, attn.to_k, attn.to_v), attn.norm_q, attn.norm_k)
+    if encoder_hidden_states is None:
+        return image, None
+    return image, project(encoder_hidden_states, (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj),
+                          attn.norm_added_q, attn.norm_added_k)
 
 
 class JointUlyssesProcessor:
     """The attention of one SD3 ``Attention`` / FLUX ``FluxAttention``; unsharded calls go to the original."""
 
-    def __init__(self, original, family: str, state: _ShardState, mesh: SequenceMesh):
-        self.original, self.family, self.state, self.mesh = original, family, state, mesh
+    def __init__(self, mesh: SequenceMesh, state: ShardState, original, family: str):
+        self.mesh, self.state, self.original, self.family = mesh, state, original, family
         self.rank = mesh.sp_rank
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
                  *args, **kwargs):
-        if not self.state.active:
+        if self.state.shard is None:
             return self.original(attn, hidden_states, encoder_hidden_states, attention_mask,
                                  *(() if image_rotary_emb is None else (image_rotary_emb,)), *args, **kwargs)
         if attention_mask is not None:
             raise RuntimeError("joint Ulysses attention got an attention mask for a sharded sequence")
-        batch, head_dim = hidden_states.shape[0], attn.to_q.out_features // attn.heads
-
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(batch, -1, attn.heads, head_dim)                       # (B, S, H, D)
-
-        query, key, value = heads(attn.to_q(hidden_states)), heads(attn.to_k(hidden_states)), heads(attn.to_v(hidden_states))
-        if attn.norm_q is not None:
-            query, key = attn.norm_q(query), attn.norm_k(key)
-        joint = encoder_hidden_states is not None
+        (query, key, value), text = joint_projections(attn, hidden_states, encoder_hidden_states)
+        joint = text is not None
         if joint:
-            eq, ek, ev = (heads(p(encoder_hidden_states)) for p in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
-            if attn.norm_added_q is not None:
-                eq, ek = attn.norm_added_q(eq), attn.norm_added_k(ek)
-            first, second = ((eq, ek, ev), (query, key, value)) if self.family == "flux" else \
-                ((query, key, value), (eq, ek, ev))
+            first, second = (text, (query, key, value)) if self.family == "flux" else ((query, key, value), text)
             query, key, value = (torch.cat([a, b], dim=1) for a, b in zip(first, second, strict=True))
         if image_rotary_emb is not None:
             from diffusers.models.embeddings import apply_rotary_emb
@@ -116,7 +105,7 @@ class JointUlyssesProcessor:
     def _counts(self, joint: bool, local_tokens: int) -> list[int]:
         """Every rank's token count for this attention: image (+ text when joint). FLUX's single-stream
         blocks get [text ‖ image] as one stream; SD3's second attention (attn2) sees image tokens only."""
-        image, text = self.state.image, self.state.text
+        image, text = self.state.shard.image, self.state.shard.text
         counts = [i + t for i, t in zip(image, text, strict=True)] if joint or self.family == "flux" else list(image)
         if counts[self.rank] != local_tokens + (text[self.rank] if joint else 0):
             raise RuntimeError(f"joint Ulysses: {local_tokens} local tokens do not match the shard plan {counts}")
@@ -140,76 +129,54 @@ def _shard_rotary(rotary, text_len: int, text_counts: list[int], image_counts: l
     return tuple(torch.cat([f[t0:t0 + text_counts[rank]], f[i0:i0 + image_counts[rank]]]) for f in rotary)
 
 
+def split_streams(mesh: SequenceMesh, args: tuple, kwargs: dict) -> Shard | None:
+    """Split an MMDiT block's keyword call: each stream (image ``hidden_states``, text ``encoder_hidden_states``)
+    → my ``torch.tensor_split`` chunk; None (unsharded) when a stream has fewer tokens than ranks."""
+    if args:
+        raise RuntimeError("joint Ulysses expects the MMDiT block to be called with keyword arguments")
+    image, text, degree, rank = kwargs["hidden_states"], kwargs["encoder_hidden_states"], mesh.sp_size, mesh.sp_rank
+    if min(image.shape[1], text.shape[1]) < degree:
+        return None
+    local = {**kwargs, "hidden_states": torch.tensor_split(image, degree, dim=1)[rank],
+             "encoder_hidden_states": torch.tensor_split(text, degree, dim=1)[rank]}
+    return Shard(args, local, image=chunk_sizes(image.shape[1], degree), text=chunk_sizes(text.shape[1], degree))
+
+
+def _split(mesh: SequenceMesh, args: tuple, kwargs: dict) -> Shard | None:
+    """The split rule: both streams; FLUX: my rows of the rotary table, for this block and every later one."""
+    shard = split_streams(mesh, args, kwargs)
+    if shard is not None and kwargs.get("image_rotary_emb") is not None:
+        rotary = _shard_rotary(kwargs["image_rotary_emb"], sum(shard.text), shard.text, shard.image, mesh.sp_rank)
+        shard.kwargs["image_rotary_emb"] = shard.later["image_rotary_emb"] = rotary
+    return shard
+
+
 def enable_joint_ulysses(transformer: torch.nn.Module, group, degree: int) -> None:
     """Shard the joint sequence of an SD3Transformer2DModel / FluxTransformer2DModel across ``group``.
 
     ConfigError when the heads are not divisible by ``degree``, when an attention uses a processor this
     does not implement, or when the group has the wrong size. Validates everything before installing anything.
     """
-    if degree == 1:
-        return
-    enable_joint_sequence_parallel(transformer, degree, lambda: SequenceMesh.ulysses(group, degree))
+    if degree > 1:
+        enable_joint_sequence_parallel(transformer, degree, lambda: SequenceMesh.ulysses(group, degree))
 
 
 def enable_joint_sequence_parallel(transformer: torch.nn.Module, ulysses_degree: int, make_mesh) -> None:
     """Shard the joint sequence across the mesh ``make_mesh()`` builds once everything is validated
     (Ulysses × ring; ``ulysses_degree`` is what the heads must be divisible by)."""
-    degree = ulysses_degree
-    if getattr(transformer, _MARK, False):
-        raise ConfigError(f"joint Ulysses is already enabled on this {type(transformer).__name__}")
+    sequence_shard.install(transformer, make_mesh, lambda: [_plan(transformer, ulysses_degree)])
+
+
+def _plan(transformer: torch.nn.Module, degree: int) -> Sharded:
+    name = type(transformer).__name__
     blocks = [*getattr(transformer, "transformer_blocks", ()), *getattr(transformer, "single_transformer_blocks", ())]
-    attentions = [(f"{type(transformer).__name__}.{n}", m) for n, m in transformer.named_modules()
+    attentions = [(f"{name}.{n}", m) for n, m in transformer.named_modules()
                   if hasattr(m, "processor") and hasattr(m, "heads")]
     if not blocks or not attentions or not hasattr(transformer, "proj_out"):
-        raise ConfigError(f"Ulysses: {type(transformer).__name__} has no MMDiT blocks to shard")
-    kinds = {_check_attention(name, attn, degree) for name, attn in attentions}
+        raise ConfigError(f"Ulysses: {name} has no MMDiT blocks to shard")
+    kinds = {_check_attention(n, attn, degree) for n, attn in attentions}
     if len(kinds) != 1:
-        raise ConfigError(f"Ulysses: {type(transformer).__name__} mixes attention kinds {sorted(kinds)}")
-    mesh = make_mesh()
-    family, state, rank, group, degree = kinds.pop(), _ShardState(), mesh.sp_rank, mesh.sp_group, mesh.sp_size
-    processors = [(attn, JointUlyssesProcessor(attn.processor, family, state, mesh)) for _, attn in attentions]
-
-    def shard(_module, args, kwargs):
-        for attn, processor in processors:
-            if attn.processor is not processor:
-                raise RuntimeError(f"Ulysses: an attention processor of {type(transformer).__name__} was replaced by "
-                                   f"{type(attn.processor).__name__} after enable_ulysses(); sequence sharding needs "
-                                   "JointUlyssesProcessor")
-        if args:
-            raise RuntimeError("joint Ulysses expects the MMDiT block to be called with keyword arguments")
-        image, text = kwargs["hidden_states"], kwargs["encoder_hidden_states"]
-        state.active = min(image.shape[1], text.shape[1]) >= degree
-        if not state.active:
-            return None
-        state.image, state.text = chunk_sizes(image.shape[1], degree), chunk_sizes(text.shape[1], degree)
-        local = {**kwargs, "hidden_states": torch.tensor_split(image, degree, dim=1)[rank],
-                 "encoder_hidden_states": torch.tensor_split(text, degree, dim=1)[rank]}
-        state.rotary = None
-        if kwargs.get("image_rotary_emb") is not None:
-            state.rotary = _shard_rotary(kwargs["image_rotary_emb"], text.shape[1], state.text, state.image, rank)
-            local["image_rotary_emb"] = state.rotary
-        return args, local
-
-    def rotary(_module, args, kwargs):      # later blocks get the full table again: give them my rows
-        if not state.active or state.rotary is None or kwargs.get("image_rotary_emb") is None:
-            return None
-        return args, {**kwargs, "image_rotary_emb": state.rotary}
-
-    def gather(_module, _args, output):
-        if not state.active:
-            return None
-        state.active, state.rotary = False, None
-        width = max(state.image)
-        padded = F.pad(output, (0, 0, 0, width - output.shape[1])).contiguous()
-        parts = [torch.empty_like(padded) for _ in range(degree)]
-        count_bytes("all_gather", padded, degree - 1)
-        guarded("all_gather", group, lambda: dist.all_gather(parts, padded, group=group))
-        return torch.cat([p[:, :n] for p, n in zip(parts, state.image, strict=True)], dim=1)
-
-    for attn, processor in processors:
-        attn.set_processor(processor)
-    blocks[0].register_forward_pre_hook(shard, with_kwargs=True)
-    for block in blocks[1:]:
-        block.register_forward_pre_hook(rotary, with_kwargs=True)
-    transformer.proj_out.register_forward_hook(gather)
-    setattr(transformer, _MARK, True)
+        raise ConfigError(f"Ulysses: {name} mixes attention kinds {sorted(kinds)}")
+    family = kinds.pop()
+    return Sharded(name, blocks, transformer.proj_out, [attn for _, attn in attentions],
+                   lambda mesh, state, attn: JointUlyssesProcessor(mesh, state, attn.processor, family), _split)

@@ -11,8 +11,9 @@ the local q, k, v of chunk s (B, S_s, H, D)::
 
 Chunks may be uneven: ``counts[s]`` is sp rank s's token count, which every rank derives from the same
 shapes; the all_to_all carries per-rank counts and the ring receives blocks of the sender's length. So
-sequence lengths not divisible by SP are neither padded nor refused. Attention has no mask here, so the
-order in which keys arrive does not matter.
+sequence lengths not divisible by SP are neither padded nor refused. The order in which keys arrive does
+not matter; an optional key mask (Qwen-Image's padded text) is given over every rank's tokens in sp-rank
+order, the same on every rank, so each Ulysses group and ring block cuts its own keys' part of it.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ class SequenceMesh:
         return self.sp_rank // self.ulysses_size
 
     def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  counts: list[int]) -> torch.Tensor:
-        """Attention of my tokens over every sp rank's tokens: local (B, S_s, H, D) q/k/v → (B, S_s, H, D)."""
+                  counts: list[int], key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of my tokens over every sp rank's tokens: local (B, S_s, H, D) q/k/v → (B, S_s, H, D).
+        ``key_mask`` (B, sum(counts)) bool: which of the tokens of sp ranks 0, 1, … may be attended to."""
         if len(counts) != self.sp_size or counts[self.sp_rank] != query.shape[1]:
             raise RuntimeError(f"sequence parallel: {query.shape[1]} local tokens do not match the plan {counts}")
         u = self.ulysses_size
@@ -70,19 +72,21 @@ class SequenceMesh:
         ring_counts = [sum(counts[j * u:(j + 1) * u]) for j in range(self.ring_size)]
         if u == 1:
             q, k, v = (t.transpose(1, 2) for t in (query, key, value))           # (B, H, S_s, D)
-            return self._core(q, k, v, ring_counts).transpose(1, 2)
+            return self._core(q, k, v, ring_counts, key_mask).transpose(1, 2)
         batch, tokens, heads, head_dim = query.shape
         per = heads // u
         qkv = torch.stack([query, key, value]).view(3, batch, tokens, u, per, head_dim)
         rows = qkv.permute(3, 2, 0, 1, 4, 5).reshape(u * tokens, 3, batch, per, head_dim)  # head group j → rank j
         full = all_to_all_rows(rows, [tokens] * u, mine, self.ulysses_group)              # (S_r, 3, B, H/U, D)
         q, k, v = full.permute(1, 2, 3, 0, 4).unbind(0)                                   # (B, H/U, S_r, D)
-        out = self._core(q, k, v, ring_counts)                                            # (B, H/U, S_r, D)
+        out = self._core(q, k, v, ring_counts, key_mask)                                  # (B, H/U, S_r, D)
         back = all_to_all_rows(out.permute(2, 0, 1, 3), mine, [tokens] * u, self.ulysses_group)
         return back.view(u, tokens, batch, per, head_dim).permute(2, 1, 0, 3, 4).reshape(batch, tokens, heads,
                                                                                          head_dim)
 
-    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring_counts: list[int]) -> torch.Tensor:
-        if self.ring_size == 1:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=False)
-        return ring_attention(q, k, v, self.ring_group, ring_counts)
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring_counts: list[int],
+              key_mask: torch.Tensor | None) -> torch.Tensor:
+        if self.ring_size == 1:                 # one block: every key, in sp-rank order
+            mask = None if key_mask is None else key_mask[:, None, None, :]
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False)
+        return ring_attention(q, k, v, self.ring_group, ring_counts, key_mask)

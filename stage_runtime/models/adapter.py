@@ -146,6 +146,10 @@ class PipelineAdapter(Refusals, ABC):
 
     def num_attention_heads(self) -> int:
         """The head count every attention layer of the denoiser is divisible by (gcd over layers)."""
+        if self.sequence_attention == "joint":           # FLUX's FluxAttention is no diffusers Attention
+            from stage_runtime.distributed.ulysses_joint import joint_attention_heads
+
+            return joint_attention_heads(self.denoiser)
         heads = [m.heads for m in self.denoiser.modules() if isinstance(m, Attention)]
         return math.gcd(*heads) if heads else 1
 
@@ -160,17 +164,31 @@ class PipelineAdapter(Refusals, ABC):
 
         enable_cfg_parallel(self.denoiser, group)
 
+    # Which attention the sequence-parallel hooks below shard (Ulysses, ring, both), hence which installer:
+    # "self"  the self-attention of diffusers' BasicTransformerBlock stacks (UNet, DiT): distributed/ulysses.py
+    # "joint" an MMDiT's joint text+image attention (SD3, FLUX.1): distributed/ulysses_joint.py
+    # "qwen"  Qwen-Image's dual-stream joint attention with its text key mask: distributed/ulysses_qwen.py
+    sequence_attention: ClassVar[str] = "self"
+
     def enable_ulysses(self, group, degree: int) -> None:
         """Shard the denoiser's token sequence across ``group``; attention trades tokens for heads."""
-        from stage_runtime.distributed.ulysses import enable_ulysses
+        from stage_runtime.distributed.usp import SequenceMesh
 
-        enable_ulysses(self.denoiser, group, degree)
+        if degree > 1:
+            self.enable_sequence_parallel(degree, lambda: SequenceMesh.ulysses(group, degree))
 
     def enable_sequence_parallel(self, ulysses_degree: int, make_mesh) -> None:
-        """Ulysses × ring over the mesh ``make_mesh()`` returns (a distributed.usp.SequenceMesh)."""
-        from stage_runtime.distributed.ulysses import enable_sequence_parallel
+        """Ulysses × ring over the mesh ``make_mesh()`` returns (a distributed.usp.SequenceMesh), by the
+        installer of ``sequence_attention``."""
+        from stage_runtime.distributed import ulysses, ulysses_joint, ulysses_qwen
+        from stage_runtime.errors import ConfigError
 
-        enable_sequence_parallel(self.denoiser, ulysses_degree, make_mesh)
+        installers = {"self": ulysses.enable_sequence_parallel, "joint": ulysses_joint.enable_joint_sequence_parallel,
+                      "qwen": ulysses_qwen.enable_qwen_sequence_parallel}
+        if self.sequence_attention not in installers:
+            raise ConfigError(f"{type(self).__name__}.sequence_attention={self.sequence_attention!r} is not one of "
+                              f"{', '.join(installers)}")
+        installers[self.sequence_attention](self.denoiser, ulysses_degree, make_mesh)
 
     def enable_tensor_parallel(self, group, degree: int) -> None:
         """Split the heads and MLP hidden units of the denoiser's blocks across ``group`` (weights sharded)."""

@@ -110,6 +110,7 @@ class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
     default_guidance = 3.5
     guidance = "distilled"
     parallel_kinds = frozenset({"ulysses", "ring", "tp"})
+    sequence_attention = "joint"
     block_lists = ("transformer_blocks", "single_transformer_blocks")
     supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
     lora_components = ("transformer", "text_encoder")      # as FluxPipeline.load_lora_weights (CLIP, not T5)
@@ -137,21 +138,6 @@ class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
             return ("FLUX.1 is guidance-distilled: guidance_scale is an embedding inside the single transformer "
                     "pass of each step, there is no unconditional pass to put on another rank")
         return None
-
-    def num_attention_heads(self) -> int:
-        from stage_runtime.distributed.ulysses_joint import joint_attention_heads
-
-        return joint_attention_heads(self.denoiser)
-
-    def enable_ulysses(self, group, degree: int) -> None:
-        from stage_runtime.distributed.ulysses_joint import enable_joint_ulysses
-
-        enable_joint_ulysses(self.denoiser, group, degree)
-
-    def enable_sequence_parallel(self, ulysses_degree: int, make_mesh) -> None:
-        from stage_runtime.distributed.ulysses_joint import enable_joint_sequence_parallel
-
-        enable_joint_sequence_parallel(self.denoiser, ulysses_degree, make_mesh)
 
     # -- request mode ----------------------------------------------------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:

@@ -35,11 +35,11 @@ QWEN_MAX_SHIFT = 1.15              # the dynamic shift's default top (QwenImageP
 class QwenImageAdapter(StepContract, PipelineAdapter):
     pipeline_classes = ("QwenImagePipeline",)
     tiny_kinds = ("qwen-image",)
-    default_steps = 50
-    default_guidance = 4.0
-    guidance = "true_cfg"
-    parallel_kinds = frozenset({"cfg", "ulysses"})
+    guidance = "true_cfg"                                          # guidance_scale is true_cfg_scale
+    default_steps, default_guidance = 50, 4.0
     block_lists = ("transformer_blocks",)                          # the dual-stream MMDiT blocks
+    parallel_kinds = frozenset({"cfg", "ulysses", "ring"})
+    sequence_attention = "qwen"                                    # both streams cut, the text key mask
 
     @property
     def supports_block_cache(self) -> bool:        # zero_cond_t doubles the modulation rows: not per-row
@@ -58,11 +58,6 @@ class QwenImageAdapter(StepContract, PipelineAdapter):
 
     def max_sequence_length(self) -> int:
         return MAX_SEQUENCE_LENGTH
-
-    def enable_ulysses(self, group, degree: int) -> None:
-        from stage_runtime.distributed.ulysses_qwen import enable_qwen_ulysses
-
-        enable_qwen_ulysses(self.denoiser, group, degree)
 
     # -- request mode: the step loop, to the end, for the whole wave -------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:

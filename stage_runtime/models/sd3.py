@@ -30,6 +30,7 @@ class StableDiffusion3Adapter(StepContract, PipelineAdapter):
     default_steps = 28
     default_guidance = 7.0
     parallel_kinds = frozenset({"cfg", "ulysses", "ring", "tp"})
+    sequence_attention = "joint"
     block_lists = ("transformer_blocks",)
     supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
     lora_components = ("transformer", "text_encoder", "text_encoder_2")   # as SD3LoraLoaderMixin (not T5)
@@ -42,21 +43,6 @@ class StableDiffusion3Adapter(StepContract, PipelineAdapter):
     def max_sequence_length(self) -> int:
         t5 = self.pipe.tokenizer_3
         return T5_MAX_TOKENS if t5 is None else min(T5_MAX_TOKENS, int(t5.model_max_length))
-
-    def num_attention_heads(self) -> int:
-        from stage_runtime.distributed.ulysses_joint import joint_attention_heads
-
-        return joint_attention_heads(self.denoiser)
-
-    def enable_ulysses(self, group, degree: int) -> None:
-        from stage_runtime.distributed.ulysses_joint import enable_joint_ulysses
-
-        enable_joint_ulysses(self.denoiser, group, degree)
-
-    def enable_sequence_parallel(self, ulysses_degree: int, make_mesh) -> None:
-        from stage_runtime.distributed.ulysses_joint import enable_joint_sequence_parallel
-
-        enable_joint_sequence_parallel(self.denoiser, ulysses_degree, make_mesh)
 
     # -- request mode ----------------------------------------------------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:

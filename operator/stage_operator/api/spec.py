@@ -46,7 +46,7 @@ class Parallel(ApiModel):
         "must divide the attention heads. Default 1."))
     ring_degree: int = Field(1, **_bounds("ring_degree"), description=(
         "Ring attention: the sequence split over this many ranks passing keys and values around a ring, "
-        "across the Ulysses groups (DiT, SD3, FLUX.1). Default 1."))
+        "across the Ulysses groups (DiT, SD3, FLUX.1, Qwen-Image). Default 1."))
     cfg_parallel_size: int = Field(1, **_bounds("cfg_parallel_size"), description=(
         "1 or 2: 2 computes the conditional and unconditional guidance branches on two ranks (not for "
         "guidance-distilled FLUX.1). Default 1."))

@@ -2,7 +2,8 @@
 
 Reuses dist_rank_checks (spawn and reaping, adapter loading, the request/step scenarios, image comparison);
 adds two jobs: ``models`` (apply the topology to each model, report what got installed and every scenario's
-image) and ``kernels`` (the sequence-parallel attention of distributed.usp against plain SDPA, uneven chunks).
+image) and ``kernels`` (the sequence-parallel attention of distributed.usp against plain SDPA, uneven chunks,
+without and with a key mask).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ def installed(denoiser) -> dict:
     from stage_runtime.distributed.tensor_parallel import RowParallelLinear
     from stage_runtime.distributed.ulysses import UlyssesAttnProcessor
     from stage_runtime.distributed.ulysses_joint import JointUlyssesProcessor
+    from stage_runtime.distributed.ulysses_qwen import QwenUlyssesAttnProcessor
 
-    sp = [m.processor for m in denoiser.modules()
-          if isinstance(getattr(m, "processor", None), (UlyssesAttnProcessor, JointUlyssesProcessor))]
+    kinds = (UlyssesAttnProcessor, JointUlyssesProcessor, QwenUlyssesAttnProcessor)
+    sp = [m.processor for m in denoiser.modules() if isinstance(getattr(m, "processor", None), kinds)]
     return {"cfg": getattr(denoiser, "_diffstage_cfg_parallel", None) is not None,
             "sp": len(sp), "ring": sorted({p.mesh.ring_size for p in sp}),
             "ulysses": sorted({p.mesh.ulysses_size for p in sp}),
@@ -51,6 +53,18 @@ def attention_case(seed: int = 0, tokens: int = 37):
     return q, k, v, ref
 
 
+def key_mask_case(q, k, v, seed: int = 1):
+    """A key mask over the 37 tokens of :func:`attention_case` — batch row 0 masks its first 19 keys (the whole
+    first block of ring 2 and of Ulysses 2 × ring 2), row 1 about a third at random — and the masked attention."""
+    import torch
+    import torch.nn.functional as F
+
+    mask = torch.rand(2, q.shape[1], generator=torch.Generator().manual_seed(seed)) > 0.33
+    mask[0, :19], mask[0, 19:], mask[1, -1] = False, True, True
+    ref = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask[:, None, None, :])
+    return mask, ref.transpose(1, 2)
+
+
 def _job_kernels(rank, groups, parallel, run) -> dict:
     import torch
 
@@ -60,13 +74,17 @@ def _job_kernels(rank, groups, parallel, run) -> dict:
 
     mesh = SequenceMesh.from_groups(groups, parallel)
     q, k, v, ref = attention_case()
+    mask, masked_ref = key_mask_case(q, k, v)
     counts = chunk_sizes(q.shape[1], mesh.sp_size)
-    mine = [torch.tensor_split(t, mesh.sp_size, dim=1)[mesh.sp_rank] for t in (q, k, v, ref)]
+    mine = [torch.tensor_split(t, mesh.sp_size, dim=1)[mesh.sp_rank] for t in (q, k, v, ref, masked_ref)]
+    with torch.inference_mode():
+        masked = mesh.attention(*mine[:3], counts, mask)
     BYTES_SENT.clear()
     with torch.inference_mode():
         out = mesh.attention(*mine[:3], counts)
     return {"sp_rank": mesh.sp_rank, "ring_rank": mesh.ring_rank, "counts": counts,
-            "max_error": float((out - mine[3]).abs().max()), "bytes": dict(BYTES_SENT)}
+            "max_error": float((out - mine[3]).abs().max()), "bytes": dict(BYTES_SENT),
+            "masked_error": float((masked - mine[4]).abs().max())}
 
 
 JOBS = {"models": _job_models, "kernels": _job_kernels}

@@ -1,10 +1,12 @@
 """Ring attention (ring_degree 2) and tensor parallel (tensor_parallel_size 2) on 2 real gloo ranks give the
 images of one plain rank (within 2 uint8) for tiny DiT, SD3 and FLUX.1 (MMDiTs, joint text+image
-attention) — in request mode (a fused call of two requests, a single request) and in step mode (two
-requests of different step counts batched), with and without guidance.
+attention), and ring 2 for Qwen-Image (joint [text ‖ image] with a text key mask) — in request mode (a
+fused call of two requests, a single request) and in step mode (two requests of different step counts
+batched), with and without guidance.
 
 One spawn of 2 ranks per module runs: the ring kernel against plain SDPA on an odd token count (uneven
-blocks), then every model under ring 2, then under TP 2. The single-rank references are computed meanwhile.
+blocks; without and with a key mask), then every model under ring 2, then under TP 2. The single-rank
+references are computed meanwhile.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import parallel_rank_checks as prc
 import pytest
 from parallel_equality import check_images
 
-RING_MODELS = TP_MODELS = ("dit", "sd3", "flux")
-# sequence-parallel attention processors: tiny DiT 2 blocks; SD3 2 blocks + attn2 of block 0; FLUX 1 + 1 blocks.
-SP_PROCESSORS = {"dit": 2, "sd3": 3, "flux": 2}
+TP_MODELS = ("dit", "sd3", "flux")
+RING_MODELS = (*TP_MODELS, "qwen-image")
+# sequence-parallel attention processors: tiny DiT 2 blocks; SD3 2 blocks + attn2 of block 0; FLUX 1 + 1 blocks;
+# Qwen-Image 2 dual-stream blocks.
+SP_PROCESSORS = {"dit": 2, "sd3": 3, "flux": 2, "qwen-image": 2}
 # row-parallel layers under TP: DiT 2 × (to_out, ff); SD3 block 0: to_out, to_add_out, attn2.to_out, ff,
 # ff_context; block 1 (context_pre_only): to_out, ff. FLUX double block: to_out, to_add_out, ff, ff_context;
 # single block: proj_out over [attention ‖ MLP].
@@ -23,8 +27,8 @@ TP_ROW_LAYERS, HEADS = {"dit": 4, "sd3": 7, "flux": 5}, {"dit": 4, "sd3": 2, "fl
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_dit_path, tiny_sd3_path, tiny_flux_path):
-    paths = {"dit": tiny_dit_path, "sd3": tiny_sd3_path, "flux": tiny_flux_path}
+def runs(tiny_dit_path, tiny_sd3_path, tiny_flux_path, tiny_qwen_image_path):
+    paths = {"dit": tiny_dit_path, "sd3": tiny_sd3_path, "flux": tiny_flux_path, "qwen-image": tiny_qwen_image_path}
     plan = {"kernel": {"job": "kernels", "parallel": {"ring_degree": 2}},
             "ring": {"job": "models", "parallel": {"ring_degree": 2}, "models": {k: paths[k] for k in RING_MODELS}},
             "tp": {"job": "models", "parallel": {"tensor_parallel_size": 2},
@@ -39,6 +43,12 @@ def test_ring_kernel_equals_full_attention_with_uneven_blocks(runs):
         assert payload["max_error"] < 1e-4, payload
         # one k/v block (2 × B 2 × H 4 × D 8 float32 per token) sent once around a ring of 2
         assert payload["bytes"] == {"ring_send": 2 * 2 * 4 * 8 * 4 * payload["counts"][rank]}
+
+
+def test_ring_kernel_with_a_key_mask_equals_masked_attention_even_where_a_block_is_masked_whole(runs):
+    by_run, _ = runs
+    for payload in by_run["kernel"].values():
+        assert payload["masked_error"] < 1e-4, payload
 
 
 @pytest.mark.parametrize("kind", RING_MODELS)

@@ -1,5 +1,5 @@
-"""World 4 on gloo: Ulysses 2 × ring 2 (hybrid sequence parallel) and TP 2 × CFG 2 give the images of one
-plain rank (within 2 uint8) for tiny DiT and SD3, in request and step mode, with and without guidance.
+"""World 4 on gloo: Ulysses 2 × ring 2 (hybrid sequence parallel; tiny DiT, SD3 and Qwen-Image) and TP 2 × CFG 2
+(DiT, SD3) give the images of one plain rank (within 2 uint8), in request and step mode, with and without guidance.
 
 Rank layout (stage_runtime.config, tp fastest): under ulysses 2 × ring 2 the sp coordinate is the rank,
 Ulysses groups [0, 1] [2, 3] (inside), ring groups [0, 2] [1, 3] (across); under TP 2 × CFG 2 the tp
@@ -13,17 +13,19 @@ import pytest
 from parallel_equality import check_images
 
 MODELS = ("dit", "sd3")
-SP_PROCESSORS, TP_ROW_LAYERS, HEADS = {"dit": 2, "sd3": 3}, {"dit": 4, "sd3": 7}, {"dit": 4, "sd3": 2}
+USP_MODELS = (*MODELS, "qwen-image")
+SP_PROCESSORS = {"dit": 2, "sd3": 3, "qwen-image": 2}
+TP_ROW_LAYERS, HEADS = {"dit": 4, "sd3": 7}, {"dit": 4, "sd3": 2}
 USP = {"ulysses_degree": 2, "ring_degree": 2}
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_dit_path, tiny_sd3_path):
-    paths = {"dit": tiny_dit_path, "sd3": tiny_sd3_path}
+def runs(tiny_dit_path, tiny_sd3_path, tiny_qwen_image_path):
+    paths = {"dit": tiny_dit_path, "sd3": tiny_sd3_path, "qwen-image": tiny_qwen_image_path}
     plan = {"kernel": {"job": "kernels", "parallel": USP},
             "usp": {"job": "models", "parallel": USP, "models": paths},
             "tp-cfg": {"job": "models", "parallel": {"tensor_parallel_size": 2, "cfg_parallel_size": 2},
-                       "models": paths}}
+                       "models": {kind: paths[kind] for kind in MODELS}}}
     return prc.spawn(4, plan, paths)
 
 
@@ -41,7 +43,13 @@ def test_hybrid_kernel_layout_and_uneven_chunks(runs):
         assert set(payload["bytes"]) == {"all_to_all", "ring_send"}
 
 
-@pytest.mark.parametrize("kind", MODELS)
+def test_hybrid_kernel_with_a_key_mask_equals_masked_attention_even_where_a_ring_block_is_masked_whole(runs):
+    by_run, _ = runs
+    for payload in by_run["kernel"].values():
+        assert payload["masked_error"] < 1e-4, payload
+
+
+@pytest.mark.parametrize("kind", USP_MODELS)
 def test_ulysses_times_ring_equals_one_rank(runs, kind):
     by_run, references = runs
     payloads = by_run["usp"]

@@ -22,6 +22,6 @@ def test_models_card_serves_the_family_facts(tiny_qwen_image_path):
         facts = model_card(service)["diffstage"]
         assert {k: facts[k] for k in asdict(engine.model_info)} == asdict(engine.model_info)
         assert (facts["pipeline_class"], facts["guidance"], facts["parallel_kinds"], facts["default_guidance"]) == (
-            "QwenImagePipeline", "true_cfg", ("cfg", "ulysses"), 4.0)
+            "QwenImagePipeline", "true_cfg", ("cfg", "ring", "ulysses"), 4.0)
     finally:
         engine.close()
