@@ -44,6 +44,17 @@ class ModelInfo:
     # The generic adapter: the request-facing parameters its pipeline's __call__ takes (None: a dedicated
     # adapter, which uses every request field); what the call lacks is refused at admission, never dropped.
     call_params: tuple[str, ...] | None = None
+    # Video families: frames must be multiple·k + remainder (Wan (4, 1): 4k+1; None: an image family), the
+    # defaults, a bound, and whether the family takes guidance_scale_2 (Wan 2.2's second expert).
+    frame_rule: tuple[int, int] | None = None
+    default_frames: int | None = None
+    default_fps: int | None = None
+    max_frames: int | None = None
+    takes_guidance_2: bool = False
+
+    @property
+    def video(self) -> bool:
+        return self.frame_rule is not None
 
     @property
     def supports_edits(self) -> bool:

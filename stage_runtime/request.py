@@ -24,6 +24,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from stage_runtime.config import LORA_NAME_PATTERN, MAX_CACHE_THRESHOLD
 from stage_runtime.errors import InvalidRequestError
 from stage_runtime.model_info import ModelInfo
+from stage_runtime.video_request import Fps, Frames, resolve_video
 
 MAX_PROMPT_CHARS = 2000
 DEFAULT_STRENGTH = 0.8         # an img2img / inpaint edit's strength when the request gives none
@@ -107,6 +108,11 @@ class SamplingParams(BaseModel):
     timeout_s: TimeoutS | None = None             # deadline from arrival
     partial_images: PartialImages = 0             # step mode
     cache: CachePolicyField = None   # block cache: None = the stage's cache.mode
+    # Video families only (ModelInfo.frame_rule): frames (None = the model's default), the encoded video's
+    # frame rate, and Wan 2.2's guidance for its low-noise expert (None = guidance_scale, as diffusers)
+    num_frames: Frames | None = None
+    fps: Fps | None = None
+    guidance_scale_2: Guidance | None = None
     # LoRA adapters by name, applied in this order (unfused, this request's rows only); not in any batch key
     loras: tuple[LoraRef, ...] = Field((), max_length=MAX_LORAS_PER_REQUEST)
 
@@ -309,6 +315,7 @@ class DiffusionRequest:
                                       f"{info.pipeline_class}'s noise scheduler places at most {info.max_steps} steps")
         if isinstance(s.cache, RequestCache) and info.block_cache_refusal:
             raise InvalidRequestError("cache", s.cache.model_dump(), info.block_cache_refusal)
+        video = resolve_video(s, info)
         if edit is not None and edit.denoise_steps(steps) < 1:
             raise InvalidRequestError("strength", edit.strength,
                                       f"int(num_inference_steps={steps} × strength) is 0: no step would run")
@@ -317,6 +324,7 @@ class DiffusionRequest:
             "width": width,
             "num_inference_steps": steps,
             "guidance_scale": info.default_guidance if s.guidance_scale is None else s.guidance_scale,
+            **video,
         })
         return replace(self, sampling=resolved, key_fields=(info.request_key, info.step_key), edit=edit)
 

@@ -69,6 +69,9 @@ class PipelineAdapter(Refusals, ABC):
     # () = this family serves no LoRA. A family that names any must set the rows of each of them
     # (``lora_rows``) around every call of that component (models/lora).
     lora_components: ClassVar[tuple[str, ...]] = ()
+    # Loading: False materialises every weight (no meta tensors); None leaves it to diffusers, which needs it
+    # on for a denoiser with modules kept in float32 (Wan's ``_keep_in_fp32_modules``).
+    low_cpu_mem_usage: ClassVar[bool | None] = False
     loras = None          # the rank's LoraManager (models.lora.manager), set by the runner when loaded
 
     def __init__(self, pipeline: DiffusionPipeline, device: torch.device):
@@ -79,7 +82,7 @@ class PipelineAdapter(Refusals, ABC):
     @classmethod
     def load(cls, path: str, device: torch.device, dtype: str = "float32") -> "PipelineAdapter":
         pipe = DiffusionPipeline.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True,
-                                                 low_cpu_mem_usage=False)
+                                                 low_cpu_mem_usage=cls.low_cpu_mem_usage)
         return cls(pipe.to(device), device)
 
     @property

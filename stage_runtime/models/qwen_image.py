@@ -61,11 +61,7 @@ class QwenImageAdapter(StepContract, PipelineAdapter):
 
     # -- request mode: the step loop, to the end, for the whole wave -------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
-        states = [self.prepare_encode(r) for r in requests]
-        while not states[0].finished:               # a wave shares its step count
-            for state, pred in zip(states, self.denoise_step(states), strict=True):
-                self.noise_step(state, pred)
-        return {st.request_id: self.post_decode(st) for st in states}
+        return self.run_step_loop(requests)
 
     # -- step contract -------------------------------------------------------------------------------------
     def _encode(self, text: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -55,6 +55,16 @@ class StepContract:
                                                    return_dict=False)[0]
         state.step_index += 1
 
+    def run_step_loop(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
+        """Request mode as the step loop, to the end, for a whole wave (its requests share their step count):
+        for a family whose pipeline calls its denoiser more than once per step (a pass per CFG branch), so
+        that both modes make ONE denoiser call per step over every row."""
+        states = [self.prepare_encode(r) for r in requests]
+        while not states[0].finished:
+            for state, pred in zip(states, self.denoise_step(states), strict=True):
+                self.noise_step(state, pred)
+        return {st.request_id: self.post_decode(st) for st in states}
+
     # -- shared helpers --------------------------------------------------------------------------------
     def noise_scheduler_for(self, num_steps: int):
         """A private copy of the pipeline's noise scheduler with this request's timesteps."""

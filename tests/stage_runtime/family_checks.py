@@ -61,7 +61,7 @@ def sized_req(rid: str, prompt: str, steps: int, seed: int, **kw) -> DiffusionRe
 def bare_pipeline(path: str) -> DiffusionPipeline:
     """The folder loaded by diffusers alone (cached per path: loading is the slow part)."""
     if path not in _PIPES:
-        pipe = DiffusionPipeline.from_pretrained(path, local_files_only=True, low_cpu_mem_usage=False)
+        pipe = DiffusionPipeline.from_pretrained(path, local_files_only=True)
         pipe.set_progress_bar_config(disable=True)
         _PIPES[path] = pipe
     return _PIPES[path]

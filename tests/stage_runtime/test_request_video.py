@@ -1,0 +1,70 @@
+"""Video requests: frames checked against the family's rule at admission (never rounded), defaults filled, the
+video fields refused by image families, guidance_scale_2 only where there are two experts, frames in the cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from support.factories import model_info
+
+from stage_runtime.config import LimitsConfig
+from stage_runtime.engine.limits import check_request_cost, max_request_cost, request_cost
+from stage_runtime.errors import InvalidRequestError
+from stage_runtime.request import DiffusionRequest, SamplingParams
+
+WAN = model_info(pipeline_class="WanPipeline", default_height=480, default_width=832, size_multiple=16,
+                 frame_rule=(4, 1), default_frames=81, default_fps=16)
+WAN22 = model_info(pipeline_class="WanPipeline", default_height=480, default_width=832, size_multiple=16,
+                   frame_rule=(4, 1), default_frames=81, default_fps=16, takes_guidance_2=True)
+IMAGE = model_info()
+
+
+def resolve(info, **sampling) -> SamplingParams:
+    return DiffusionRequest("r", "a cat", SamplingParams(**sampling)).resolve(info).sampling
+
+
+def test_frames_and_fps_default_to_the_models():
+    s = resolve(WAN, height=16, width=16)
+    assert (s.num_frames, s.fps, s.guidance_scale_2) == (81, 16, None)
+    s = resolve(WAN, height=16, width=16, num_frames=9, fps=24)
+    assert (s.num_frames, s.fps) == (9, 24)
+
+
+@pytest.mark.parametrize(("frames", "nearest"), [(10, "9, 13"), (8, "5, 9"), (2, "1, 5"), (80, "77, 81")])
+def test_a_frame_count_off_the_rule_is_refused_naming_the_nearest_never_rounded(frames, nearest):
+    with pytest.raises(InvalidRequestError, match=rf"^num_frames={frames}: WanPipeline takes 4k\+1 frames "
+                                                  rf"\({nearest} are the nearest\)$") as caught:
+        resolve(WAN, height=16, width=16, num_frames=frames)
+    assert caught.value.field == "num_frames"
+
+
+@pytest.mark.parametrize("field, value", [("num_frames", 9), ("fps", 16), ("guidance_scale_2", 3.0)])
+def test_an_image_family_refuses_the_video_fields(field, value):
+    with pytest.raises(InvalidRequestError, match=rf"^{field}={value!r}: StableDiffusionPipeline makes images"):
+        resolve(IMAGE, **{field: value})
+
+
+def test_guidance_scale_2_needs_two_experts():
+    with pytest.raises(InvalidRequestError, match=r"^guidance_scale_2=3\.0: WanPipeline has one denoiser"):
+        resolve(WAN, height=16, width=16, guidance_scale_2=3.0)
+    assert resolve(WAN22, height=16, width=16, guidance_scale_2=3.0).guidance_scale_2 == 3.0
+
+
+@pytest.mark.parametrize("field, value", [("num_frames", 0), ("num_frames", 1026), ("fps", 0), ("fps", 241)])
+def test_frame_and_fps_bounds_are_checked_at_the_edge(field, value):
+    with pytest.raises(InvalidRequestError) as caught:
+        SamplingParams.parse({field: value})
+    assert caught.value.field == field
+
+
+def test_frames_count_in_the_cost_and_name_the_field_to_shrink():
+    small = DiffusionRequest("a", "x", SamplingParams(height=480, width=832, num_frames=9,
+                                                      num_inference_steps=10)).resolve(WAN)
+    assert request_cost(small) == 480 * 832 * 9 * 10
+    limit = max_request_cost(LimitsConfig(), WAN)
+    assert limit == 480 * 832 * 81 * 1000
+    long = DiffusionRequest("b", "x", SamplingParams(height=480, width=832, num_frames=1025,
+                                                     num_inference_steps=1000)).resolve(WAN)
+    with pytest.raises(InvalidRequestError, match=r"^num_frames=1025: 832x480 px x 1025 frames x 1000 steps") as e:
+        check_request_cost(long, limit, WAN)
+    assert e.value.field == "num_frames"
