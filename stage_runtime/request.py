@@ -228,6 +228,7 @@ class DiffusionRequest:
     # default RequestBatchKey / StepBatchKey.
     key_fields: tuple[tuple[str, ...], tuple[str, ...]] | None = None
     edit: EditInput | None = None                 # set for POST /v1/images/edits
+    video: bool = False                           # asks for a video (a video route): the family must make videos
     seed_given: bool | None = None                # the client chose the seed (None: decided at creation)
     # The SHA-256 (16 hex) of each adapter in sampling.loras, recorded at admission (engine.lora_table)
     lora_digests: tuple[str, ...] = ()
@@ -294,6 +295,10 @@ class DiffusionRequest:
     def resolve(self, info: ModelInfo) -> "DiffusionRequest":
         """Fill model defaults and check the request against what the model can serve (once, at admission)."""
         s, edit = self.sampling, None if self.edit is None else self.edit.resolve(info)
+        if self.video != info.video:
+            raise InvalidRequestError("model", info.pipeline_class, (
+                "makes videos: ask for one on a video route (POST /v1/videos/sync)" if info.video else
+                "makes images: ask for them on an image route (POST /v1/images/generations)"))
         if edit is not None and edit.mask is not None and edit.mask.shape != edit.image.shape[:2]:
             raise InvalidRequestError("mask", f"{edit.mask.shape[1]}x{edit.mask.shape[0]}",
                                       f"must be the image's size {edit.image.shape[1]}x{edit.image.shape[0]}")

@@ -20,7 +20,15 @@ IMAGE = model_info()
 
 
 def resolve(info, **sampling) -> SamplingParams:
-    return DiffusionRequest("r", "a cat", SamplingParams(**sampling)).resolve(info).sampling
+    return DiffusionRequest("r", "a cat", SamplingParams(**sampling), video=info.video).resolve(info).sampling
+
+
+def test_a_video_family_serves_video_requests_only_and_an_image_family_image_requests_only():
+    with pytest.raises(InvalidRequestError, match=r"^model='WanPipeline': makes videos: ask for one on a video "
+                                                  r"route \(POST /v1/videos/sync\)$"):
+        DiffusionRequest("r", "a cat", SamplingParams(height=16, width=16)).resolve(WAN)
+    with pytest.raises(InvalidRequestError, match=r"^model='StableDiffusionPipeline': makes images"):
+        DiffusionRequest("r", "a cat", video=True).resolve(IMAGE)
 
 
 def test_frames_and_fps_default_to_the_models():
@@ -59,12 +67,12 @@ def test_frame_and_fps_bounds_are_checked_at_the_edge(field, value):
 
 def test_frames_count_in_the_cost_and_name_the_field_to_shrink():
     small = DiffusionRequest("a", "x", SamplingParams(height=480, width=832, num_frames=9,
-                                                      num_inference_steps=10)).resolve(WAN)
+                                                      num_inference_steps=10), video=True).resolve(WAN)
     assert request_cost(small) == 480 * 832 * 9 * 10
     limit = max_request_cost(LimitsConfig(), WAN)
     assert limit == 480 * 832 * 81 * 1000
     long = DiffusionRequest("b", "x", SamplingParams(height=480, width=832, num_frames=1025,
-                                                     num_inference_steps=1000)).resolve(WAN)
+                                                     num_inference_steps=1000), video=True).resolve(WAN)
     with pytest.raises(InvalidRequestError, match=r"^num_frames=1025: 832x480 px x 1025 frames x 1000 steps") as e:
         check_request_cost(long, limit, WAN)
     assert e.value.field == "num_frames"
