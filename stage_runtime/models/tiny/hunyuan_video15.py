@@ -33,8 +33,9 @@ GUIDANCE_SCALE = 6.0
 SHIFT = 7.0
 # The words of the pipeline's system message (and its runs of 8 spaces) as one token each, as in the real
 # vocabulary: the chat-template prefix before the prompt is then exactly the 108 tokens the pipeline crops.
-SYSTEM_WORDS = tuple("You helpful video following aspects The main content theme Actions events behaviors temporal "
-                     "physical movement changes environment atmosphere camera angles movements transitions used".split())
+SYSTEM_WORDS = tuple("You helpful video following aspects The main content theme Actions events behaviors "
+                     "temporal physical movement changes environment atmosphere camera angles movements transitions "
+                     "used".split())
 SPACE_RUNS = (" ", " " * 3, " " * 7)
 
 
