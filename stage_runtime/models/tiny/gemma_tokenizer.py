@@ -13,7 +13,7 @@ from __future__ import annotations
 import string
 from typing import TYPE_CHECKING
 
-from stage_runtime.models.tiny.clip_tokenizer import COMMON_WORDS, apply_merges
+from stage_runtime.models.tiny.clip_tokenizer import COMMON_WORDS, add_whole_word
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import GemmaTokenizer
@@ -30,12 +30,7 @@ def build_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
     tokens = [*SPECIALS, *IMAGE_TOKENS, *(f"<0x{b:02X}>" for b in range(256)), SPACE, *CHARACTERS]
     ranks: dict[tuple[str, str], int] = {}
     for word in (form for w in dict.fromkeys(COMMON_WORDS) for form in (w, SPACE + w)):
-        segments = apply_merges(list(word), ranks)
-        current = segments[0]
-        for segment in segments[1:]:
-            ranks[(current, segment)] = len(ranks)
-            current += segment
-            tokens.append(current)
+        add_whole_word(list(word), ranks, tokens)
     vocab: dict[str, int] = {}
     for token in tokens:
         vocab.setdefault(token, len(vocab))

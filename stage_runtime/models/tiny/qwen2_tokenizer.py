@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from stage_runtime.models.tiny.clip_tokenizer import COMMON_WORDS, apply_merges, bytes_to_unicode
+from stage_runtime.models.tiny.clip_tokenizer import COMMON_WORDS, add_whole_word, bytes_to_unicode
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import Qwen2Tokenizer
@@ -42,12 +42,7 @@ def build_vocab_and_merges(extra_words: Sequence[str] = ()) -> tuple[dict[str, i
     ranks: dict[tuple[str, str], int] = {}
     words = dict.fromkeys([*TEMPLATE_WORDS, *COMMON_WORDS, *extra_words])
     for word in (form for w in words for form in (w, " " + w)):
-        segments = apply_merges(list(_byte_level(word)), ranks)
-        current = segments[0]
-        for segment in segments[1:]:
-            ranks[(current, segment)] = len(ranks)
-            current += segment
-            tokens.append(current)
+        add_whole_word(list(_byte_level(word)), ranks, tokens)
     vocab: dict[str, int] = {}
     for token in [*tokens, ENDOFTEXT, *SPECIALS]:
         vocab.setdefault(token, len(vocab))
