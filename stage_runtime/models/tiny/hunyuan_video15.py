@@ -5,9 +5,10 @@ causal HunyuanVideo-1.5 VAE (spatial x4, temporal x4), flow-matching Euler (shif
 ``ClassifierFreeGuidance`` guider (scale 6).
 
 Facts for the adapter (diffusers 0.42.1 ``pipeline_hunyuan_video1_5.py``):
-- no ``guidance_scale`` argument: guidance is the ``guider`` component's (``pipe.guider.guidance_scale``; 1.0 or
-  less turns CFG off). Default call: ``num_frames`` 121, 50 steps, ``output_type="np"``; no height/width gives
-  the 16:9 bucket nearest ``transformer.config.target_size`` (here 16: 16x16 for the tiny model).
+- no ``guidance_scale`` argument: guidance is the ``guider`` component's (``pipe.guider.guidance_scale``; exactly
+  1.0 turns CFG off: one transformer row a step instead of two). Default call: ``num_frames`` 121, 50 steps,
+  ``output_type="np"``; without height and width, the 16:9 bucket nearest ``transformer.config.target_size``
+  (16 here: 12x20).
 - size: no check; latents are ``H // 4`` x ``W // 4`` (the real VAE: // 16), so use multiples of 4 (16 for the
   real model); frames: latent frames ``(F - 1) // 4 + 1`` and the VAE decodes ``4 (T - 1) + 1``, so a count that
   is not ``4k + 1`` silently comes back shorter (10 -> 9).
@@ -17,7 +18,7 @@ Facts for the adapter (diffusers 0.42.1 ``pipeline_hunyuan_video1_5.py``):
   ByT5 prompt is only the quoted text of the prompt (zeros and mask 0 when there is none) padded to 256,
   plus 729 image tokens (zero and masked out for T2V): 1985 context tokens per CFG branch.
   Video tokens = latent frames x H/4 x W/4 (16x16x9 -> 48). fps 24 (diffusers' example writes 15).
-- size on disk: about 17 MB, not a few hundred KB: the transformer's ByT5 projection has a fixed 2048-wide
+- size on disk: about 17.8 MB, not a few hundred KB: the transformer's ByT5 projection has a fixed 2048-wide
   hidden layer (``HunyuanVideo15ByT5TextProjection(text_embed_2_dim, 2048, inner_dim)``: 4.2 M parameters)
   whatever the config says.
 """

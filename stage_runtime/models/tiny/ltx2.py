@@ -19,7 +19,7 @@ Facts for the adapter (diffusers 0.42.1 ``pipeline_ltx2.py``):
   with the defaults (``guidance_scale`` 3, ``stg_scale`` 1, ``modality_scale`` 3 and their audio twins) a step
   runs the transformer 3 times on 4 rows (the CFG pair, an STG-perturbed row, a modality-isolated row); with
   ``guidance_scale`` 1, ``stg_scale`` 0, ``modality_scale`` 1 (and the audio ones) once on 1 row.
-- about 840 KB on disk.
+- about 805 KB on disk.
 """
 
 from __future__ import annotations

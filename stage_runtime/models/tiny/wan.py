@@ -11,7 +11,7 @@ Facts for the adapter (diffusers 0.42.1 ``pipeline_wan.py``):
   512 text tokens. Default call: 480x832, 81 frames, 50 steps, guidance 5.0, ``output_type="np"``; fps 16.
 - the VAE's mid-block attention is single-head (Wan's VAE has no head count); every transformer and text
   encoder attention layer has 2 or 4 heads.
-- about 400 KB on disk.
+- about 375 KB on disk.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ without torchvision, so the folder is the same on every machine).
 Facts for the adapter (diffusers 0.42.1 ``pipeline_wan_i2v.py``): ``image`` is required (PIL, array or tensor);
 it is resized to ``height`` x ``width`` for the VAE and to 32x32 for CLIP. Size multiples of 16
 (``ValueError`` otherwise), ``(F - 1) % 4 == 0`` (rounded down otherwise), 16 latent channels, VAE x8 / x4,
-``max_sequence_length`` 512, fps 16; ``last_image`` (first-last-frame) also works. Cross-attention sees
-17 image + 512 text tokens. About 460 KB on disk.
+``max_sequence_length`` 512, fps 16. Cross-attention sees 17 image + 512 text tokens. ``last_image``
+(first-last-frame) needs Wan's FLF2V transformer (``pos_embed_seq_len``), not this one: it raises
+``RuntimeError``. About 425 KB on disk.
 """
 
 from __future__ import annotations

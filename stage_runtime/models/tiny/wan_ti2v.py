@@ -8,7 +8,7 @@ Facts for the adapter (diffusers 0.42.1 ``pipeline_wan.py``):
 - frames: ``(num_frames - 1) % 4 == 0``; others rounded down with a warning.
 - latents: 48 channels, VAE spatial x16, temporal x4; tokens = latent frames x H/32 x W/32: 32x32x9 -> 3,
   64x64x9 -> 12.
-- text: ``max_sequence_length`` 512, fps 24 (the real TI2V-5B makes 121 frames at 24 fps). About 530 KB on disk.
+- text: ``max_sequence_length`` 512, fps 24 (the real TI2V-5B makes 121 frames at 24 fps). About 500 KB on disk.
 """
 
 from __future__ import annotations
