@@ -58,6 +58,17 @@ def apply_merges(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[
     return symbols
 
 
+def add_whole_word(symbols: list[str], ranks: dict[tuple[str, str], int], tokens: list[str]) -> None:
+    """Rank the merges that make ``symbols`` one token (segmented with ``ranks`` first, then joined left to
+    right) and append the tokens they make to ``tokens`` (the byte-level BPE builders of Qwen2 and Gemma)."""
+    segments = apply_merges(symbols, ranks)
+    current = segments[0]
+    for segment in segments[1:]:
+        ranks[(current, segment)] = len(ranks)
+        current += segment
+        tokens.append(current)
+
+
 def word_merges(word: str, ranks: dict[tuple[str, str], int]) -> list[tuple[str, str]]:
     """New merges that make ``word`` (``</w>`` on its last char) a single token.
 

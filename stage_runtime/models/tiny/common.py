@@ -1,4 +1,5 @@
-"""Parts the tiny builders share: seeded construction, the tiny UNet and VAE, DDIM, a tiny CLIP text encoder.
+"""Parts the tiny builders share: seeded construction, the tiny UNet and VAE, DDIM and flow schedulers, a tiny
+CLIP text encoder.
 
 Sizes: 64x64 images by default (VAE downsample 2, 32x32 latents with 4 channels); every attention
 layer has 4 heads so sequence-parallel schemes that split heads 2- or 4-ways work.
@@ -89,3 +90,18 @@ def tiny_clip_text_encoder(tokenizer):
         eos_token_id=tokenizer.eos_token_id,
     )
     return CLIPTextModel(config)
+
+
+def flow_match_euler(shift: float, **config):
+    """FlowMatchEulerDiscreteScheduler with a static ``shift`` (``config`` may turn on a dynamic one)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(shift=shift, **config)
+
+
+def unipc_flow(flow_shift: float):
+    """UniPCMultistepScheduler on flow sigmas (what real Wan checkpoints ship): a multistep solver, so it keeps
+    the last model outputs between steps (state a step-level runner must keep per request)."""
+    from diffusers import UniPCMultistepScheduler
+
+    return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=flow_shift)

@@ -1,4 +1,4 @@
-"""A tiny T5 tokenizer and T5 encoder built without downloading anything.
+"""A tiny T5 tokenizer and T5 / UMT5 encoders built without downloading anything.
 
 The tokenizer is a ``tokenizers`` Unigram model (what T5's SentencePiece vocabulary becomes in the fast
 tokenizer) wrapped in ``T5TokenizerFast``: T5's special ids (pad 0, eos 1, unk 2), the metaspace ``▁``,
@@ -44,12 +44,22 @@ def build_t5_tokenizer() -> "T5TokenizerFast":
                            model_max_length=MODEL_MAX_LENGTH)
 
 
+def _encoder_config(config_class, tokenizer):
+    return config_class(vocab_size=len(tokenizer), d_model=T5_HIDDEN, d_kv=16, d_ff=37, num_layers=2, num_heads=2,
+                        relative_attention_num_buckets=8, relative_attention_max_distance=32, dropout_rate=0.0,
+                        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                        decoder_start_token_id=tokenizer.pad_token_id)
+
+
 def tiny_t5_encoder(tokenizer):
     """T5EncoderModel (2 layers, 2 heads of 16, hidden 32) whose ids match ``tokenizer``."""
     from transformers import T5Config, T5EncoderModel
 
-    config = T5Config(vocab_size=len(tokenizer), d_model=T5_HIDDEN, d_kv=16, d_ff=37, num_layers=2, num_heads=2,
-                      relative_attention_num_buckets=8, relative_attention_max_distance=32, dropout_rate=0.0,
-                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                      decoder_start_token_id=tokenizer.pad_token_id)
-    return T5EncoderModel(config)
+    return T5EncoderModel(_encoder_config(T5Config, tokenizer))
+
+
+def tiny_umt5_encoder(tokenizer):
+    """UMT5EncoderModel of the same size (Wan's text encoder: T5 with a relative position bias in every layer)."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    return UMT5EncoderModel(_encoder_config(UMT5Config, tokenizer))
