@@ -139,30 +139,52 @@ def cmd_make_tiny_model(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from stage_runtime.engine import DiffusionEngine
-    from stage_runtime.imageio import encode_png
 
     config = config_from_args(args)
     sampling = {"num_inference_steps": args.steps, "seed": args.seed, "guidance_scale": args.guidance,
-                "negative_prompt": args.negative_prompt}
+                "negative_prompt": args.negative_prompt, "num_frames": args.frames, "fps": args.fps}
     if args.size:
         sampling["width"], sampling["height"] = parse_size(args.size)
     t0 = time.perf_counter()
     engine = DiffusionEngine.make_engine(config)
     t1 = time.perf_counter()
     try:
+        video = engine.model_info.video
+        out = Path(args.out or ("out.mp4" if video else "out.png"))
+        if not video and (args.out or "").endswith(("/", ".mp4")):
+            raise InvalidRequestError("out", args.out, f"{engine.model_info.pipeline_class} makes images: a .png file")
         output = engine.generate(args.prompt, **{k: v for k, v in sampling.items() if v is not None})
+        fps = args.fps or engine.model_info.default_fps
     finally:
         engine.close()
     t2 = time.perf_counter()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(encode_png(output.images[0]))
+    what = write_output(output.images[0], out, args.out, fps)
     t3 = time.perf_counter()
-    print(f"wrote {out.resolve()} ({output.images.shape[2]}x{output.images.shape[1]} PNG, {out.stat().st_size} bytes)")
+    print(f"wrote {out.resolve()} ({what})")
     print(json.dumps({"engine_start_s": round(t1 - t0, 3), "generate_s": round(t2 - t1, 3),
                       "queue_ms": round(output.metrics["queue_ms"], 2), "exec_ms": round(output.metrics["exec_ms"], 2),
                       "save_s": round(t3 - t2, 3)}))
     return 0
+
+
+def write_output(result, out: Path, asked: str | None, fps: int | None) -> str:
+    """An image as PNG; a video (F, H, W, 3) as an MP4, or, when ``--out`` ends in ``/``, as its exact frames
+    ``frame_0000.png …`` (lossless). Returns what was written, for the summary line."""
+    from stage_runtime.imageio import encode_png
+
+    if result.ndim == 3:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(encode_png(result))
+        return f"{result.shape[1]}x{result.shape[0]} PNG, {out.stat().st_size} bytes"
+    from stage_runtime.videoio import encode_mp4, write_frames_png
+
+    frames, height, width = result.shape[:3]
+    if (asked or "").endswith("/"):
+        write_frames_png(result, out)
+        return f"{frames} PNG frames of {width}x{height}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(encode_mp4(result, fps))
+    return f"{frames} frames of {width}x{height} at {fps} fps, H.264 MP4, {out.stat().st_size} bytes"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -230,7 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--size", help="WIDTHxHEIGHT")
     gen.add_argument("--seed", type=int)
     gen.add_argument("--guidance", type=float)
-    gen.add_argument("--out", default="out.png")
+    gen.add_argument("--frames", type=int, help="a video model's frame count (its rule, e.g. Wan 4k+1)")
+    gen.add_argument("--fps", type=int, help="a video's frame rate (default: the model's)")
+    gen.add_argument("--out", help="a .png (image); a .mp4, or a folder ending in / for the exact PNG frames "
+                                    "(video); default out.png / out.mp4")
     gen.set_defaults(func=cmd_generate)
     val = sub.add_parser("validate", help="validate a configuration and print its topology")
     add_engine_flags(val)

@@ -11,7 +11,8 @@
     sched     scheduling policy                      core                 (never torch / diffusers)
     distributed  groups, collectives, CFG/Ulysses    core
     core      config, errors, request, outputs, scheduler_output, model_info, plugins, imageio, control,
-              lora_spec, model_catalog, video_request core only            (never torch / diffusers)
+              lora_spec, model_catalog, video_request, videoio
+                                                     core only            (never torch / diffusers)
 
 The operator imports nothing of the runtime but ``stage_runtime.config`` (one source of truth for the
 topology rules) and ``stage_runtime.model_catalog`` (the families, hence the tiny ``builtin`` models), and
@@ -30,7 +31,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = {"config", "errors", "request", "outputs", "scheduler_output", "model_info", "plugins", "imageio", "control",
-        "lora_spec", "model_catalog", "video_request"}
+        "lora_spec", "model_catalog", "video_request", "videoio"}
 OPERATOR_MAY_IMPORT = ("stage_runtime.config", "stage_runtime.model_catalog")
 EDGE = {"cli", "client", "demo", "__main__", "__init__"}
 

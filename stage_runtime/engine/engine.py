@@ -92,7 +92,7 @@ class DiffusionEngine:
 
     def run_warmup(self) -> None:
         try:
-            self.add_request(warmup_request()).result(timeout=600)
+            self.add_request(warmup_request(self.model_info)).result(timeout=600)
         except Exception as exc:
             raise EngineStartupError(f"Warmup failed: {type(exc).__name__}: {exc}") from exc
 
@@ -119,9 +119,10 @@ class DiffusionEngine:
 
     def generate(self, prompt: str, request_id: str | None = None, timeout: float | None = None,
                  **sampling: Any) -> DiffusionOutput:
-        """Sync convenience: one request, wait for its final output (raises on abort / failure)."""
-        return self.add_request(DiffusionRequest(request_id or uuid.uuid4().hex, prompt,
-                                                 SamplingParams.parse(sampling))).result(timeout)
+        """Sync convenience: one request (a video when the model makes videos), wait for its final output
+        (raises on abort / failure)."""
+        return self.add_request(DiffusionRequest(request_id or uuid.uuid4().hex, prompt, SamplingParams.parse(sampling),
+                                                 video=self.model_info.video)).result(timeout)
 
     def abort(self, request_ids: str | list[str]) -> list[str]:
         """Abort waiting or running requests; returns the ids that were in flight (others are unknown)."""

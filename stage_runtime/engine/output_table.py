@@ -24,6 +24,7 @@ from stage_runtime.engine.delivery import outcome_counter, progress_output, term
 from stage_runtime.engine.stream import RequestStream
 from stage_runtime.errors import RequestAbortedError, RequestFailedError
 from stage_runtime.executor.abstract import DiffusionExecutor
+from stage_runtime.model_info import ModelInfo
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import DiffusionRequest, SamplingParams
 from stage_runtime.sched.request_state import RequestState
@@ -31,10 +32,12 @@ from stage_runtime.sched.request_state import RequestState
 WARMUP_PREFIX = "warmup-"
 
 
-def warmup_request() -> DiffusionRequest:
-    """The 2-step request a stage runs before it reports ready (left out of the outcome counters)."""
+def warmup_request(info: ModelInfo) -> DiffusionRequest:
+    """The 2-step request a stage runs before it reports ready (left out of the outcome counters); a video
+    family's is its shortest video (one frame for Wan's 4k+1) at its default size."""
+    frames = None if info.frame_rule is None else info.frame_rule[1] % info.frame_rule[0] or info.frame_rule[0]
     return DiffusionRequest(f"{WARMUP_PREFIX}{uuid.uuid4().hex[:8]}", "warmup",
-                            SamplingParams(num_inference_steps=2, seed=0))
+                            SamplingParams(num_inference_steps=2, seed=0, num_frames=frames), video=info.video)
 
 
 class OutputTable:

@@ -15,6 +15,7 @@ from stage_runtime.errors import (DiffStageError, EngineDeadError, InvalidReques
 from stage_runtime.serve.auth import bearer_auth
 from stage_runtime.serve.bodies import read_json
 from stage_runtime.serve.images import SERVICE, create_edits, create_images
+from stage_runtime.serve.videos import create_video_sync
 from stage_runtime.serve.loras_route import add_routes as add_lora_routes
 from stage_runtime.serve.metrics import CONTENT_TYPE_LATEST
 from stage_runtime.serve.models_route import get_model, list_models
@@ -109,6 +110,7 @@ def build_app(service: StageService, api_keys: tuple[bytes, ...] = ()) -> web.Ap
     app[SERVICE] = service
     app.router.add_post("/v1/images/generations", create_images)
     app.router.add_post("/v1/images/edits", create_edits)
+    app.router.add_post("/v1/videos/sync", create_video_sync)
     app.router.add_post("/v1/abort", abort)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/v1/requests", requests)

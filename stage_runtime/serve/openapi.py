@@ -15,6 +15,7 @@ from stage_runtime.errors import (DiffStageError, EngineDeadError, InvalidReques
                                   UnauthorizedError)
 from stage_runtime.serve.loras_route import LoraAdapter, LoraList, LoraLoadBody, LoraUnloaded, openapi_paths
 from stage_runtime.serve.schemas import AbortBody, ImageEditRequest, ImageGenerationRequest, StageStats
+from stage_runtime.serve.videos import VideoGenerationRequest
 
 REF = "#/components/schemas/{model}"
 
@@ -82,7 +83,7 @@ class HealthStatus(BaseModel):
 
 
 MODELS = (ErrorResponse, ImagesResponse, AbortResult, RequestsList, ModelCard, ModelList, HealthStatus, StageStats,
-          ImageGenerationRequest, AbortBody, LoraLoadBody, LoraAdapter, LoraList, LoraUnloaded)
+          ImageGenerationRequest, VideoGenerationRequest, AbortBody, LoraLoadBody, LoraAdapter, LoraList, LoraUnloaded)
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -131,6 +132,11 @@ def openapi_document(api_keys: bool) -> dict[str, Any]:
             "operationId": "createImageEdit", "requestBody": {"required": True, "content": {
                 "multipart/form-data": {"schema": {"$ref": REF.format(model="ImageEditForm")}}}},
             "responses": _responses(None, *image_errors, ok_types=images_out)}},
+        "/v1/videos/sync": {"post": {
+            "operationId": "createVideoSync", "requestBody": {"required": True, "content": _json(VideoGenerationRequest)},
+            "responses": _responses(None, *image_errors, ok_types={
+                "video/mp4": {"schema": {"type": "string", "format": "binary"}},
+                "application/zip": {"schema": {"type": "string", "format": "binary"}}})}},
         "/v1/abort": {"post": {"operationId": "abort", "requestBody": {"required": True, "content": _json(AbortBody)},
                                "responses": _responses(AbortResult, InvalidRequestError, RequestTooLargeError, *v1)}},
         "/v1/stats": {"get": {"operationId": "stats", "responses": _responses(StageStats, *v1)}},

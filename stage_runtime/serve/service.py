@@ -18,6 +18,7 @@ from stage_runtime.config import StageConfig
 from stage_runtime.control import check_control_rpc
 from stage_runtime.errors import (DiffStageError, EngineClosedError, EngineDeadError, RpcError, StageUnavailableError,
                                   outcome_of)
+from stage_runtime.model_info import ModelInfo
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.serve.metrics import StageMetrics
 from stage_runtime.serve.startup import StartupProgress
@@ -84,6 +85,11 @@ class StageService:
         if self.engine is None or not self.engine.ready:
             return "starting"
         return "stalled" if self.engine.stall_reason is not None else "ready"
+
+    @property
+    def model_info(self) -> ModelInfo | None:
+        """The served model's facts (None until the engine has started)."""
+        return None if self.engine is None else self.engine.model_info
 
     @property
     def served_name(self) -> str | None:

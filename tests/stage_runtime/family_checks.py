@@ -39,6 +39,14 @@ class Family:
     call: Callable[..., dict] = prompt_call          # (pipe, prompt, n, guidance) → the bare call's own keywords
     guidances: tuple[float, float] = (7.5, 7.5)      # step mode's two requests (different when the step key allows)
     sized: bool = True                               # its __call__ takes height and width
+    size: int = SIZE                                 # the checks' height and width
+    frames: int | None = None                        # a video family: the checks' frame count
+
+    def request(self, rid: str, prompt: str, steps: int, seed: int, **kw) -> DiffusionRequest:
+        """A request at the row's size (and frame count: a video request)."""
+        fields = {"height": self.size, "width": self.size, **({} if self.frames is None else {"num_frames": self.frames})}
+        return DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed, **{**fields, **kw}),
+                                video=self.frames is not None)
 
 
 def make_engine(path: str, mode: str = "request", adapter: str | None = None, warmup: bool = True,
@@ -52,10 +60,6 @@ def make_engine(path: str, mode: str = "request", adapter: str | None = None, wa
 
 def req(rid: str, prompt: str, steps: int, seed: int, **kw) -> DiffusionRequest:
     return DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed, **kw))
-
-
-def sized_req(rid: str, prompt: str, steps: int, seed: int, **kw) -> DiffusionRequest:
-    return req(rid, prompt, steps, seed, height=SIZE, width=SIZE, **kw)
 
 
 def bare_pipeline(path: str) -> DiffusionPipeline:
@@ -76,13 +80,15 @@ def generators(seed: int, n: int) -> list[torch.Generator]:
 
 
 def bare_call(family: Family, path: str, prompt: str, steps: int, seed: int, guidance: float,
-              n: int = 1) -> np.ndarray:
+              n: int = 1, **extra) -> np.ndarray:
     """The pipeline's own ``__call__`` for one request (one generator per image, seed + i) → uint8."""
     pipe = bare_pipeline(path)
-    size = {"height": SIZE, "width": SIZE} if family.sized else {}
-    images = pipe(**family.call(pipe, prompt, n, guidance), **size, num_inference_steps=steps,
-                  generator=generators(seed, n), output_type="np").images
-    return to_uint8(images)
+    size = {"height": family.size, "width": family.size} if family.sized else {}
+    if family.frames is not None:
+        size["num_frames"] = family.frames
+    out = pipe(**family.call(pipe, prompt, n, guidance), **size, num_inference_steps=steps,
+               generator=generators(seed, n), output_type="np", **extra)
+    return to_uint8(out.images if family.frames is None else out.frames)
 
 
 # -- the checklist's checks, on a fresh engine over the family's tiny model --------------------------------
@@ -92,8 +98,8 @@ def check_request_mode(family: Family, path: str) -> None:
     eng = make_engine(path, "request", max_num_seqs=2, request_batch_max_wait_ms=200, warmup=False)
     calls = count_denoiser_calls(eng)
     try:
-        a = eng.add_request(sized_req("a", "a photo of a cat", 3, 1, guidance_scale=guidance))
-        b = eng.add_request(sized_req("b", "a red car", 3, 2, num_outputs=2, guidance_scale=guidance))
+        a = eng.add_request(family.request("a", "a photo of a cat", 3, 1, guidance_scale=guidance))
+        b = eng.add_request(family.request("b", "a red car", 3, 2, num_outputs=2, guidance_scale=guidance))
         out_a, out_b = a.result(timeout=60), b.result(timeout=60)
         assert calls[0] == 3, f"{calls[0]} denoiser forwards for two 3-step requests: they were not fused"
         assert max_diff(out_a.images, bare_call(family, path, "a photo of a cat", 3, 1, guidance)) <= 1
@@ -111,8 +117,8 @@ def check_step_mode(family: Family, path: str) -> None:
     calls = count_denoiser_calls(eng)
     try:
         g1, g2 = family.guidances
-        long = eng.add_request(sized_req("long", "a photo of a cat", 6, 3, guidance_scale=g1))
-        short = eng.add_request(sized_req("short", "a red car", 3, 4, num_outputs=2, guidance_scale=g2))
+        long = eng.add_request(family.request("long", "a photo of a cat", 6, 3, guidance_scale=g1))
+        short = eng.add_request(family.request("short", "a red car", 3, 4, num_outputs=2, guidance_scale=g2))
         long_out, short_out = long.result(timeout=60), short.result(timeout=60)
         assert calls[0] == 6, f"{calls[0]} denoiser forwards for 6 + 3 steps: the requests did not share ticks"
         assert max_diff(long_out.images, bare_call(family, path, "a photo of a cat", 6, 3, g1)) <= 2
@@ -126,11 +132,11 @@ def check_abort_next_to_a_batch_mate(family: Family, path: str, rounds: int = 4)
     """Abort at a random step, next to a running batch-mate: the stream ends aborted, all state is released."""
     eng = make_engine(path, "step", max_num_seqs=2, warmup=False)
     rng = random.Random(14)
-    mate = eng.add_request(sized_req("mate", "a tree", 400, 9))
+    mate = eng.add_request(family.request("mate", "a tree", 400, 9))
     try:
         for i in range(rounds):
             target = rng.randint(1, 5)
-            stream = eng.add_request(sized_req(f"r{i}", "a dog", 8, i, stream=True))
+            stream = eng.add_request(family.request(f"r{i}", "a dog", 8, i, stream=True))
             while stream.get(timeout=30).step_index < target:
                 pass
             assert eng.abort(f"r{i}") == [f"r{i}"]
@@ -150,11 +156,12 @@ def check_progress_with_previews(family: Family, path: str) -> None:
     """A streamed request reports every step in order, previews where asked, then one final image."""
     eng = make_engine(path, "step", max_num_seqs=2, streaming_output=True, warmup=False)
     try:
-        items = list(eng.add_request(sized_req("s", "a cat", 4, 3, preview_every=2)))
+        items = list(eng.add_request(family.request("s", "a cat", 4, 3, preview_every=2)))
         assert [i.step_index for i in items] == [1, 2, 3, 4]
         assert [i.finished for i in items] == [False, False, False, True]
         assert [i.step_index for i in items[:-1] if i.images is not None] == [2]
-        assert items[-1].images.shape == (1, SIZE, SIZE, 3)
+        frames = () if family.frames is None else (family.frames,)
+        assert items[-1].images.shape == (1, *frames, family.size, family.size, 3)
     finally:
         eng.close()
 

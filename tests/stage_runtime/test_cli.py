@@ -158,6 +158,34 @@ def test_make_tiny_model_all_writes_every_kind_each_served_by_its_adapter(tmp_pa
 
 
 # -- generate -------------------------------------------------------------------------------------------------
+def test_generate_a_video_writes_the_mp4_and_the_exact_png_frames(tiny_wan_path, tmp_path, capsys):
+    """``--frames 9 --fps 8 --out clip.mp4`` writes an MP4 that plays 9 frames of 16x16 at 8 fps; ``--out DIR/``
+    writes frame_0000.png … equal to the bare diffusers call; the MP4 is within the stated PSNR of them."""
+    from family_checks import Family, bare_call
+
+    from stage_runtime.videoio import decode_mp4, psnr, read_frames_png
+
+    common = ["generate", "--model", tiny_wan_path, "--prompt", "a fox", "--steps", "2", "--size", "16x16", "--seed",
+              "3", "--frames", "9", "--fps", "8", "--guidance", "6", "--device", "cpu"]
+    rc, out, err = run_cli(capsys, *common, "--out", str(tmp_path / "clip.mp4"))
+    assert rc == 0, err
+    assert "9 frames of 16x16 at 8 fps, H.264 MP4" in out
+    rc, out, err = run_cli(capsys, *common, "--out", f"{tmp_path / 'frames'}/")
+    assert rc == 0 and "9 PNG frames of 16x16" in out, err
+    frames = read_frames_png(tmp_path / "frames")
+    reference = bare_call(Family("wan", size=16, frames=9), tiny_wan_path, "a fox", 2, 3, 6.0)[0]
+    assert int(np.abs(frames.astype(int) - reference).max()) <= 1
+    decoded, fps = decode_mp4((tmp_path / "clip.mp4").read_bytes())
+    assert decoded.shape == (9, 16, 16, 3) and fps == 8 and psnr(decoded, frames) >= 27.0
+
+
+def test_generate_a_frame_count_off_the_rule_exits_2_naming_it(tiny_wan_path, tmp_path, capsys):
+    rc, _, err = run_cli(capsys, "generate", "--model", tiny_wan_path, "--prompt", "x", "--size", "16x16",
+                         "--frames", "10", "--out", str(tmp_path / "c.mp4"), "--device", "cpu")
+    assert rc == 2 and "num_frames=10: WanPipeline takes 4k+1 frames (9, 13 are the nearest)" in err
+
+
+
 def test_generate_writes_png_and_prints_timing(tiny_sd_path, tmp_path, capsys):
     png = tmp_path / "sub" / "F.png"
     rc, out, err = run_cli(capsys, "generate", "--model", tiny_sd_path, "--prompt", "x", "--steps", "2",

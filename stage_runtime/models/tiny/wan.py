@@ -11,7 +11,8 @@ Facts for the adapter (diffusers 0.42.1 ``pipeline_wan.py``):
   512 text tokens. Default call: 480x832, 81 frames, 50 steps, guidance 5.0, ``output_type="np"``; fps 16.
 - the VAE's mid-block attention is single-head (Wan's VAE has no head count); every transformer and text
   encoder attention layer has 2 or 4 heads.
-- about 375 KB on disk.
+- about 375 KB on disk; rope_max_seq_len 1024 (as the real checkpoints: the default 480x832 fits).
+
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def tiny_wan_transformer(**config):
 
     layout = {"patch_size": (1, 2, 2), "num_attention_heads": HEADS, "attention_head_dim": HEAD_DIM,
               "in_channels": Z_DIM, "out_channels": Z_DIM, "text_dim": T5_HIDDEN, "freq_dim": 32, "ffn_dim": 32,
-              "num_layers": 2, "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 32}
+              "num_layers": 2, "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 1024}
     return WanTransformer3DModel(**{**layout, **config})
 
 

@@ -38,15 +38,15 @@ def adapter_class(family: model_catalog.Family) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def family_row(family: model_catalog.Family, tests_dir: Path = TESTS) -> Family | None:
-    """The ``FAMILY`` row its test module declares (None without one)."""
+def family_rows(family: model_catalog.Family, tests_dir: Path = TESTS) -> tuple[Family, ...]:
+    """The rows its test module declares: ``FAMILY``, or ``FAMILIES`` for an adapter of several tiny kinds."""
     path = tests_dir / f"test_{module_name(family)}.py"
     if not path.is_file():
-        return None
+        return ()
     spec = importlib.util.spec_from_file_location(f"family_row_{module_name(family)}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return getattr(module, "FAMILY", None)
+    return getattr(module, "FAMILIES", (getattr(module, "FAMILY", None),) if hasattr(module, "FAMILY") else ())
 
 
 def doc_rows(doc: Path) -> dict[str, dict[str, str]]:
@@ -92,9 +92,11 @@ def checklist_problems(families, root: Path = ROOT, tests_dir: Path = TESTS, cla
                 problems.append(f"{name}: tiny kind {kind!r} has no build(seed) in {builder.relative_to(root)}")
             if f"tiny-{kind}" not in builtins:
                 problems.append(f"{name}: the CRD has no builtin tiny-{kind} (make crds)")
-        row = family_row(family, tests_dir)
-        if row is None or row.kind not in family.tiny_kinds:
-            problems.append(f"{name}: tests/…/models/test_{module_name(family)}.py declares no FAMILY row of its kind")
+        rows = {row.kind for row in family_rows(family, tests_dir)}
+        for kind in family.tiny_kinds:
+            if kind not in rows:
+                problems.append(f"{name}: tests/…/models/test_{module_name(family)}.py declares no FAMILY row of "
+                                f"kind {kind!r}")
         for pipeline in family.pipeline_classes:
             cells = docs.get(pipeline)
             if cells is None:
@@ -128,17 +130,18 @@ def test_every_family_has_all_of_its_pieces():
 def test_the_checklist_names_each_missing_piece(tmp_path):
     """A family module added alone (no tiny builder, no CRD builtin, no docs row, no test module) fails the
     checklist once per missing piece; a docs row that disagrees with its adapter fails too."""
-    (tmp_path / "wan.py").write_text("class WanAdapter:\n    pipeline_classes = ('WanPipeline',)\n"
-                                     "    tiny_kinds = ('wan',)\n")
-    (wan,) = model_catalog.read_families(tmp_path, "stage_runtime.models")
-    fake = type("WanAdapter", (), {"guidance": "cfg", "supports_step_execution": True,
+    (tmp_path / "newfamily.py").write_text("class NewAdapter:\n    pipeline_classes = ('NewPipeline',)\n"
+                                           "    tiny_kinds = ('newfamily',)\n")
+    (new_family,) = model_catalog.read_families(tmp_path, "stage_runtime.models")
+    fake = type("NewAdapter", (), {"guidance": "cfg", "supports_step_execution": True,
                                    "parallel_kinds": frozenset({"cfg"}), "lora_components": ()})
-    problems = checklist_problems([wan], classes=lambda _: fake)
+    problems = checklist_problems([new_family], classes=lambda _: fake)
+    new = "stage_runtime.models.newfamily:NewAdapter"
     assert problems == [
-        "stage_runtime.models.wan:WanAdapter: tiny kind 'wan' has no build(seed) in stage_runtime/models/tiny/wan.py",
-        "stage_runtime.models.wan:WanAdapter: the CRD has no builtin tiny-wan (make crds)",
-        "stage_runtime.models.wan:WanAdapter: tests/…/models/test_wan.py declares no FAMILY row of its kind",
-        "stage_runtime.models.wan:WanAdapter: docs/model-families.md has no row for `WanPipeline`"]
+        f"{new}: tiny kind 'newfamily' has no build(seed) in stage_runtime/models/tiny/newfamily.py",
+        f"{new}: the CRD has no builtin tiny-newfamily (make crds)",
+        f"{new}: tests/…/models/test_newfamily.py declares no FAMILY row of kind 'newfamily'",
+        f"{new}: docs/model-families.md has no row for `NewPipeline`"]
     (sd,) = [f for f in FAMILIES if "StableDiffusionPipeline" in f.pipeline_classes]
     lying = type("Lying", (adapter_class(sd),), {"parallel_kinds": frozenset({"cfg", "ulysses", "tp"})})
     assert checklist_problems([sd], classes=lambda _: lying) == [
@@ -160,11 +163,13 @@ CHECKS = {"request_mode_equals_diffusers": (check_request_mode, False),
           "progress_in_order_with_previews": (check_progress_with_previews, True)}
 
 
+ROWS = [(family, row) for family in FAMILIES for row in family_rows(family)]
+
+
 @pytest.mark.parametrize("check", CHECKS)
-@pytest.mark.parametrize("family", FAMILIES, ids=module_name)
-def test_family(family, check, tiny_model):
+@pytest.mark.parametrize(("family", "row"), ROWS, ids=[row.kind for _, row in ROWS])
+def test_family(family, row, check, tiny_model):
     run, needs_step_mode = CHECKS[check]
     if needs_step_mode and not adapter_class(family).supports_step_execution:
         pytest.skip(f"{family.adapter} declares no step mode")
-    row = family_row(family)
     run(row, tiny_model(row.kind))

@@ -1,0 +1,162 @@
+"""Wan text-to-video (WanPipeline): Wan 2.1, Wan 2.2 A14B (two experts) and Wan 2.2 TI2V-5B.
+
+A 3-D DiT over patchified video latents, a T5 prompt (padded to ``max_sequence_length`` with zeros), flow
+matching, classifier-free guidance. diffusers calls the transformer twice per step (prompt, then negative
+prompt); here one step is ONE denoiser forward over every scheduled request's rows, ``[cond x n; uncond x n]``
+when guided, so request mode runs the step loop to the end for its wave (as Qwen-Image) and both modes make one
+denoiser call per step (the runner's step clock). Per row:
+
+    timestep    t (Wan 2.1/2.2), or t per latent token (TI2V-5B: ``expand_timesteps``)
+    expert      Wan 2.2 A14B: ``transformer`` while t >= boundary_ratio x num_train_timesteps (high noise,
+                guidance_scale), then ``transformer_2`` (low noise, guidance_scale_2); ``WanExperts`` splits
+                one forward's rows between them, so requests on either side of the boundary share ticks
+    guided      uncond + g * (cond - uncond), g the row's expert's scale
+
+Frames are ``4k + 1`` (the VAE's temporal factor): any other count is refused at admission, never rounded
+as diffusers does; height and width are multiples of the VAE's spatial factor x the patch size.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+
+from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.step_contract import StepContract
+from stage_runtime.models.step_state import StepRequestState
+from stage_runtime.request import DiffusionRequest
+
+MAX_SEQUENCE_LENGTH = 512          # WanPipeline.__call__'s default: every prompt is padded to it
+DEFAULT_FPS = 16
+
+
+class WanExperts(torch.nn.Module):
+    """The denoiser of one step: ``transformer`` alone (Wan 2.1, TI2V), or Wan 2.2's two experts, each row sent
+    to the one its timestep belongs to. One call per step whichever experts run (the step clock's module)."""
+
+    def __init__(self, transformer: torch.nn.Module, transformer_2: torch.nn.Module | None, boundary: float | None):
+        super().__init__()
+        self.transformer, self.transformer_2, self.boundary = transformer, transformer_2, boundary
+
+    def high_noise(self, expert_timestep: torch.Tensor) -> torch.Tensor:
+        """Per row: True where ``transformer`` (the high-noise expert) runs it."""
+        if self.boundary is None:
+            return torch.ones_like(expert_timestep, dtype=torch.bool)
+        return expert_timestep >= self.boundary
+
+    def forward(self, hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                expert_timestep: torch.Tensor) -> torch.Tensor:
+        high = self.high_noise(expert_timestep)
+        if bool(high.all()) or self.transformer_2 is None:
+            return self.transformer(hidden_states=hidden_states, timestep=timestep,
+                                    encoder_hidden_states=encoder_hidden_states, return_dict=False)[0]
+        if not bool(high.any()):
+            return self.transformer_2(hidden_states=hidden_states, timestep=timestep,
+                                      encoder_hidden_states=encoder_hidden_states, return_dict=False)[0]
+        out = torch.empty_like(hidden_states)
+        for rows, expert in ((high, self.transformer), (~high, self.transformer_2)):
+            out[rows] = expert(hidden_states=hidden_states[rows], timestep=timestep[rows],
+                               encoder_hidden_states=encoder_hidden_states[rows], return_dict=False)[0]
+        return out
+
+
+class WanAdapter(StepContract, PipelineAdapter):
+    pipeline_classes = ("WanPipeline",)
+    tiny_kinds = ("wan", "wan22", "wan-ti2v")
+    default_steps = 50
+    default_guidance = 5.0
+    parallel_kinds = frozenset()           # CFG, Ulysses and ring: once their 2-rank equality tests pass
+    low_cpu_mem_usage = None                                  # its norms are kept in float32 (diffusers' rule)
+    request_key_fields = ("height", "width", "num_frames", "num_inference_steps", "guidance_scale",
+                          "guidance_scale_2")
+    step_key_fields = ("height", "width", "num_frames")     # timesteps, guidance and experts are per row
+
+    def __init__(self, pipeline, device: torch.device):
+        super().__init__(pipeline, device)
+        ratio = pipeline.config.boundary_ratio
+        boundary = None if ratio is None else ratio * pipeline.scheduler.config.num_train_timesteps
+        self.experts = WanExperts(pipeline.transformer, pipeline.transformer_2, boundary)
+
+    @property
+    def denoiser(self) -> torch.nn.Module:
+        return self.experts
+
+    @property
+    def vae_scale_factor(self) -> int:
+        return int(self.pipe.vae_scale_factor_spatial)
+
+    def size_multiple(self) -> int:
+        return self.vae_scale_factor * self.pipe.transformer.config.patch_size[1]
+
+    def default_size(self) -> tuple[int, int]:
+        params = inspect.signature(type(self.pipe).__call__).parameters
+        return int(params["height"].default), int(params["width"].default)
+
+    def max_sequence_length(self) -> int:
+        return MAX_SEQUENCE_LENGTH
+
+    def family_facts(self) -> dict:
+        frames = inspect.signature(type(self.pipe).__call__).parameters["num_frames"].default
+        return {"frame_rule": (int(self.pipe.vae_scale_factor_temporal), 1), "default_frames": int(frames),
+                "default_fps": DEFAULT_FPS, "takes_guidance_2": self.experts.boundary is not None}
+
+    # -- request mode: the step loop, to the end, for the whole wave -------------------------------------
+    def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
+        return self.run_step_loop(requests)
+
+    # -- step contract: WanPipeline.__call__, one step at a time ------------------------------------------
+    def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
+        s, pipe, n = request.sampling, self.pipe, request.sampling.num_outputs
+        do_cfg = s.guidance_scale > 1
+        embeds, negative = pipe.encode_prompt(
+            prompt=[request.prompt] * n, negative_prompt=[s.negative_prompt or ""] * n, do_classifier_free_guidance=do_cfg,
+            num_videos_per_prompt=1, max_sequence_length=MAX_SEQUENCE_LENGTH, device=self.device)
+        dtype = pipe.transformer.dtype
+        latents = pipe.prepare_latents(n, pipe.transformer.config.in_channels, s.height, s.width, s.num_frames,
+                                       torch.float32, self.device, self.generators([request]))
+        embeds = embeds.to(dtype) if not do_cfg else torch.cat([embeds, negative]).to(dtype)   # [cond; uncond]
+        scheduler = self.noise_scheduler_for(s.num_inference_steps)
+        scheduler.set_begin_index(0)
+        return StepRequestState(request, scheduler, latents, do_cfg, cond={"embeds": embeds})
+
+    def timesteps_of(self, state: StepRequestState, rows: int) -> torch.Tensor:
+        """The transformer's timestep input for ``rows`` rows of this state: t per row, or t per latent token
+        (TI2V-5B's ``expand_timesteps``; every token of a text-to-video latent is at t)."""
+        t = state.timestep
+        if not self.pipe.config.expand_timesteps:
+            return t.expand(rows)
+        frames, height, width = state.latents.shape[2:]
+        tokens = frames * ((height + 1) // 2) * ((width + 1) // 2)
+        return torch.full((rows, tokens), float(t), dtype=torch.float32, device=state.latents.device)
+
+    def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
+        dtype = self.pipe.transformer.dtype
+        rows = [torch.cat([st.latents] * 2) if st.do_cfg else st.latents for st in states]
+        noise = self.denoiser(
+            hidden_states=torch.cat(rows).to(dtype),
+            timestep=torch.cat([self.timesteps_of(st, len(r)) for st, r in zip(states, rows, strict=True)]),
+            encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
+            expert_timestep=torch.cat([st.timestep.reshape(1).expand(len(r)) for st, r in zip(states, rows,
+                                                                                              strict=True)]))
+        preds = []
+        for st, pred in zip(states, self.split_rows(noise, rows), strict=True):
+            if st.do_cfg:
+                cond, uncond = pred.chunk(2)
+                s, high = st.request.sampling, bool(self.experts.high_noise(st.timestep.reshape(1))[0])
+                scale = s.guidance_scale if high or s.guidance_scale_2 is None else s.guidance_scale_2
+                pred = self.guided(uncond, cond, scale)
+            preds.append(pred)
+        return preds
+
+    def post_decode(self, state: StepRequestState) -> np.ndarray:
+        """uint8 (num_outputs, F, H, W, 3): un-normalised by the VAE's latent mean and std, decoded, as the
+        pipeline's video processor gives them."""
+        vae = self.pipe.vae
+        latents = state.latents.to(vae.dtype)
+        shape = (1, vae.config.z_dim, 1, 1, 1)
+        mean = torch.tensor(vae.config.latents_mean, device=latents.device, dtype=latents.dtype).view(shape)
+        std = torch.tensor(vae.config.latents_std, device=latents.device, dtype=latents.dtype).view(shape)
+        video = vae.decode(latents / (1.0 / std) + mean, return_dict=False)[0]          # as diffusers scales
+        return self.to_uint8(self.pipe.video_processor.postprocess_video(video, output_type="np"))

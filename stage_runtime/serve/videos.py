@@ -1,0 +1,109 @@
+"""``POST /v1/videos/sync``: one video, generated while the call waits (the job API, ``/v1/videos``, is its own).
+
+The body is JSON (docs/http-api.md): OpenAI's ``prompt``, ``model``, ``size``, ``seconds``, and the video knobs
+every video server takes (``num_frames``, ``fps``, steps, guidance, ``guidance_scale_2``, negative prompt,
+seed). ``seconds`` without ``num_frames`` is ``seconds × fps + 1`` frames (N seconds are N × fps intervals).
+The answer is the MP4 (``video/mp4``: H.264, yuv420p) or, with ``response_format: "frames"``, the exact frames
+losslessly as a zip of ``frame_0000.png …`` (``application/zip``). The engine never rounds a frame count: one
+the family cannot take is a 400 naming ``num_frames``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import uuid
+import zipfile
+from contextlib import aclosing
+from typing import Literal
+
+import numpy as np
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+from stage_runtime.engine.stream import raise_for_output
+from stage_runtime.errors import InvalidRequestError, RequestAbortedError, StageUnavailableError
+from stage_runtime.imageio import encode_image
+from stage_runtime.request import (MAX_PROMPT_CHARS, MAX_SIDE, DiffusionRequest, Guidance, NegativePrompt, Priority,
+                                   SamplingParams, Seed, Steps, TimeoutS)
+from stage_runtime.serve.bodies import read_json
+from stage_runtime.serve.images import SERVICE, check_model
+from stage_runtime.serve.schemas import _EDGE, _SIZE, error_body, parse_body
+from stage_runtime.video_request import Fps, Frames
+from stage_runtime.videoio import encode_mp4
+
+
+class VideoGenerationRequest(BaseModel):
+    """``POST /v1/videos/sync`` (JSON): strict types, unknown fields refused."""
+
+    model_config = _EDGE
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    model: str | None = None
+    size: str | None = None                          # "WIDTHxHEIGHT"; None: the model's default
+    seconds: int | None = Field(None, ge=1, le=600)   # OpenAI's; frames = seconds × fps + 1 without num_frames
+    num_frames: Frames | None = None
+    fps: Fps | None = None
+    num_inference_steps: Steps | None = None
+    guidance_scale: Guidance | None = None
+    guidance_scale_2: Guidance | None = None
+    negative_prompt: NegativePrompt | None = None
+    seed: Seed | None = None
+    priority: Priority = 0
+    timeout_s: TimeoutS | None = None
+    request_id: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")
+    response_format: Literal["mp4", "frames"] = "mp4"
+
+    def to_request(self, default_fps: int | None) -> DiffusionRequest:
+        width = height = None
+        if self.size is not None:
+            match = _SIZE.match(self.size)
+            if not match or not all(8 <= int(side) <= MAX_SIDE for side in match.groups()):
+                raise InvalidRequestError("size", self.size, f"must be WIDTHxHEIGHT, each side 8 to {MAX_SIDE}")
+            width, height = int(match[1]), int(match[2])
+        frames = self.num_frames
+        if frames is None and self.seconds is not None:
+            frames = self.seconds * (self.fps or default_fps or 16) + 1
+        sampling = SamplingParams.parse({
+            "height": height, "width": width, "num_frames": frames, "fps": self.fps,
+            "num_inference_steps": self.num_inference_steps, "guidance_scale": self.guidance_scale,
+            "guidance_scale_2": self.guidance_scale_2, "negative_prompt": self.negative_prompt, "seed": self.seed,
+            "priority": self.priority, "timeout_s": self.timeout_s})
+        return DiffusionRequest(self.request_id or f"video-{uuid.uuid4().hex}", self.prompt, sampling, video=True)
+
+
+def frames_zip(frames: np.ndarray) -> bytes:
+    """The exact frames (F, H, W, 3) uint8 as a zip of lossless PNGs, ``frame_0000.png …`` (stored, not deflated:
+    PNG is compressed already)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        for index, frame in enumerate(frames):
+            archive.writestr(f"frame_{index:04d}.png", encode_image(frame, "png"))
+    return out.getvalue()
+
+
+async def create_video_sync(request: web.Request) -> web.Response:
+    """``POST /v1/videos/sync`` (JSON) → the MP4, or the frames as a zip of PNGs."""
+    service = request.app[SERVICE]
+    try:
+        body = parse_body(VideoGenerationRequest, await read_json(request))
+        check_model(body, service)
+        default_fps = service.model_info.default_fps if service.model_info is not None else None
+        engine_request = body.to_request(default_fps)
+    except InvalidRequestError as exc:
+        service.metrics.count(exc.outcome)
+        raise
+    stream = service.submit(engine_request)
+    final = None
+    async with aclosing(service.outputs(stream)) as items:
+        async for item in items:
+            final = item
+    if final.error_type == RequestAbortedError.error_type and service.draining:
+        return web.json_response(error_body(final.error_type, final.error), status=StageUnavailableError.http_status)
+    raise_for_output(final)
+    frames, fps = final.images[0], engine_request.sampling.fps or service.model_info.default_fps
+    headers = {"X-Request-Id": final.request_id, "X-Video-Frames": str(len(frames)), "X-Video-Fps": str(fps)}
+    if body.response_format == "frames":
+        return web.Response(body=await asyncio.to_thread(frames_zip, frames), content_type="application/zip",
+                            headers=headers)
+    return web.Response(body=await asyncio.to_thread(encode_mp4, frames, fps), content_type="video/mp4",
+                        headers=headers)

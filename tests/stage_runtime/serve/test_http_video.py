@@ -1,0 +1,76 @@
+"""``POST /v1/videos/sync`` on a real stage process serving the tiny Wan: the exact frames (a zip of PNGs) equal the
+bare diffusers call; the MP4 plays (F frames of H×W at the asked fps) within a stated PSNR of them; a frame count
+off the family's rule is a 400 naming it; images and videos each ask the family that makes them; the stage drains
+to exit 0 and leaves nothing behind."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from family_checks import Family, bare_call
+from PIL import Image
+from stage_process import StageProcess
+
+from stage_runtime.videoio import decode_mp4, psnr
+
+torch.set_num_threads(1)
+WAN = Family("wan", size=16, frames=9)
+BODY = {"prompt": "a red fox", "size": "16x16", "num_frames": 9, "num_inference_steps": 3, "seed": 5,
+        "guidance_scale": 6.0, "fps": 8}
+MP4_PSNR_DB = 27.0       # crf 18 on 16x16 noise-like frames of the random tiny model (measured 30-33 dB)
+
+
+@pytest.fixture(scope="module")
+def wan_stage(tiny_wan_path, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("wan-stage")
+    config = folder / "stage.yaml"
+    config.write_text("warmup: false\n")            # warmup runs the default 832x480x1
+    stage = StageProcess(["--model", tiny_wan_path, "--config", str(config), "--device", "cpu", "--executor", "uni",
+                          "--execution-mode", "step"], folder / "stage.log")
+    stage.start()
+    yield stage
+    assert stage.stop() == 0, stage.log[-3000:]
+    stage.assert_no_leaks()
+
+
+def test_the_exact_frames_equal_diffusers_and_the_mp4_plays_within_the_stated_psnr(wan_stage, tiny_wan_path):
+    reference = bare_call(WAN, tiny_wan_path, "a red fox", 3, 5, 6.0)[0]
+    with httpx.Client(base_url=wan_stage.http_url, timeout=120) as http:
+        zipped = http.post("/v1/videos/sync", json={**BODY, "response_format": "frames"})
+        mp4 = http.post("/v1/videos/sync", json=BODY)
+    assert zipped.status_code == 200 and zipped.headers["content-type"] == "application/zip"
+    with zipfile.ZipFile(io.BytesIO(zipped.content)) as archive:
+        names = archive.namelist()
+        frames = np.stack([np.asarray(Image.open(io.BytesIO(archive.read(name))).convert("RGB")) for name in names])
+    assert names == [f"frame_{i:04d}.png" for i in range(9)]
+    assert frames.shape == (9, 16, 16, 3) and int(np.abs(frames.astype(int) - reference).max()) <= 2
+    assert mp4.status_code == 200 and mp4.headers["content-type"] == "video/mp4", mp4.text[:300]
+    assert (mp4.headers["x-video-frames"], mp4.headers["x-video-fps"]) == ("9", "8")
+    decoded, fps = decode_mp4(mp4.content)
+    assert decoded.shape == (9, 16, 16, 3) and fps == 8
+    assert psnr(decoded, frames) >= MP4_PSNR_DB
+
+
+@pytest.mark.parametrize(("path", "body", "field", "message"), [
+    ("/v1/videos/sync", {**BODY, "num_frames": 10}, "num_frames", "WanPipeline takes 4k+1 frames (9, 13"),
+    ("/v1/videos/sync", {**BODY, "size": "20x16"}, "width", "must be a multiple of 16"),
+    ("/v1/videos/sync", {**BODY, "fps": 0}, "fps", "greater than or equal to 1"),
+    ("/v1/images/generations", {"prompt": "a red fox", "size": "16x16"}, "model", "makes videos"),
+])
+def test_a_bad_video_request_is_a_400_naming_the_field(wan_stage, path, body, field, message):
+    with httpx.Client(base_url=wan_stage.http_url, timeout=60) as http:
+        answer = http.post(path, json=body)
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and error["param"] == field and message in error["message"], error
+
+
+def test_seconds_without_num_frames_are_seconds_times_fps_plus_one_frames(wan_stage):
+    with httpx.Client(base_url=wan_stage.http_url, timeout=120) as http:
+        answer = http.post("/v1/videos/sync", json={**{k: v for k, v in BODY.items() if k != "num_frames"},
+                                                   "seconds": 1, "fps": 4})
+    assert answer.status_code == 200 and answer.headers["x-video-frames"] == "5", answer.text[:300]
