@@ -51,6 +51,7 @@ class ModelInfo:
     default_fps: int | None = None
     max_frames: int | None = None
     takes_guidance_2: bool = False
+    reference: str | None = None             # an image-to-video family's reference image: "required" (or None)
 
     @property
     def video(self) -> bool:

@@ -229,6 +229,7 @@ class DiffusionRequest:
     key_fields: tuple[tuple[str, ...], tuple[str, ...]] | None = None
     edit: EditInput | None = None                 # set for POST /v1/images/edits
     video: bool = False                           # asks for a video (a video route): the family must make videos
+    reference: np.ndarray | None = None           # uint8 (H, W, 3): the image a video starts from (image-to-video)
     seed_given: bool | None = None                # the client chose the seed (None: decided at creation)
     # The SHA-256 (16 hex) of each adapter in sampling.loras, recorded at admission (engine.lora_table)
     lora_digests: tuple[str, ...] = ()
@@ -299,6 +300,11 @@ class DiffusionRequest:
             raise InvalidRequestError("model", info.pipeline_class, (
                 "makes videos: ask for one on a video route (POST /v1/videos/sync)" if info.video else
                 "makes images: ask for them on an image route (POST /v1/images/generations)"))
+        if (self.reference is None and info.reference == "required") or (
+                self.reference is not None and info.reference is None):
+            raise InvalidRequestError("input_reference", None if self.reference is None else "<image>", (
+                f"{info.pipeline_class} makes a video from an image: give one" if self.reference is None else
+                f"{info.pipeline_class} takes no reference image"))
         if edit is not None and edit.mask is not None and edit.mask.shape != edit.image.shape[:2]:
             raise InvalidRequestError("mask", f"{edit.mask.shape[1]}x{edit.mask.shape[0]}",
                                       f"must be the image's size {edit.image.shape[1]}x{edit.image.shape[0]}")

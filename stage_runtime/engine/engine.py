@@ -118,11 +118,11 @@ class DiffusionEngine:
         return stream
 
     def generate(self, prompt: str, request_id: str | None = None, timeout: float | None = None,
-                 **sampling: Any) -> DiffusionOutput:
-        """Sync convenience: one request (a video when the model makes videos), wait for its final output
-        (raises on abort / failure)."""
+                 reference: Any = None, **sampling: Any) -> DiffusionOutput:
+        """Sync convenience: one request (a video when the model makes videos, from ``reference``, a uint8 image,
+        for image-to-video), wait for its final output (raises on abort / failure)."""
         return self.add_request(DiffusionRequest(request_id or uuid.uuid4().hex, prompt, SamplingParams.parse(sampling),
-                                                 video=self.model_info.video)).result(timeout)
+                                                 video=self.model_info.video, reference=reference)).result(timeout)
 
     def abort(self, request_ids: str | list[str]) -> list[str]:
         """Abort waiting or running requests; returns the ids that were in flight (others are unknown)."""

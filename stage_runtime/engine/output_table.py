@@ -34,10 +34,13 @@ WARMUP_PREFIX = "warmup-"
 
 def warmup_request(info: ModelInfo) -> DiffusionRequest:
     """The 2-step request a stage runs before it reports ready (left out of the outcome counters); a video
-    family's is its shortest video (one frame for Wan's 4k+1) at its default size."""
+    family's is its shortest video (one frame for Wan's 4k+1) at its default size, from a grey picture when it
+    makes videos from images."""
     frames = None if info.frame_rule is None else info.frame_rule[1] % info.frame_rule[0] or info.frame_rule[0]
+    grey = np.full((info.default_height, info.default_width, 3), 128, dtype=np.uint8)
     return DiffusionRequest(f"{WARMUP_PREFIX}{uuid.uuid4().hex[:8]}", "warmup",
-                            SamplingParams(num_inference_steps=2, seed=0, num_frames=frames), video=info.video)
+                            SamplingParams(num_inference_steps=2, seed=0, num_frames=frames), video=info.video,
+                            reference=grey if info.reference == "required" else None)
 
 
 class OutputTable:

@@ -22,7 +22,9 @@ import inspect
 
 import numpy as np
 import torch
+from PIL import Image
 
+from stage_runtime.errors import ModelLoadError
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.models.step_state import StepRequestState
@@ -47,18 +49,19 @@ class WanExperts(torch.nn.Module):
         return expert_timestep >= self.boundary
 
     def forward(self, hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
-                expert_timestep: torch.Tensor) -> torch.Tensor:
+                expert_timestep: torch.Tensor, encoder_hidden_states_image: torch.Tensor | None = None) -> torch.Tensor:
         high = self.high_noise(expert_timestep)
+        inputs = {"hidden_states": hidden_states, "timestep": timestep, "encoder_hidden_states": encoder_hidden_states,
+                  "encoder_hidden_states_image": encoder_hidden_states_image}
         if bool(high.all()) or self.transformer_2 is None:
-            return self.transformer(hidden_states=hidden_states, timestep=timestep,
-                                    encoder_hidden_states=encoder_hidden_states, return_dict=False)[0]
+            return self.transformer(**inputs, return_dict=False)[0]
         if not bool(high.any()):
-            return self.transformer_2(hidden_states=hidden_states, timestep=timestep,
-                                      encoder_hidden_states=encoder_hidden_states, return_dict=False)[0]
-        out = torch.empty_like(hidden_states)
+            return self.transformer_2(**inputs, return_dict=False)[0]
+        out = None
         for rows, expert in ((high, self.transformer), (~high, self.transformer_2)):
-            out[rows] = expert(hidden_states=hidden_states[rows], timestep=timestep[rows],
-                               encoder_hidden_states=encoder_hidden_states[rows], return_dict=False)[0]
+            part = expert(**{k: None if v is None else v[rows] for k, v in inputs.items()}, return_dict=False)[0]
+            out = part.new_empty((len(high), *part.shape[1:])) if out is None else out
+            out[rows] = part
         return out
 
 
@@ -114,12 +117,25 @@ class WanAdapter(StepContract, PipelineAdapter):
             prompt=[request.prompt] * n, negative_prompt=[s.negative_prompt or ""] * n, do_classifier_free_guidance=do_cfg,
             num_videos_per_prompt=1, max_sequence_length=MAX_SEQUENCE_LENGTH, device=self.device)
         dtype = pipe.transformer.dtype
-        latents = pipe.prepare_latents(n, pipe.transformer.config.in_channels, s.height, s.width, s.num_frames,
-                                       torch.float32, self.device, self.generators([request]))
         embeds = embeds.to(dtype) if not do_cfg else torch.cat([embeds, negative]).to(dtype)   # [cond; uncond]
         scheduler = self.noise_scheduler_for(s.num_inference_steps)
         scheduler.set_begin_index(0)
-        return StepRequestState(request, scheduler, latents, do_cfg, cond={"embeds": embeds})
+        latents, cond = self.prepare_video_latents(request)
+        return StepRequestState(request, scheduler, latents, do_cfg, cond={"embeds": embeds, **cond})
+
+    def prepare_video_latents(self, request: DiffusionRequest) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The initial noise from the request's generators, and what else conditions its forwards (none here)."""
+        s = request.sampling
+        return self.pipe.prepare_latents(s.num_outputs, self.pipe.transformer.config.in_channels, s.height, s.width,
+                                         s.num_frames, torch.float32, self.device, self.generators([request])), {}
+
+    def model_input(self, state: StepRequestState) -> torch.Tensor:
+        """One state's rows of the transformer's ``hidden_states`` (before the CFG doubling)."""
+        return state.latents
+
+    def extra_rows(self, states: list[StepRequestState], rows: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """More per-row inputs of the forward (image-to-video: the reference image's CLIP tokens)."""
+        return {}
 
     def timesteps_of(self, state: StepRequestState, rows: int) -> torch.Tensor:
         """The transformer's timestep input for ``rows`` rows of this state: t per row, or t per latent token
@@ -133,9 +149,9 @@ class WanAdapter(StepContract, PipelineAdapter):
 
     def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
         dtype = self.pipe.transformer.dtype
-        rows = [torch.cat([st.latents] * 2) if st.do_cfg else st.latents for st in states]
+        rows = [torch.cat([self.model_input(st)] * 2) if st.do_cfg else self.model_input(st) for st in states]
         noise = self.denoiser(
-            hidden_states=torch.cat(rows).to(dtype),
+            **self.extra_rows(states, rows), hidden_states=torch.cat(rows).to(dtype),
             timestep=torch.cat([self.timesteps_of(st, len(r)) for st, r in zip(states, rows, strict=True)]),
             encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
             expert_timestep=torch.cat([st.timestep.reshape(1).expand(len(r)) for st, r in zip(states, rows,
@@ -160,3 +176,44 @@ class WanAdapter(StepContract, PipelineAdapter):
         std = torch.tensor(vae.config.latents_std, device=latents.device, dtype=latents.dtype).view(shape)
         video = vae.decode(latents / (1.0 / std) + mean, return_dict=False)[0]          # as diffusers scales
         return self.to_uint8(self.pipe.video_processor.postprocess_video(video, output_type="np"))
+
+
+class WanImageToVideoAdapter(WanAdapter):
+    """WanImageToVideoPipeline (Wan 2.1 I2V, and Wan 2.2 I2V A14B without the CLIP image encoder): the video starts
+    from the request's reference image. Each forward's hidden states are [noisy latents ‖ first-frame mask (4 ch)
+    ‖ the image's VAE latents with the other frames zero] on the channel axis; with an image encoder the CLIP
+    tokens of the image join the text in cross-attention (``encoder_hidden_states_image``). The image is
+    resized to the request's size by the pipeline's video processor, as diffusers does."""
+
+    pipeline_classes = ("WanImageToVideoPipeline",)
+    tiny_kinds = ("wan-i2v",)
+
+    def __init__(self, pipeline, device: torch.device):
+        super().__init__(pipeline, device)
+        if pipeline.config.expand_timesteps:
+            raise ModelLoadError("WanImageToVideoPipeline with expand_timesteps (Wan 2.2 TI2V-5B image-to-video) "
+                                 "is not served yet; its text-to-video (WanPipeline) is")
+
+    def family_facts(self) -> dict:
+        return {**super().family_facts(), "reference": "required"}
+
+    def prepare_video_latents(self, request: DiffusionRequest) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        s, pipe = request.sampling, self.pipe
+        image = Image.fromarray(request.reference, mode="RGB")
+        cond = {}
+        if pipe.transformer.config.image_dim is not None:            # Wan 2.1 I2V: the CLIP image tokens
+            cond["image_embeds"] = pipe.encode_image(image, self.device).to(pipe.transformer.dtype)
+        pixels = pipe.video_processor.preprocess(image, height=s.height, width=s.width).to(self.device, torch.float32)
+        latents, cond["condition"] = pipe.prepare_latents(
+            pixels, s.num_outputs, pipe.vae.config.z_dim, s.height, s.width, s.num_frames, torch.float32,
+            self.device, self.generators([request]))
+        return latents, cond
+
+    def model_input(self, state: StepRequestState) -> torch.Tensor:
+        return torch.cat([state.latents, state.cond["condition"]], dim=1)
+
+    def extra_rows(self, states: list[StepRequestState], rows: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        if "image_embeds" not in states[0].cond:
+            return {}
+        return {"encoder_hidden_states_image": torch.cat(
+            [st.cond["image_embeds"].expand(len(r), -1, -1) for st, r in zip(states, rows, strict=True)])}

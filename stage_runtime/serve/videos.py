@@ -2,7 +2,8 @@
 
 The body is JSON (docs/http-api.md): OpenAI's ``prompt``, ``model``, ``size``, ``seconds``, and the video knobs
 every video server takes (``num_frames``, ``fps``, steps, guidance, ``guidance_scale_2``, negative prompt,
-seed). ``seconds`` without ``num_frames`` is ``seconds × fps + 1`` frames (N seconds are N × fps intervals).
+seed), and for an image-to-video family ``input_reference`` (the first frame's picture, base64). ``seconds``
+without ``num_frames`` is ``seconds × fps + 1`` frames (N seconds are N × fps intervals).
 The answer is the MP4 (``video/mp4``: H.264, yuv420p) or, with ``response_format: "frames"``, the exact frames
 losslessly as a zip of ``frame_0000.png …`` (``application/zip``). The engine never rounds a frame count: one
 the family cannot take is a 400 naming ``num_frames``.
@@ -11,6 +12,8 @@ the family cannot take is a 400 naming ``num_frames``.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import io
 import uuid
 import zipfile
@@ -22,8 +25,8 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from stage_runtime.engine.stream import raise_for_output
-from stage_runtime.errors import InvalidRequestError, RequestAbortedError, StageUnavailableError
-from stage_runtime.imageio import encode_image
+from stage_runtime.errors import InvalidRequestError, RequestAbortedError, RequestTooLargeError, StageUnavailableError
+from stage_runtime.imageio import decode_image, encode_image
 from stage_runtime.request import (MAX_PROMPT_CHARS, MAX_SIDE, DiffusionRequest, Guidance, NegativePrompt, Priority,
                                    SamplingParams, Seed, Steps, TimeoutS)
 from stage_runtime.serve.bodies import read_json
@@ -52,8 +55,20 @@ class VideoGenerationRequest(BaseModel):
     timeout_s: TimeoutS | None = None
     request_id: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")
     response_format: Literal["mp4", "frames"] = "mp4"
+    # image-to-video: the first frame's picture, base64 (PNG, JPEG, WebP…; a data: URL is accepted too)
+    input_reference: str | None = Field(None, min_length=1)
 
-    def to_request(self, default_fps: int | None) -> DiffusionRequest:
+    def reference(self, max_pixels: int) -> np.ndarray | None:
+        if self.input_reference is None:
+            return None
+        text = self.input_reference.split(",", 1)[1] if self.input_reference.startswith("data:") else self.input_reference
+        try:
+            data = base64.b64decode(text, validate=True)
+        except binascii.Error:
+            raise InvalidRequestError("input_reference", text[:32], "must be a base64 image (or a data: URL)") from None
+        return decode_image(data, "input_reference", max_pixels)
+
+    def to_request(self, default_fps: int | None, max_pixels: int = MAX_SIDE * MAX_SIDE) -> DiffusionRequest:
         width = height = None
         if self.size is not None:
             match = _SIZE.match(self.size)
@@ -68,7 +83,8 @@ class VideoGenerationRequest(BaseModel):
             "num_inference_steps": self.num_inference_steps, "guidance_scale": self.guidance_scale,
             "guidance_scale_2": self.guidance_scale_2, "negative_prompt": self.negative_prompt, "seed": self.seed,
             "priority": self.priority, "timeout_s": self.timeout_s})
-        return DiffusionRequest(self.request_id or f"video-{uuid.uuid4().hex}", self.prompt, sampling, video=True)
+        return DiffusionRequest(self.request_id or f"video-{uuid.uuid4().hex}", self.prompt, sampling, video=True,
+                                reference=self.reference(max_pixels))
 
 
 def frames_zip(frames: np.ndarray) -> bytes:
@@ -88,8 +104,8 @@ async def create_video_sync(request: web.Request) -> web.Response:
         body = parse_body(VideoGenerationRequest, await read_json(request))
         check_model(body, service)
         default_fps = service.model_info.default_fps if service.model_info is not None else None
-        engine_request = body.to_request(default_fps)
-    except InvalidRequestError as exc:
+        engine_request = body.to_request(default_fps, service.config.server.max_image_pixels)
+    except (InvalidRequestError, RequestTooLargeError) as exc:
         service.metrics.count(exc.outcome)
         raise
     stream = service.submit(engine_request)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import DiffusionPipeline
+from PIL import Image
 from engine_probes import assert_no_state, count_denoiser_calls, max_diff, runner_of
 
 from stage_runtime.config import load_config
@@ -41,12 +42,23 @@ class Family:
     sized: bool = True                               # its __call__ takes height and width
     size: int = SIZE                                 # the checks' height and width
     frames: int | None = None                        # a video family: the checks' frame count
+    reference: bool = False                          # image-to-video: requests carry reference_image(size)
 
     def request(self, rid: str, prompt: str, steps: int, seed: int, **kw) -> DiffusionRequest:
         """A request at the row's size (and frame count: a video request)."""
         fields = {"height": self.size, "width": self.size, **({} if self.frames is None else {"num_frames": self.frames})}
         return DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed, **{**fields, **kw}),
-                                video=self.frames is not None)
+                                video=self.frames is not None,
+                                reference=reference_image(self.size) if self.reference else None)
+
+
+def reference_image(size: int) -> np.ndarray:
+    """A deterministic uint8 (size, size, 3) picture for image-to-video: colour gradients and a bright square."""
+    ramp = np.linspace(0, 255, size, dtype=np.float32)
+    image = np.stack([np.add.outer(ramp, ramp) / 2, np.add.outer(ramp, 255 - ramp) / 2,
+                      np.full((size, size), 96.0)], axis=-1)
+    image[size // 4:size // 2, size // 4:size // 2] = 240
+    return image.round().astype(np.uint8)
 
 
 def make_engine(path: str, mode: str = "request", adapter: str | None = None, warmup: bool = True,
@@ -86,6 +98,8 @@ def bare_call(family: Family, path: str, prompt: str, steps: int, seed: int, gui
     size = {"height": family.size, "width": family.size} if family.sized else {}
     if family.frames is not None:
         size["num_frames"] = family.frames
+    if family.reference:
+        size["image"] = Image.fromarray(reference_image(family.size), mode="RGB")
     out = pipe(**family.call(pipe, prompt, n, guidance), **size, num_inference_steps=steps,
                generator=generators(seed, n), output_type="np", **extra)
     return to_uint8(out.images if family.frames is None else out.frames)

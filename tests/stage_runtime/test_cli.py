@@ -179,6 +179,25 @@ def test_generate_a_video_writes_the_mp4_and_the_exact_png_frames(tiny_wan_path,
     assert decoded.shape == (9, 16, 16, 3) and fps == 8 and psnr(decoded, frames) >= 27.0
 
 
+def test_generate_image_to_video_starts_from_the_given_picture(tiny_wan_i2v_path, tmp_path, capsys):
+    """``--image`` on an image-to-video model: the exact frames equal WanImageToVideoPipeline's with that image."""
+    from family_checks import Family, bare_call, reference_image
+
+    from stage_runtime.imageio import encode_png
+    from stage_runtime.videoio import read_frames_png
+
+    (tmp_path / "first.png").write_bytes(encode_png(reference_image(16)))
+    rc, out, err = run_cli(capsys, "generate", "--model", tiny_wan_i2v_path, "--prompt", "a fox", "--steps", "2",
+                           "--size", "16x16", "--seed", "3", "--frames", "9", "--guidance", "5",
+                           "--image", str(tmp_path / "first.png"), "--out", f"{tmp_path / 'frames'}/", "--device", "cpu")
+    assert rc == 0, err
+    reference = bare_call(Family("wan-i2v", size=16, frames=9, reference=True), tiny_wan_i2v_path, "a fox", 2, 3, 5.0)
+    assert int(np.abs(read_frames_png(tmp_path / "frames").astype(int) - reference[0]).max()) <= 1
+    rc, _, err = run_cli(capsys, "generate", "--model", tiny_wan_i2v_path, "--prompt", "a fox", "--size", "16x16",
+                         "--frames", "9", "--out", str(tmp_path / "c.mp4"), "--device", "cpu")
+    assert rc == 2 and "input_reference=None: WanImageToVideoPipeline makes a video from an image: give one" in err
+
+
 def test_generate_a_frame_count_off_the_rule_exits_2_naming_it(tiny_wan_path, tmp_path, capsys):
     rc, _, err = run_cli(capsys, "generate", "--model", tiny_wan_path, "--prompt", "x", "--size", "16x16",
                          "--frames", "10", "--out", str(tmp_path / "c.mp4"), "--device", "cpu")

@@ -16,7 +16,8 @@ from stage_runtime.models.registry import resolve_adapter_class
 torch.set_num_threads(1)
 FAMILIES = (Family("wan", guidances=(6.0, 3.0), size=16, frames=9),
             Family("wan22", guidances=(6.0, 3.0), size=16, frames=9),
-            Family("wan-ti2v", guidances=(5.0, 2.0), size=32, frames=9))
+            Family("wan-ti2v", guidances=(5.0, 2.0), size=32, frames=9),
+            Family("wan-i2v", guidances=(5.0, 2.0), size=16, frames=9, reference=True))
 WAN22 = FAMILIES[1]
 
 

@@ -5,6 +5,7 @@ to exit 0 and leaves nothing behind."""
 
 from __future__ import annotations
 
+import base64
 import io
 import zipfile
 
@@ -12,16 +13,18 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from family_checks import Family, bare_call
+from family_checks import Family, bare_call, reference_image
 from PIL import Image
 from stage_process import StageProcess
 
+from stage_runtime.imageio import encode_png
 from stage_runtime.videoio import decode_mp4, psnr
 
 torch.set_num_threads(1)
 WAN = Family("wan", size=16, frames=9)
 BODY = {"prompt": "a red fox", "size": "16x16", "num_frames": 9, "num_inference_steps": 3, "seed": 5,
         "guidance_scale": 6.0, "fps": 8}
+REFERENCE_B64 = base64.b64encode(encode_png(reference_image(16))).decode()
 MP4_PSNR_DB = 27.0       # crf 18 on 16x16 noise-like frames of the random tiny model (measured 30-33 dB)
 
 
@@ -61,6 +64,8 @@ def test_the_exact_frames_equal_diffusers_and_the_mp4_plays_within_the_stated_ps
     ("/v1/videos/sync", {**BODY, "size": "20x16"}, "width", "must be a multiple of 16"),
     ("/v1/videos/sync", {**BODY, "fps": 0}, "fps", "greater than or equal to 1"),
     ("/v1/images/generations", {"prompt": "a red fox", "size": "16x16"}, "model", "makes videos"),
+    ("/v1/videos/sync", {**BODY, "input_reference": "not base64!"}, "input_reference", "must be a base64 image"),
+    ("/v1/videos/sync", {**BODY, "input_reference": REFERENCE_B64}, "input_reference", "takes no reference image"),
 ])
 def test_a_bad_video_request_is_a_400_naming_the_field(wan_stage, path, body, field, message):
     with httpx.Client(base_url=wan_stage.http_url, timeout=60) as http:
