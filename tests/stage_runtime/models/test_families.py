@@ -127,18 +127,20 @@ def test_every_family_has_all_of_its_pieces():
 
 def test_the_checklist_names_each_missing_piece(tmp_path):
     """A family module added alone (no tiny builder, no CRD builtin, no docs row, no test module) fails the
-    checklist once per missing piece; a docs row that disagrees with its adapter fails too."""
-    (tmp_path / "wan.py").write_text("class WanAdapter:\n    pipeline_classes = ('WanPipeline',)\n"
-                                     "    tiny_kinds = ('wan',)\n")
-    (wan,) = model_catalog.read_families(tmp_path, "stage_runtime.models")
-    fake = type("WanAdapter", (), {"guidance": "cfg", "supports_step_execution": True,
-                                   "parallel_kinds": frozenset({"cfg"}), "lora_components": ()})
-    problems = checklist_problems([wan], classes=lambda _: fake)
+    checklist once per missing piece; a docs row that disagrees with its adapter fails too. (Mochi: a family
+    with none of its pieces in the tree.)"""
+    (tmp_path / "mochi.py").write_text("class MochiAdapter:\n    pipeline_classes = ('MochiPipeline',)\n"
+                                       "    tiny_kinds = ('mochi',)\n")
+    (mochi,) = model_catalog.read_families(tmp_path, "stage_runtime.models")
+    fake = type("MochiAdapter", (), {"guidance": "cfg", "supports_step_execution": True,
+                                     "parallel_kinds": frozenset({"cfg"}), "lora_components": ()})
+    problems = checklist_problems([mochi], classes=lambda _: fake)
     assert problems == [
-        "stage_runtime.models.wan:WanAdapter: tiny kind 'wan' has no build(seed) in stage_runtime/models/tiny/wan.py",
-        "stage_runtime.models.wan:WanAdapter: the CRD has no builtin tiny-wan (make crds)",
-        "stage_runtime.models.wan:WanAdapter: tests/…/models/test_wan.py declares no FAMILY row of its kind",
-        "stage_runtime.models.wan:WanAdapter: docs/model-families.md has no row for `WanPipeline`"]
+        "stage_runtime.models.mochi:MochiAdapter: tiny kind 'mochi' has no build(seed) in "
+        "stage_runtime/models/tiny/mochi.py",
+        "stage_runtime.models.mochi:MochiAdapter: the CRD has no builtin tiny-mochi (make crds)",
+        "stage_runtime.models.mochi:MochiAdapter: tests/…/models/test_mochi.py declares no FAMILY row of its kind",
+        "stage_runtime.models.mochi:MochiAdapter: docs/model-families.md has no row for `MochiPipeline`"]
     (sd,) = [f for f in FAMILIES if "StableDiffusionPipeline" in f.pipeline_classes]
     lying = type("Lying", (adapter_class(sd),), {"parallel_kinds": frozenset({"cfg", "ulysses", "tp"})})
     assert checklist_problems([sd], classes=lambda _: lying) == [
