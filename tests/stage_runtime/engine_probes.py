@@ -46,3 +46,24 @@ def count_at_delivery(stream, calls: list[int]) -> list[int]:
 def max_diff(a: np.ndarray, b: np.ndarray) -> int:
     assert a.shape == b.shape
     return int(np.abs(a.astype(int) - b.astype(int)).max())
+
+
+def threadless(path: str, mode: str = "step", **scheduler):
+    """An engine without its busy-loop thread: each ``engine.step()`` is one tick (step mode) or one wave, so "the
+    next step" is an exact tick count, not a wall-clock guess. One running request at a time by default."""
+    from stage_runtime.config import load_config
+    from stage_runtime.engine import DiffusionEngine
+
+    config = load_config({"model": {"path": path}, "device": "cpu", "warmup": False,
+                          "scheduler": {"execution_mode": mode, "max_num_seqs": 1, **scheduler}})
+    return DiffusionEngine(config)
+
+
+def assert_nothing_left(engine) -> None:
+    """After an empty tick (it retires what the last one ended): no request state in the engine, the
+    scheduler or the runner, nothing parked."""
+    engine.step()
+    runner = runner_of(engine)
+    assert engine.num_request_states() == 0 and engine.scheduler.num_states == 0
+    assert runner.step_states == {} and runner.parked == {}
+    assert runner.num_request_states() == 0

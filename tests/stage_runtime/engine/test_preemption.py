@@ -9,28 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stage_runtime.config import load_config
 from stage_runtime.engine import DiffusionEngine
 from stage_runtime.request import RequestStatus
 from stage_runtime.serve.wire import output_message, status_of
+from engine_probes import assert_nothing_left, runner_of, threadless
 from support.factories import make_request
 
 
-def threadless(path: str, mode: str = "step", **scheduler) -> DiffusionEngine:
-    config = load_config({"model": {"path": path}, "device": "cpu", "warmup": False,
-                          "scheduler": {"execution_mode": mode, "max_num_seqs": 1, **scheduler}})
-    return DiffusionEngine(config)
-
-
 def runner(engine: DiffusionEngine):
-    return engine.executor.worker.model_runner
-
-
-def assert_nothing_left(engine: DiffusionEngine) -> None:
-    engine.step()                                   # an empty tick retires what the last one ended
-    assert engine.num_request_states() == 0 and engine.scheduler.num_states == 0
-    assert runner(engine).step_states == {} and runner(engine).parked == {}
-    assert runner(engine).num_request_states() == 0
+    return runner_of(engine)
 
 
 @pytest.fixture(scope="module")
