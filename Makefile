@@ -71,6 +71,7 @@ bench: $(STAMP)
 	$(PY) bench/model_fetch.py
 	$(PY) bench/rank_start.py
 	$(PY) bench/video_encode.py
+	$(PY) bench/video_families.py --mixed
 
 # Tier 5, opt-in: a kind cluster with fake GPU capacity, the images loaded, the same scenario as the local
 # e2e, then the cluster deleted. Without Docker or kind it says why and exits 0.
