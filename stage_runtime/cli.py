@@ -42,7 +42,7 @@ ENGINE_FLAGS = {
     "result_cache_bytes": ("cache", "result_max_bytes"), "prompt_cache_bytes": ("cache", "prompt_max_bytes"),
     "max_loras": (None, "max_loras"),
     "max_request_cost": ("limits", "max_request_cost"), "stall_unready_s": ("limits", "stall_unready_s"),
-    "stall_fail_s": ("limits", "stall_fail_s"),
+    "stall_fail_s": ("limits", "stall_fail_s"), "decode_tile_side": ("limits", "decode_tile_side"),
 }
 
 
@@ -80,6 +80,8 @@ def add_engine_flags(p: argparse.ArgumentParser, model_required: bool = False) -
     p.add_argument("--stall-unready-s", type=float, help="a running request makes no step progress this long: "
                                                          "/ready 503 (default 120)")
     p.add_argument("--stall-fail-s", type=float, help="... this long: fail closed, exit 3 StepStalled (default 600)")
+    p.add_argument("--decode-tile-side", type=int, help="the VAE decodes in tiles of at most this many pixels a side "
+                                                        "(a video VAE's memory bound; default: whole frames)")
 
 
 def config_from_args(args: argparse.Namespace, defaults: dict | None = None) -> StageConfig:

@@ -23,6 +23,10 @@ class LimitsConfig(BaseModel):
     stall_unready_s: float | None = Field(120.0, gt=0, le=86400, allow_inf_nan=False)
     # … and for this long: fail closed (exit 3, StepStalled) so the replica is restarted. None: off.
     stall_fail_s: float | None = Field(600.0, gt=0, le=86400, allow_inf_nan=False)
+    # The VAE decode's memory bound: decode frames in spatial tiles of at most this many pixels a side (the
+    # family's VAE tiling, overlapping and blended; a video VAE already decodes one latent frame at a time).
+    # None: whole frames, bitwise what diffusers' untiled call gives.
+    decode_tile_side: int | None = Field(None, ge=32, le=4096)
 
     @model_validator(mode="after")
     def _fail_after_unready(self) -> LimitsConfig:

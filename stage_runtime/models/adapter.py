@@ -21,6 +21,7 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import logging as diffusers_logging
 from diffusers.models.attention_processor import Attention
 
+from stage_runtime.errors import ConfigError
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.models.refusals import Refusals, refusals_path
 from stage_runtime.request import DiffusionRequest
@@ -125,6 +126,21 @@ class PipelineAdapter(Refusals, ABC):
             lora_components=self.lora_components, refusals=refusals_path(cls), **self.family_facts(),
             **{name: fields for name, fields in (("request_key", self.request_key_fields),
                                                  ("step_key", self.step_key_fields)) if fields is not None})
+
+    def bound_decode(self, tile_side: int) -> None:
+        """Decode in spatial tiles of at most ``tile_side`` pixels a side (``limits.decode_tile_side``): the VAE's
+        own tiling, tiles overlapping by a quarter and blended, so the decode's peak memory follows the tile,
+        not the frame. A VAE whose tiling takes no tile size is a startup error naming the setting."""
+        vae = getattr(self.pipe, "vae", None)
+        params = inspect.signature(vae.enable_tiling).parameters if hasattr(vae, "enable_tiling") else {}
+        if "tile_sample_min_height" not in params:
+            raise ConfigError(f"limits.decode_tile_side={tile_side}: {type(self.pipe).__name__}'s VAE "
+                              f"({type(vae).__name__}) has no tiled decode with a tile size")
+        wanted = {"tile_sample_min_height": tile_side, "tile_sample_min_width": tile_side,
+                  "tile_sample_stride_height": tile_side * 3 // 4, "tile_sample_stride_width": tile_side * 3 // 4,
+                  "tile_latent_min_height": tile_side // self.vae_scale_factor,
+                  "tile_latent_min_width": tile_side // self.vae_scale_factor, "tile_overlap_factor": 0.25}
+        vae.enable_tiling(**{name: value for name, value in wanted.items() if name in params})
 
     def family_facts(self) -> dict:
         """More ModelInfo fields, read from the loaded pipeline, that this family's ``check_request`` needs

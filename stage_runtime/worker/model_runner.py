@@ -80,6 +80,8 @@ class DiffusionModelRunner:
     def load_model(self) -> ModelInfo:
         adapter_cls = resolve_adapter_class(self.config.model)
         self.adapter = adapter_cls.load(self.config.model.path, self.device, self.config.model.dtype)
+        if self.config.limits.decode_tile_side is not None:
+            self.adapter.bound_decode(self.config.limits.decode_tile_side)
         self.model_info = dataclasses.replace(self.adapter.info(), block_cache_refusal=block_cache.block_cache_refusal(
             self.adapter, self.config))
         self.offloader = build_offloader(self.config.offload, self.adapter, self.device)

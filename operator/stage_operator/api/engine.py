@@ -47,6 +47,9 @@ class Limits(ApiModel):
     stall_fail_seconds: int = Field(600, ge=2, le=86400, description=(
         "... this long: the stage fails closed (exit 3, StepStalled in lastFailure) and the operator restarts "
         "it (default 600; longer than stallUnreadySeconds)."))
+    decode_tile_side: int | None = Field(None, ge=32, le=4096, description=(
+        "The VAE decode's memory bound: frames are decoded in overlapping tiles of at most this many pixels a "
+        "side (video VAEs). Default: whole frames, as diffusers decodes them."))
 
     @model_validator(mode="after")
     def _fail_after_unready(self) -> Limits:

@@ -41,6 +41,8 @@ def stage_config(spec: StageSpec, stage_name: str, loras: Any = None) -> dict[st
     cache = {"mode": c.mode, "threshold": c.threshold, "warmup_steps": c.warmup_steps, "final_steps": c.final_steps}
     limits = {"max_request_cost": lim.max_request_cost, "stall_unready_s": float(lim.stall_unready_seconds),
               "stall_fail_s": float(lim.stall_fail_seconds)}
+    if lim.decode_tile_side is not None:              # only when set: an upgrade rolls no existing stage
+        limits["decode_tile_side"] = lim.decode_tile_side
     startup = [lora.wire() for lora in spec.loras or ()] if loras is None else [dict(entry) for entry in loras]
     loras: dict[str, Any] = {"loras": startup} if startup else {}
     if spec.max_loras:
