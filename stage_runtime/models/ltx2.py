@@ -52,7 +52,6 @@ from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
 
 DEFAULT_FRAMES = 121        # LTX2Pipeline.__call__'s count when num_frames is None and there is no duration head
-PASSES = ("uncond", "cond", "perturbed", "isolated")
 
 
 @dataclass(frozen=True)
