@@ -1,0 +1,115 @@
+"""LTX2Pipeline (LTX-2, video with sound): its facts, the frame and size rules at admission, the audio denoised with
+the video (its waveform equal to diffusers'), ``fps`` as diffusers' ``frame_rate``, and spatio-temporal guidance
+in the one forward per step (its ``FAMILY`` row runs the checklist: test_families.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers import DiffusionPipeline, LTX2VideoTransformer3DModel
+from engine_probes import assert_no_state, max_diff
+from family_checks import Family, bare_call, bare_pipeline, generators, make_engine, to_uint8
+
+from stage_runtime.config import ModelConfig
+from stage_runtime.errors import InvalidRequestError
+from stage_runtime.models.ltx2 import LTX2Adapter
+from stage_runtime.models.registry import resolve_adapter_class
+
+torch.set_num_threads(1)
+FAMILY = Family("ltx2", guidances=(3.0, 5.0), size=64, frames=9)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_ltx2_path) -> LTX2Adapter:
+    return resolve_adapter_class(ModelConfig(path=tiny_ltx2_path)).load(tiny_ltx2_path, CPU)
+
+
+def run_alone(adapter: LTX2Adapter, request) -> tuple:
+    """The request's step loop on the adapter alone → (uint8 frames, waveform, its state's passes)."""
+    with torch.inference_mode():
+        state = adapter.prepare_encode(request.resolve(adapter.info()))
+        while not state.finished:
+            adapter.noise_step(state, adapter.denoise_step([state])[0])
+        return adapter.post_decode(state), adapter.decode_audio(state), state.passes
+
+
+def test_facts(adapter):
+    info = adapter.info()
+    assert (info.pipeline_class, info.adapter) == ("LTX2Pipeline", "stage_runtime.models.ltx2:LTX2Adapter")
+    assert info.video and info.frame_rule == (8, 1) and (info.default_frames, info.default_fps) == (121, 24)
+    assert (info.default_height, info.default_width, info.size_multiple) == (512, 768, 32)
+    assert (info.default_steps, info.default_guidance, info.max_sequence_length) == (30, 3.0, 1024)
+    assert info.step_key == ("height", "width", "num_frames", "fps") and "fps" in info.request_key
+    assert info.supports_step_execution and info.parallel_kinds == () and not info.takes_guidance_2
+
+
+def test_frames_off_8k_plus_1_and_sizes_off_32_are_refused_at_admission(tiny_ltx2_path):
+    """diffusers decodes (F - 1) // 8 x 8 + 1 frames for another count (10 → 9) and raises on a side off 32."""
+    engine = make_engine(tiny_ltx2_path, warmup=False)
+    try:
+        with pytest.raises(InvalidRequestError, match=r"^num_frames=10: LTX2Pipeline takes 8k\+1 frames \(9, 17"):
+            engine.add_request(FAMILY.request("r", "a cat", 2, 1, num_frames=10))
+        for field in ("height", "width"):
+            with pytest.raises(InvalidRequestError, match=rf"^{field}=80: must be a multiple of 32"):
+                engine.add_request(FAMILY.request("r", "a cat", 2, 1, **{field: 80}))
+        assert_no_state(engine)
+    finally:
+        engine.close()
+
+
+def test_audio_is_denoised_with_the_video_and_decodes_to_diffusers_waveform(adapter, tiny_ltx2_path):
+    """Two videos with a negative prompt: frames within 1 uint8 and the stereo waveform (audio VAE + vocoder) equal
+    to the bare call's ``.audio``, as long as the clip (9 frames at 24 fps, 16 kHz: 5312 samples here)."""
+    prompt, negative = "a dog barking in the rain", "silence"
+    frames, audio, passes = run_alone(adapter, FAMILY.request("r", prompt, 3, 5, num_outputs=2, guidance_scale=4.0,
+                                                              negative_prompt=negative))
+    assert passes == ("uncond", "cond", "isolated")       # the tiny blocks do not perturb: no STG row (below)
+    bare = bare_pipeline(tiny_ltx2_path)(prompt=[prompt] * 2, negative_prompt=[negative] * 2, guidance_scale=4.0,
+                                         height=64, width=64, num_frames=9, num_inference_steps=3,
+                                         generator=generators(5, 2), output_type="np")
+    assert max_diff(frames, to_uint8(bare.frames)) <= 1
+    assert audio.shape == bare.audio.shape == (2, 2, 5312) and bare.audio.abs().max() > 0.01
+    torch.testing.assert_close(audio, bare.audio, rtol=0, atol=1e-5)
+
+
+def test_fps_is_the_frame_rate_diffusers_conditions_on(tiny_ltx2_path):
+    """``fps`` moves the video's rotary positions and sets the audio length: 12 fps equals diffusers at
+    ``frame_rate=12.0``, in request and step mode, and differs from the default 24."""
+    outs = {}
+    for mode in ("request", "step"):
+        engine = make_engine(tiny_ltx2_path, mode, warmup=False)
+        try:
+            outs[mode] = engine.add_request(FAMILY.request("r", "a kite", 3, 7, fps=12)).result(timeout=60).images
+        finally:
+            engine.close()
+    at_12 = bare_call(FAMILY, tiny_ltx2_path, "a kite", 3, 7, 3.0, frame_rate=12.0)
+    assert max_diff(outs["request"], at_12) <= 1 and max_diff(outs["step"], at_12) <= 2
+    assert max_diff(at_12, bare_call(FAMILY, tiny_ltx2_path, "a kite", 3, 7, 3.0)) > 20
+
+
+def test_stg_rows_run_in_the_same_forward_where_a_block_perturbs(tiny_ltx2_path):
+    """diffusers' STG pass replaces the self-attention of ``spatio_temporal_guidance_blocks`` by its values, in
+    blocks built with ``perturbed_attn`` only; the tiny model has none (and 2 blocks, the default is [28]), so there
+    the pass is the conditional one and no row runs for it. With perturbed attention and block 1 named, the
+    perturbed rows join the one forward per step (a per-row mask) and the video equals diffusers' third pass."""
+    def perturbing_pipe():
+        transformer = LTX2VideoTransformer3DModel.from_pretrained(tiny_ltx2_path, subfolder="transformer",
+                                                                  perturbed_attn=True)
+        pipe = DiffusionPipeline.from_pretrained(tiny_ltx2_path, local_files_only=True, transformer=transformer)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    adapter = LTX2Adapter(perturbing_pipe(), CPU)
+    assert not adapter.rows.perturbs(adapter.defaults["spatio_temporal_guidance_blocks"])
+    adapter.defaults["spatio_temporal_guidance_blocks"] = [1]            # what this test serves: block 1
+    forwards = [0]
+    adapter.denoiser.register_forward_pre_hook(lambda _m, _a: forwards.__setitem__(0, forwards[0] + 1))
+    frames, _, passes = run_alone(adapter, FAMILY.request("r", "a lighthouse", 4, 2))
+    assert passes == ("uncond", "cond", "perturbed", "isolated") and forwards[0] == 4
+    bare = perturbing_pipe()
+    kw = {"prompt": ["a lighthouse"], "height": 64, "width": 64, "num_frames": 9, "num_inference_steps": 4,
+          "output_type": "np"}
+    stg = to_uint8(bare(**kw, spatio_temporal_guidance_blocks=[1], generator=generators(2, 1)).frames)
+    assert max_diff(frames, stg) <= 1
+    assert max_diff(stg, to_uint8(bare(**kw, generator=generators(2, 1)).frames)) > 5    # STG changed it (14 here)
