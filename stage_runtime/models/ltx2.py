@@ -47,6 +47,7 @@ import torch
 from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift, rescale_noise_cfg
 
 from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.refusals import LTX2Refusals
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
@@ -120,7 +121,7 @@ class LTX2Rows(torch.nn.Module):
             self.keep = None
 
 
-class LTX2Adapter(StepContract, PipelineAdapter):
+class LTX2Adapter(LTX2Refusals, StepContract, PipelineAdapter):
     pipeline_classes = ("LTX2Pipeline",)
     tiny_kinds = ("ltx2",)
     default_steps = 30

@@ -96,6 +96,19 @@ class GenericRefusals(Refusals):
                                       "image per call (no list of prompts, no num_images_per_prompt): use n=1")
 
 
+class LTX2Refusals(Refusals):
+    """LTX-2: a side of one latent pixel (its VAE reflect-pads a side it cannot pad: diffusers raises); a negative
+    prompt is used at any video guidance scale (the audio's CFG, on by default, reaches the video too)."""
+
+    @classmethod
+    def check_request(cls, request: DiffusionRequest, info: ModelInfo) -> None:
+        s = request.sampling
+        for field, value in (("height", s.height), ("width", s.width)):
+            if value < 2 * info.size_multiple:
+                raise InvalidRequestError(field, value, f"{info.pipeline_class} needs at least {2 * info.size_multiple} "
+                                          "(two latent pixels: its VAE pads each side by reflection)")
+
+
 def refusals_path(adapter_class: type) -> str:
     """``module:Class`` of the class in ``adapter_class``'s bases that defines the ``check_request`` it has
     (ModelInfo.refusals: what the engine imports)."""

@@ -53,6 +53,10 @@ def test_frames_off_8k_plus_1_and_sizes_off_32_are_refused_at_admission(tiny_ltx
         for field in ("height", "width"):
             with pytest.raises(InvalidRequestError, match=rf"^{field}=80: must be a multiple of 32"):
                 engine.add_request(FAMILY.request("r", "a cat", 2, 1, **{field: 80}))
+            with pytest.raises(InvalidRequestError, match=rf"^{field}=32: LTX2Pipeline needs at least 64 \(two latent"):
+                engine.add_request(FAMILY.request("r", "a cat", 2, 1, **{field: 32}))   # diffusers' VAE would raise
+        negative = engine.add_request(FAMILY.request("n", "a cat", 2, 1, guidance_scale=1.0, negative_prompt="blur"))
+        assert negative.result(timeout=120).images.shape == (1, 9, 64, 64, 3)       # audio CFG still uses it
         assert_no_state(engine)
     finally:
         engine.close()
