@@ -61,8 +61,10 @@ class HunyuanVideo15Adapter(StepContract, PipelineAdapter):
     default_steps = 50
     default_guidance = DEFAULT_GUIDANCE
     parallel_kinds = frozenset()           # CFG, Ulysses and ring: once their 2-rank equality tests pass
-    request_key_fields = ("height", "width", "num_frames", "num_inference_steps", "guidance_scale")
-    step_key_fields = ("height", "width", "num_frames")     # timesteps, guidance and text masks are per row
+    # Guidance (each request's guider copy) and text masks are per row in either mode; a request-mode wave shares
+    # its step count (one step loop), step mode not even that.
+    request_key_fields = ("height", "width", "num_frames", "num_inference_steps")
+    step_key_fields = ("height", "width", "num_frames")
 
     def __init__(self, pipeline, device: torch.device):
         super().__init__(pipeline, device)

@@ -101,10 +101,24 @@ def tiny_path(tiny_hunyuan_video15_path) -> str:
 
 
 @pytest.fixture(scope="module")
-def step_engine(tiny_path):
-    engine = make_engine(tiny_path, "step", max_num_seqs=4, warmup=False)
-    yield engine
-    engine.close()
+def engines(tiny_path):
+    """``engines(mode)`` → an engine over the tiny folder in that mode, made once per module."""
+    made = {}
+
+    def get(mode: str):
+        if mode not in made:
+            wait = {"request_batch_max_wait_ms": 200} if mode == "request" else {}
+            made[mode] = make_engine(tiny_path, mode, max_num_seqs=4, warmup=False, **wait)
+        return made[mode]
+
+    yield get
+    for engine in made.values():
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def step_engine(engines):
+    return engines("step")
 
 
 def test_facts(tiny_path):
@@ -152,21 +166,23 @@ def test_the_folders_guider_guides_only_the_steps_in_its_window_with_its_rescale
     assert max_diff(out.images, bare_call(FAMILY, path, "a cat", 4, 1, 6.0)) <= 1
 
 
-def test_each_request_is_guided_at_its_own_scale_and_negative_prompt_in_one_forward(step_engine, tiny_path):
-    """Step mode: a request at scale 6 with a negative prompt and one at scale 1 (CFG off: one row) share
-    forwards (2 + 1 rows); each decodes the latents of its own bare call."""
+@pytest.mark.parametrize("mode", ["request", "step"])
+def test_each_request_is_guided_at_its_own_scale_and_negative_prompt_in_one_forward(engines, tiny_path, mode):
+    """A request at scale 6 with a negative prompt and one at scale 1 (CFG off: one row) share forwards (2 + 1
+    rows): one request-mode call (the same step count), or step mode's ticks (4 and 2 steps); each decodes the
+    latents of its own bare call."""
+    engine, short = engines(mode), 4 if mode == "request" else 2
     with_negative = bare_latents(tiny_path, "a cat", 4, 1, 6.0, negative_prompt=["blurry"])
-    unguided = bare_latents(tiny_path, "a cat", 2, 2, 1.0)
+    unguided = bare_latents(tiny_path, "a cat", short, 2, 1.0)
     assert far(with_negative, bare_latents(tiny_path, "a cat", 4, 1, 6.0))
-    assert far(unguided, bare_latents(tiny_path, "a cat", 2, 2, 6.0))
-    with tapped(runner_of(step_engine).adapter.pipe) as taps:
-        guided = step_engine.add_request(FAMILY.request("g", "a cat", 4, 1, guidance_scale=6.0,
-                                                        negative_prompt="blurry"))
-        plain = step_engine.add_request(FAMILY.request("p", "a cat", 2, 2, guidance_scale=1.0))
+    assert far(unguided, bare_latents(tiny_path, "a cat", short, 2, 6.0))
+    with tapped(runner_of(engine).adapter.pipe) as taps:
+        guided = engine.add_request(FAMILY.request("g", "a cat", 4, 1, guidance_scale=6.0, negative_prompt="blurry"))
+        plain = engine.add_request(FAMILY.request("p", "a cat", short, 2, guidance_scale=1.0))
         guided.result(timeout=60), plain.result(timeout=60)
-    assert sorted(taps.rows) == [2, 2, 3, 3]                  # 4 forwards for 4 + 2 steps: two shared
+    assert sorted(taps.rows) == ([3, 3, 3, 3] if mode == "request" else [2, 2, 3, 3])   # 4 forwards: shared
     assert_decoded(taps.decoded, with_negative, unguided)
-    assert_no_state(step_engine)
+    assert_no_state(engine)
 
 
 def test_the_glyph_text_is_encoded_by_byt5_per_row(step_engine, tiny_path):
