@@ -1,0 +1,167 @@
+"""HunyuanVideo-1.5 text-to-video (HunyuanVideo15Pipeline).
+
+A dual-stream 3-D DiT over video latents concatenated with zero image-conditioning latents and a zero mask
+(T2V), two prompt encoders, flow matching, and guidance by the pipeline's ``guider`` component:
+
+    Qwen2.5-VL  the prompt in the pipeline's chat template (a system message), the hidden states of the third
+                layer from the end, the first 108 tokens (system message and user header) cropped, 1000 kept
+    ByT5        only the quoted text of the prompt ("..." or “...”) as ``Text "...". `` (256 bytes); no quotes:
+                zero embeddings and a zero mask
+    image       729 zero tokens, masked out (T2V)
+    guider      ``ClassifierFreeGuidance``: ``__call__`` has no ``guidance_scale``; the folder's guider gives the
+                default scale and the rest (``guidance_rescale``, ``use_original_formulation``, the
+                ``start``/``stop`` window of steps, ``enabled``); CFG is off at scale 1 (0 with the original
+                formulation) and outside the window: one transformer row per video then, two inside it
+
+diffusers runs the transformer once per guider batch (cond, then uncond). Here one step is ONE denoiser forward
+over every scheduled request's rows, ``[cond x n; uncond x n]`` on the steps its guider guides and ``[cond x n]``
+on the others, each request with its own guider copy at its guidance scale (``guider.set_state`` per step,
+``guider.forward`` on its rows, exactly the pipeline's combination); request mode runs that step loop to the end
+for its wave (as Wan). Timesteps, guidance and the ByT5 mask are per row, so requests of different step counts,
+guidance scales and glyph texts share ticks.
+
+Frames are ``4k + 1`` (the VAE's temporal factor; diffusers silently makes ``4 ((F - 1) // 4) + 1``): any other
+count is refused at admission. Height and width are multiples of the VAE's spatial factor x the patch size (16
+for the real model, 4 for the tiny one; diffusers does not check and makes a smaller video). The default size
+is the pipeline's 16:9 bucket nearest ``transformer.config.target_size`` (848x480 at 480p), 121 frames, 24 fps.
+diffusers 0.42.1's VAE cannot decode more than one video at once (its causal attention mask does not broadcast
+over a batch): each video is decoded alone, as ``vae.enable_slicing()`` does.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from stage_runtime.errors import ModelLoadError
+from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.step_contract import StepContract
+from stage_runtime.models.step_state import StepRequestState
+from stage_runtime.request import DiffusionRequest
+
+DEFAULT_FPS = 24                   # HunyuanVideo-1.5 makes 24 fps video (121 frames: 5 s)
+DEFAULT_GUIDANCE = 6.0             # the real checkpoints' guider scale (a folder's own guider overrides it)
+
+
+@dataclass
+class HunyuanStepState(StepRequestState):
+    """A step state with the request's own guider copy (its scale, the folder's other settings, its step)."""
+
+    guider: Any = None
+
+
+class HunyuanVideo15Adapter(StepContract, PipelineAdapter):
+    pipeline_classes = ("HunyuanVideo15Pipeline",)
+    tiny_kinds = ("hunyuan-video15",)
+    default_steps = 50
+    default_guidance = DEFAULT_GUIDANCE
+    parallel_kinds = frozenset()           # CFG, Ulysses and ring: once their 2-rank equality tests pass
+    # Guidance (each request's guider copy) and text masks are per row in either mode; a request-mode wave shares
+    # its step count (one step loop), step mode not even that.
+    request_key_fields = ("height", "width", "num_frames", "num_inference_steps")
+    step_key_fields = ("height", "width", "num_frames")
+
+    def __init__(self, pipeline, device: torch.device):
+        super().__init__(pipeline, device)
+        from diffusers.guiders import ClassifierFreeGuidance
+
+        if not isinstance(pipeline.guider, ClassifierFreeGuidance):
+            raise ModelLoadError(f"guider={type(pipeline.guider).__name__}: HunyuanVideo15Pipeline is served with a "
+                                 "ClassifierFreeGuidance guider only (the class its pipeline declares)")
+        self.default_guidance = float(pipeline.guider.guidance_scale)
+
+    @property
+    def vae_scale_factor(self) -> int:
+        return int(self.pipe.vae_scale_factor_spatial)
+
+    def size_multiple(self) -> int:
+        return self.vae_scale_factor * int(self.pipe.transformer.config.patch_size)
+
+    def default_size(self) -> tuple[int, int]:
+        """The pipeline's own default: the 16:9 bucket nearest the transformer's ``target_size``."""
+        width, height = self.pipe.default_aspect_ratio
+        h, w = self.pipe.video_processor.calculate_default_height_width(height, width, self.pipe.target_size)
+        return int(h), int(w)
+
+    def max_sequence_length(self) -> int:
+        return int(self.pipe.tokenizer_max_length)
+
+    def family_facts(self) -> dict:
+        frames = inspect.signature(type(self.pipe).__call__).parameters["num_frames"].default
+        return {"frame_rule": (int(self.pipe.vae_scale_factor_temporal), 1), "default_frames": int(frames),
+                "default_fps": DEFAULT_FPS}
+
+    # -- request mode: the step loop, to the end, for the whole wave -------------------------------------
+    def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
+        return self.run_step_loop(requests)
+
+    # -- step contract: HunyuanVideo15Pipeline.__call__, one step at a time -------------------------------
+    def request_guider(self, guidance_scale: float):
+        """The request's own copy of the folder's guider, at its scale (the guider keeps per-step state)."""
+        guider = copy.deepcopy(self.pipe.guider)
+        guider.guidance_scale = guidance_scale
+        return guider
+
+    def encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """Both encoders' embeddings and masks for ``prompts`` (the pipeline's ``encode_prompt``)."""
+        embeds, mask, embeds_2, mask_2 = self.pipe.encode_prompt(
+            prompt=prompts, device=self.device, dtype=self.pipe.transformer.dtype, batch_size=len(prompts))
+        return {"encoder_hidden_states": embeds, "encoder_attention_mask": mask,
+                "encoder_hidden_states_2": embeds_2, "encoder_attention_mask_2": mask_2}
+
+    def prepare_encode(self, request: DiffusionRequest) -> HunyuanStepState:
+        s, pipe, n = request.sampling, self.pipe, request.sampling.num_outputs
+        guider = self.request_guider(s.guidance_scale)
+        cond = {f"cond_{k}": v for k, v in self.encode([request.prompt] * n).items()}
+        if guider._enabled and guider.num_conditions > 1:      # a fresh guider: CFG on at some step
+            cond.update({f"uncond_{k}": v for k, v in self.encode([s.negative_prompt or ""] * n).items()})
+        dtype = pipe.transformer.dtype
+        latents = pipe.prepare_latents(n, pipe.num_channels_latents, s.height, s.width, s.num_frames, dtype,
+                                       self.device, self.generators([request]))
+        scheduler = copy.deepcopy(pipe.scheduler)
+        sigmas = np.linspace(1.0, 0.0, s.num_inference_steps + 1)[:-1]
+        scheduler.set_timesteps(sigmas=sigmas, device=self.device)
+        scheduler.set_begin_index(0)
+        return HunyuanStepState(request, scheduler, latents, do_cfg=bool(guider.num_conditions > 1), cond=cond,
+                                guider=guider)
+
+    def guided_now(self, state: HunyuanStepState) -> bool:
+        """Set the request's guider to this step (as the pipeline does); True when it guides it (two rows)."""
+        state.guider.set_state(step=state.step_index, num_inference_steps=state.total_steps, timestep=state.timestep)
+        return state.guider.num_conditions > 1
+
+    def denoise_step(self, states: list[HunyuanStepState]) -> list[torch.Tensor]:
+        dtype = self.pipe.transformer.dtype
+        branches = [("cond", "uncond") if self.guided_now(st) else ("cond",) for st in states]
+        rows, timesteps, text = [], [], {}
+        for st, names in zip(states, branches, strict=True):
+            latents = st.latents.to(dtype)
+            zeros = torch.zeros_like(latents)
+            model_input = torch.cat([latents, zeros, zeros[:, :1]], dim=1)    # + conditioning latents + mask
+            row = torch.cat([model_input] * len(names))
+            rows.append(row)
+            timesteps.append(st.timestep.expand(len(row)).to(dtype))
+            for key in ("encoder_hidden_states", "encoder_attention_mask", "encoder_hidden_states_2",
+                        "encoder_attention_mask_2"):
+                text.setdefault(key, []).extend(st.cond[f"{name}_{key}"] for name in names)
+        hidden = torch.cat(rows)
+        image_embeds = torch.zeros(len(hidden), self.pipe.vision_num_semantic_tokens, self.pipe.vision_states_dim,
+                                   dtype=dtype, device=hidden.device)
+        noise = self.denoiser(hidden_states=hidden, image_embeds=image_embeds, timestep=torch.cat(timesteps),
+                              **{key: torch.cat(parts) for key, parts in text.items()}, return_dict=False)[0]
+        preds = []
+        for st, names, pred in zip(states, branches, self.split_rows(noise, rows), strict=True):
+            preds.append(st.guider.forward(*pred.chunk(len(names))).pred)     # (pred_cond[, pred_uncond])
+        return preds
+
+    def post_decode(self, state: StepRequestState) -> np.ndarray:
+        """uint8 (num_outputs, F, H, W, 3): latents / scaling_factor, decoded one video at a time."""
+        vae = self.pipe.vae
+        latents = state.latents.to(vae.dtype) / vae.config.scaling_factor
+        video = torch.cat([vae.decode(z, return_dict=False)[0] for z in latents.split(1)])
+        return self.to_uint8(self.pipe.video_processor.postprocess_video(video, output_type="np"))
