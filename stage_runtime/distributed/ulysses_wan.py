@@ -57,8 +57,9 @@ class WanUlyssesAttnProcessor:
         shard = self.state.shard
         if shard is None:
             return self.original(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb, **kwargs)
-        if encoder_hidden_states is not None or attention_mask is not None:
-            raise RuntimeError("Wan sequence parallel: the sharded self-attention got encoder states or a mask")
+        if encoder_hidden_states is not None or attention_mask is not None or kwargs:
+            raise RuntimeError("Wan sequence parallel: the sharded self-attention got encoder states, a mask or "
+                               f"other arguments ({', '.join(kwargs)})")
         query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
         query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (attn.norm_q(query), attn.norm_k(key), value))
         if rotary_emb is not None:                             # my rows of the tables (the split rule's)
