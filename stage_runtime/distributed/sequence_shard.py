@@ -1,13 +1,15 @@
 """The skeleton every sequence-parallel installer shares (Ulysses, ring, Ulysses × ring over a
 distributed.usp.SequenceMesh). A family's module brings only its attention processor and its split rule
-(ulysses.py: UNet/DiT self-attention; ulysses_joint.py: SD3 and FLUX.1; ulysses_qwen.py: Qwen-Image).
+(ulysses.py: UNet/DiT self-attention; ulysses_joint.py: SD3 and FLUX.1; ulysses_qwen.py: Qwen-Image;
+ulysses_wan.py: Wan's video DiT).
 
 Per transformer (one ``Sharded``)::
 
     blocks[0] pre-hook          the processor guard; then ``split(mesh, args, kwargs)``: this rank's chunk of
                                 each token stream (a Shard), or None: this call runs unsharded on every rank
                                 (the rule decides from shapes every rank shares, so all decide alike)
-    blocks[1:] pre-hooks        the Shard's ``later`` arguments instead of the full ones (e.g. my rotary rows)
+    blocks[1:] pre-hooks        the Shard's ``later`` arguments instead of the full ones (e.g. my rotary rows;
+                                by keyword name, or by position for blocks called positionally: Wan)
     every attention             the family's processor, which reads ``state.shard``
     ``gather_at`` forward hook  my image tokens → all_gather (uneven counts) → every token, on every rank
 
@@ -42,7 +44,8 @@ def check_ulysses_heads(num_heads: int, degree: int) -> None:
 class Shard:
     """One transformer call, split: this rank's arguments for the first block; every sp rank's token count of
     the image stream (the one gathered at the end) and of the text stream (joint models; else empty); what
-    later blocks get instead of the full arguments; the key mask over every rank's tokens (Qwen-Image)."""
+    later blocks get instead of the full arguments (keyword name or position → value, see :func:`override`);
+    the key mask over every rank's tokens (Qwen-Image)."""
 
     args: tuple
     kwargs: dict
@@ -50,6 +53,12 @@ class Shard:
     text: list[int] = field(default_factory=list)
     later: dict = field(default_factory=dict)
     key_mask: torch.Tensor | None = None
+
+
+def override(args: tuple, kwargs: dict, changes: dict) -> tuple[tuple, dict]:
+    """(args, kwargs) with ``changes`` put in: an int key replaces that positional argument, a name the keyword."""
+    return (tuple(changes.get(i, a) for i, a in enumerate(args)),
+            {**kwargs, **{k: v for k, v in changes.items() if isinstance(k, str)}})
 
 
 class ShardState:
@@ -100,7 +109,7 @@ def _install(target: Sharded, mesh: SequenceMesh) -> None:
         return None if state.shard is None else (state.shard.args, state.shard.kwargs)
 
     def later(_module, args, kwargs):
-        return None if state.shard is None or not state.shard.later else (args, {**kwargs, **state.shard.later})
+        return None if state.shard is None or not state.shard.later else override(args, kwargs, state.shard.later)
 
     def gather(_module, _args, output):
         shard, state.shard = state.shard, None

@@ -165,7 +165,7 @@ class PipelineAdapter(Refusals, ABC):
 
     def num_attention_heads(self) -> int:
         """The head count every attention layer of the denoiser is divisible by (gcd over layers)."""
-        if self.sequence_attention == "joint":           # FLUX's FluxAttention is no diffusers Attention
+        if self.sequence_attention in ("joint", "wan"):  # FLUX's FluxAttention, WanAttention: no diffusers Attention
             from stage_runtime.distributed.ulysses_joint import joint_attention_heads
 
             return joint_attention_heads(self.denoiser)
@@ -187,6 +187,7 @@ class PipelineAdapter(Refusals, ABC):
     # "self"  the self-attention of diffusers' BasicTransformerBlock stacks (UNet, DiT): distributed/ulysses.py
     # "joint" an MMDiT's joint text+image attention (SD3, FLUX.1): distributed/ulysses_joint.py
     # "qwen"  Qwen-Image's dual-stream joint attention with its text key mask: distributed/ulysses_qwen.py
+    # "wan"   the video self-attention of WanTransformer3DModel (each expert; text whole): distributed/ulysses_wan.py
     sequence_attention: ClassVar[str] = "self"
 
     def enable_ulysses(self, group, degree: int) -> None:
@@ -199,11 +200,12 @@ class PipelineAdapter(Refusals, ABC):
     def enable_sequence_parallel(self, ulysses_degree: int, make_mesh) -> None:
         """Ulysses × ring over the mesh ``make_mesh()`` returns (a distributed.usp.SequenceMesh), by the
         installer of ``sequence_attention``."""
-        from stage_runtime.distributed import ulysses, ulysses_joint, ulysses_qwen
+        from stage_runtime.distributed import ulysses, ulysses_joint, ulysses_qwen, ulysses_wan
         from stage_runtime.errors import ConfigError
 
         installers = {"self": ulysses.enable_sequence_parallel, "joint": ulysses_joint.enable_joint_sequence_parallel,
-                      "qwen": ulysses_qwen.enable_qwen_sequence_parallel}
+                      "qwen": ulysses_qwen.enable_qwen_sequence_parallel,
+                      "wan": ulysses_wan.enable_wan_sequence_parallel}
         if self.sequence_attention not in installers:
             raise ConfigError(f"{type(self).__name__}.sequence_attention={self.sequence_attention!r} is not one of "
                               f"{', '.join(installers)}")

@@ -70,7 +70,8 @@ class WanAdapter(StepContract, PipelineAdapter):
     tiny_kinds = ("wan", "wan22", "wan-ti2v")
     default_steps = 50
     default_guidance = 5.0
-    parallel_kinds = frozenset()           # CFG, Ulysses and ring: once their 2-rank equality tests pass
+    parallel_kinds = frozenset({"cfg", "ulysses", "ring"})
+    sequence_attention = "wan"                     # the video tokens' self-attention; text whole on every rank
     low_cpu_mem_usage = None                                  # its norms are kept in float32 (diffusers' rule)
     request_key_fields = ("height", "width", "num_frames", "num_inference_steps", "guidance_scale",
                           "guidance_scale_2")
@@ -85,6 +86,13 @@ class WanAdapter(StepContract, PipelineAdapter):
     @property
     def denoiser(self) -> torch.nn.Module:
         return self.experts
+
+    def parallel_refusal(self, kind: str) -> str | None:
+        if kind == "tp":
+            return ("distributed/tensor_parallel.py shards diffusers' Attention layers, and WanAttention "
+                    "RMS-normalises q and k across all heads at once (rms_norm_across_heads), which a rank holding "
+                    "a share of the heads cannot do alone")
+        return None
 
     @property
     def vae_scale_factor(self) -> int:
@@ -187,6 +195,7 @@ class WanImageToVideoAdapter(WanAdapter):
 
     pipeline_classes = ("WanImageToVideoPipeline",)
     tiny_kinds = ("wan-i2v",)
+    parallel_kinds = frozenset()           # Wan's installer should fit (image tokens are cross-attention): untested
 
     def __init__(self, pipeline, device: torch.device):
         super().__init__(pipeline, device)

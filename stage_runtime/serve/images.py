@@ -18,6 +18,7 @@ from aiohttp import web
 from stage_runtime.engine.stream import raise_for_output
 from stage_runtime.errors import InvalidRequestError, RequestAbortedError, RequestTooLargeError, StageUnavailableError
 from stage_runtime.imageio import encode_image
+from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import DiffusionRequest
 from stage_runtime.serve.bodies import read_edit_form, read_json
 from stage_runtime.serve.events import EventWriter
@@ -81,20 +82,28 @@ async def run_request(request: web.Request, service: StageService, body: ImageOp
 
     if body.stream:
         return await _stream_events(request, service, stream, EventWriter, body, event_prefix, encode)
-    final = None
-    async with aclosing(service.outputs(stream)) as items:
-        async for item in items:
-            final = item
-    if final.error_type == RequestAbortedError.error_type and service.draining:
-        # Aborted by the drain, not by a client: a 503 as the stage's unavailability, so the caller retries on
-        # another replica.
-        return web.json_response(error_body(final.error_type, final.error), status=StageUnavailableError.http_status)
-    raise_for_output(final)                                # 409 aborted, 503 engine dead, 500 failed
+    final = await final_output(service, stream)
+    if isinstance(final, web.Response):
+        return final
     height, width = final.images.shape[1:3]
     return web.json_response(images_body(final.request_id, await encode(final.images),
                                          output_format=body.output_format, size=f"{width}x{height}",
                                          quality=body.quality or "auto", background=body.background or "opaque",
                                          **cache_report(final.metrics)))
+
+
+async def final_output(service: StageService, stream) -> DiffusionOutput | web.Response:
+    """The stream's final output when it succeeded; raises the error tree's class for a failure (409 aborted,
+    503 engine dead, 500 failed), except that a request aborted by the drain (not by a client) answers a 503 as
+    the stage's unavailability, so the caller retries on another replica."""
+    final = None
+    async with aclosing(service.outputs(stream)) as items:
+        async for item in items:
+            final = item
+    if final.error_type == RequestAbortedError.error_type and service.draining:
+        return web.json_response(error_body(final.error_type, final.error), status=StageUnavailableError.http_status)
+    raise_for_output(final)
+    return final
 
 
 async def _stream_events(request, service, stream, writer_cls, body, prefix, encode) -> web.StreamResponse:

@@ -17,21 +17,19 @@ import binascii
 import io
 import uuid
 import zipfile
-from contextlib import aclosing
 from typing import Literal
 
 import numpy as np
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from stage_runtime.engine.stream import raise_for_output
-from stage_runtime.errors import InvalidRequestError, RequestAbortedError, RequestTooLargeError, StageUnavailableError
+from stage_runtime.errors import InvalidRequestError, RequestTooLargeError
 from stage_runtime.imageio import decode_image, encode_image
 from stage_runtime.request import (MAX_PROMPT_CHARS, MAX_SIDE, DiffusionRequest, Guidance, NegativePrompt, Priority,
                                    SamplingParams, Seed, Steps, TimeoutS)
 from stage_runtime.serve.bodies import read_json
-from stage_runtime.serve.images import SERVICE, check_model
-from stage_runtime.serve.schemas import _EDGE, _SIZE, error_body, parse_body
+from stage_runtime.serve.images import SERVICE, check_model, final_output
+from stage_runtime.serve.schemas import _EDGE, _SIZE, parse_body
 from stage_runtime.video_request import Fps, Frames
 from stage_runtime.videoio import encode_mp4
 
@@ -108,14 +106,9 @@ async def create_video_sync(request: web.Request) -> web.Response:
     except (InvalidRequestError, RequestTooLargeError) as exc:
         service.metrics.count(exc.outcome)
         raise
-    stream = service.submit(engine_request)
-    final = None
-    async with aclosing(service.outputs(stream)) as items:
-        async for item in items:
-            final = item
-    if final.error_type == RequestAbortedError.error_type and service.draining:
-        return web.json_response(error_body(final.error_type, final.error), status=StageUnavailableError.http_status)
-    raise_for_output(final)
+    final = await final_output(service, service.submit(engine_request))
+    if isinstance(final, web.Response):
+        return final
     frames, fps = final.images[0], engine_request.sampling.fps or service.model_info.default_fps
     headers = {"X-Request-Id": final.request_id, "X-Video-Frames": str(len(frames)), "X-Video-Fps": str(fps)}
     if body.response_format == "frames":

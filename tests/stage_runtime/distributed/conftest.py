@@ -11,14 +11,15 @@ CFG2 = {"cfg_parallel_size": 2}
 
 
 @pytest.fixture(scope="session")
-def two_rank_runs(tiny_sd_path, tiny_dit_path, tiny_sdxl_path,
-                  tiny_qwen_image_path) -> tuple[dict[str, dict[int, dict]], dict]:
+def two_rank_runs(tiny_sd_path, tiny_dit_path, tiny_sdxl_path, tiny_qwen_image_path, tiny_wan_path, tiny_wan22_path,
+                  tiny_wan_ti2v_path) -> tuple[dict[str, dict[int, dict]], dict]:
     """({run name: {rank: payload}}, references): references hold per kind the single-rank images,
-    under ``<kind>-transformer`` the outputs of one directly called transformer (SD only), and under
-    ``<kind>-hook-calls`` how often a forward pre-hook on the denoiser fires during the scenarios."""
+    under ``<kind>-transformer`` the outputs of one directly called transformer (SD) or denoiser (Wan), and
+    under ``<kind>-hook-calls`` how often a forward pre-hook on the denoiser fires during the scenarios."""
     import dist_rank_checks as checks
 
-    paths = {"sd": tiny_sd_path, "dit": tiny_dit_path, "sdxl": tiny_sdxl_path, "qwen-image": tiny_qwen_image_path}
+    paths = {"sd": tiny_sd_path, "dit": tiny_dit_path, "sdxl": tiny_sdxl_path, "qwen-image": tiny_qwen_image_path,
+             "wan": tiny_wan_path, "wan22": tiny_wan22_path, "wan-ti2v": tiny_wan_ti2v_path}
     runs = {
         "cfg": {"job": "models", "parallel": CFG2, "models": paths},
         "ulysses": {"job": "models", "parallel": {"ulysses_degree": 2}, "models": paths},
@@ -27,12 +28,12 @@ def two_rank_runs(tiny_sd_path, tiny_dit_path, tiny_sdxl_path,
     }
     ranks = checks.Ranks(2, list(runs.values()))
     try:
-        adapters = {kind: checks.load_adapter(path) for kind, path in paths.items()}
-        references = {kind: checks.scenarios(adapter) for kind, adapter in adapters.items()}
-        references.update({f"{kind}-hook-calls": checks.counting_denoiser_hooks(adapter, checks.scenarios)[1]
-                           for kind, adapter in adapters.items()})
-        references.update({f"{kind}-transformer": checks.transformer_outputs(adapter)
-                           for kind, adapter in adapters.items()})
+        references = {}
+        for kind, path in paths.items():
+            adapter = checks.load_adapter(path)
+            references[kind], references[f"{kind}-hook-calls"] = checks.counting_denoiser_hooks(adapter,
+                                                                                                checks.scenarios)
+            references[f"{kind}-transformer"] = checks.transformer_outputs(adapter)
     finally:
         payloads = ranks.wait(timeout_s=240)
     by_run = {name: {rank: payloads[rank][i] for rank in payloads} for i, name in enumerate(runs)}

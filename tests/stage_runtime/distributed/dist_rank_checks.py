@@ -41,12 +41,17 @@ def load_adapter(path: str):
 
 
 def _request(adapter, rid: str, prompt: str, steps: int, seed: int, guidance: float, **kw):
+    """Every tiny image model's 64 px (Qwen-Image's default is 512); a video model's 32 px, 9 frames (Wan:
+    2 x 2 x 3 = 12 tokens a row, TI2V 3); with Wan 2.2's two experts, a second guidance scale when guided."""
     from stage_runtime.request import DiffusionRequest, SamplingParams
 
-    kw = {"height": 64, "width": 64, **kw}       # every tiny model's 64 px (Qwen-Image's default is 512)
+    info = adapter.info()
+    shape = {"height": 32, "width": 32, "num_frames": 9} if info.video else {"height": 64, "width": 64}
+    if info.takes_guidance_2 and guidance > 1:
+        shape["guidance_scale_2"] = guidance + 3
     req = DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed,
-                                                       guidance_scale=guidance, **kw))
-    return req.resolve(adapter.info())
+                                                       guidance_scale=guidance, **{**shape, **kw}), video=info.video)
+    return req.resolve(info)
 
 
 def run_steps(adapter, requests) -> dict:
@@ -96,9 +101,11 @@ def counting_denoiser_hooks(adapter, fn) -> tuple[object, int]:
 
 def transformer_outputs(adapter) -> dict:
     """One UNet Transformer2DModel called directly on 4x4 (16 tokens: sharded under Ulysses 2) and 3x3
-    (9 tokens: not divisible, runs unsharded) inputs, as float arrays (SD only)."""
+    (9 tokens: not divisible, runs unsharded) inputs, as float arrays (SD; Wan: :func:`wan_outputs`)."""
     import torch
 
+    if type(adapter.denoiser).__name__ == "WanExperts":
+        return wan_outputs(adapter)
     if not hasattr(adapter.denoiser, "down_blocks"):
         return {}
     transformer = adapter.denoiser.down_blocks[1].attentions[0]
@@ -112,12 +119,39 @@ def transformer_outputs(adapter) -> dict:
     return out
 
 
+def wan_outputs(adapter) -> dict:
+    """Wan's denoiser (WanExperts) called directly, as float arrays: the tiny Wan's videos hardly depend on its
+    transformer (guidance 5 and 1 differ by 1 uint8), so its parallel equality is checked here too. 3 rows (CFG 2:
+    2 + 1 padded) whose timesteps straddle Wan 2.2's expert boundary (both experts in one call; TI2V: a timestep
+    per token, each different), at 12 video tokens a row (even chunks), 9 (uneven) and 1 (fewer than the ranks:
+    unsharded)."""
+    import torch
+
+    config, out = adapter.denoiser.transformer.config, {}
+    gen = torch.Generator().manual_seed(0)
+    text = torch.randn(3, 7, config.text_dim, generator=gen)
+    steps = torch.tensor([950.0, 600.0, 300.0])
+    with torch.inference_mode():
+        for frames, height, width in ((3, 4, 4), (3, 2, 6), (1, 2, 2)):
+            latents = torch.randn(3, config.in_channels, frames, height, width, generator=gen)
+            tokens = frames * height * width // 4
+            timestep = steps if not adapter.pipe.config.expand_timesteps else \
+                steps[:, None] - torch.arange(tokens, dtype=torch.float32) * 10
+            out[f"{tokens}-tokens"] = adapter.denoiser(hidden_states=latents, timestep=timestep,
+                                                       encoder_hidden_states=text, expert_timestep=steps).numpy()
+    return out
+
+
 def replaced_processor_error(adapter) -> str | None:
     """Swap one Ulysses processor back to diffusers' default: the next denoiser call must refuse to run."""
     import torch
     from diffusers.models.attention_processor import AttnProcessor2_0
 
-    if type(adapter.denoiser).__name__ == "QwenImageTransformer2DModel":   # Qwen-Image: its own processor
+    if type(adapter.denoiser).__name__ == "WanExperts":                    # Wan: the first expert's first block
+        from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+        adapter.denoiser.transformer.blocks[0].attn1.set_processor(WanAttnProcessor())
+    elif type(adapter.denoiser).__name__ == "QwenImageTransformer2DModel":   # Qwen-Image: its own processor
         from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 
         adapter.denoiser.transformer_blocks[0].attn.set_processor(QwenDoubleStreamAttnProcessor2_0())
@@ -185,14 +219,13 @@ def _job_models(rank, groups, parallel, run) -> dict:
 
 def installed(denoiser) -> dict:
     """What parallelism is installed on a denoiser: CFG forward wrapper, number of Ulysses processors."""
-    from diffusers.models.attention_processor import Attention
-
     from stage_runtime.distributed.ulysses import UlyssesAttnProcessor
     from stage_runtime.distributed.ulysses_qwen import QwenUlyssesAttnProcessor
+    from stage_runtime.distributed.ulysses_wan import WanUlyssesAttnProcessor
 
-    ulysses = (UlyssesAttnProcessor, QwenUlyssesAttnProcessor)
+    ulysses = (UlyssesAttnProcessor, QwenUlyssesAttnProcessor, WanUlyssesAttnProcessor)
     return {"cfg": getattr(denoiser, "_diffstage_cfg_parallel", None) is not None,
-            "ulysses": sum(isinstance(m, Attention) and isinstance(m.processor, ulysses) for m in denoiser.modules())}
+            "ulysses": sum(isinstance(getattr(m, "processor", None), ulysses) for m in denoiser.modules())}
 
 
 def _job_peer_gone(rank, groups, parallel, run) -> dict:

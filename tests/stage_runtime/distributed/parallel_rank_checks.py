@@ -20,8 +20,9 @@ def installed(denoiser) -> dict:
     from stage_runtime.distributed.ulysses import UlyssesAttnProcessor
     from stage_runtime.distributed.ulysses_joint import JointUlyssesProcessor
     from stage_runtime.distributed.ulysses_qwen import QwenUlyssesAttnProcessor
+    from stage_runtime.distributed.ulysses_wan import WanUlyssesAttnProcessor
 
-    kinds = (UlyssesAttnProcessor, JointUlyssesProcessor, QwenUlyssesAttnProcessor)
+    kinds = (UlyssesAttnProcessor, JointUlyssesProcessor, QwenUlyssesAttnProcessor, WanUlyssesAttnProcessor)
     sp = [m.processor for m in denoiser.modules() if isinstance(getattr(m, "processor", None), kinds)]
     return {"cfg": getattr(denoiser, "_diffstage_cfg_parallel", None) is not None,
             "sp": len(sp), "ring": sorted({p.mesh.ring_size for p in sp}),
@@ -39,6 +40,7 @@ def _job_models(rank, groups, parallel, run) -> dict:
         apply_parallelism(adapter, groups, parallel)
         payload[f"{kind}-installed"] = installed(adapter.denoiser)
         payload[kind] = checks.scenarios(adapter)
+        payload[f"{kind}-transformer"] = checks.transformer_outputs(adapter)
     return payload
 
 
@@ -92,11 +94,15 @@ JOBS = {"models": _job_models, "kernels": _job_kernels}
 
 def spawn(world: int, plan: dict[str, dict], models: dict[str, str], timeout_s: float = 600):
     """Run ``plan`` (name → run) on ``world`` ranks while computing the single-rank references of ``models``
-    here; returns ({name: {rank: payload}}, {kind: {scenario: image}})."""
+    here; returns ({name: {rank: payload}}, {kind: {scenario: image}, "<kind>-transformer": float outputs})."""
     ranks = checks.Ranks(world, [{"timeout_s": TIMEOUT_S, **run} for run in plan.values()],
                          jobs_module=__name__)
     try:
-        references = {kind: checks.scenarios(checks.load_adapter(path)) for kind, path in models.items()}
+        references = {}
+        for kind, path in models.items():
+            adapter = checks.load_adapter(path)
+            references[kind], references[f"{kind}-transformer"] = (checks.scenarios(adapter),
+                                                                   checks.transformer_outputs(adapter))
     finally:
         payloads = ranks.wait(timeout_s=timeout_s)
     return {name: {rank: payloads[rank][i] for rank in payloads} for i, name in enumerate(plan)}, references

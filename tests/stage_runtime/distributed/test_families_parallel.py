@@ -1,20 +1,26 @@
-"""CFG-parallel (2 ranks) and Ulysses (degree 2) for SDXL and Qwen-Image give the images of one plain rank
-(within 2 uint8) in request mode and step mode, with and without guidance (true-CFG rows for Qwen-Image).
+"""CFG-parallel (2 ranks) and Ulysses (degree 2) for SDXL, Qwen-Image and Wan (2.1, 2.2 with its two experts
+and two guidance scales, TI2V-5B) give the images of one plain rank (within 2 uint8) in request mode and step
+mode, with and without guidance (true-CFG rows for Qwen-Image).
 
 The ranks are the session's two gloo ranks of conftest.two_rank_runs (they load every family once per run).
 Qwen-Image's Ulysses shards the image tokens of its dual-stream blocks and attends over [text ; image]
-(distributed/ulysses_qwen.py); SDXL's UNet transformer blocks take the UNet path of distributed/ulysses.py.
+(distributed/ulysses_qwen.py); SDXL's UNet transformer blocks take the UNet path of distributed/ulysses.py;
+Wan's video tokens are sharded in each expert, cross-attention to the whole text stays local
+(distributed/ulysses_wan.py). The tiny Wan's videos hardly depend on its transformer, so Wan's denoiser is also
+called directly (dist_rank_checks.wan_outputs: rows on both sides of Wan 2.2's expert boundary, 12, 9 and 1
+video tokens) and compared in float.
 """
 
 from __future__ import annotations
 
 import pytest
-from parallel_equality import check_images
+from parallel_equality import check_denoiser_outputs, check_images
 
-FAMILIES = ("sdxl", "qwen-image")
+WAN = ("wan", "wan22", "wan-ti2v")
+FAMILIES = ("sdxl", "qwen-image", *WAN)
 # self-attentions under Ulysses: tiny SDXL has 4 Transformer2DModels of one block (1 down, 1 mid, 2 up);
-# tiny Qwen-Image has 2 dual-stream blocks.
-ULYSSES_PROCESSORS = {"sdxl": 4, "qwen-image": 2}
+# tiny Qwen-Image has 2 dual-stream blocks; tiny Wan 2 blocks per transformer (Wan 2.2: 2 experts).
+ULYSSES_PROCESSORS = {"sdxl": 4, "qwen-image": 2, "wan": 2, "wan22": 4, "wan-ti2v": 2}
 family_param = pytest.mark.parametrize("kind", FAMILIES)
 
 
@@ -48,6 +54,14 @@ def test_ulysses_is_installed_and_equals_one_rank(runs, kind):
     expected = {"cfg": False, "ulysses": ULYSSES_PROCESSORS[kind]}
     assert payloads[0][f"{kind}-installed"] == payloads[1][f"{kind}-installed"] == expected
     check_images(payloads, references, kind)
+
+
+@pytest.mark.parametrize("run", ["cfg", "ulysses"])
+@pytest.mark.parametrize("kind", WAN)
+def test_wan_denoiser_outputs_equal_one_rank(runs, run, kind):
+    by_run, references = runs
+    assert sorted(references[f"{kind}-transformer"]) == ["1-tokens", "12-tokens", "9-tokens"]
+    check_denoiser_outputs(by_run[run], references, kind)
 
 
 @family_param

@@ -8,9 +8,8 @@ and guidance 1. Every self-attention of the UNet's transformers / DiT runs shard
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from parallel_equality import check_images, check_scenarios_cover_the_brief, kind_param
+from parallel_equality import check_denoiser_outputs, check_images, check_scenarios_cover_the_brief, kind_param
 
 # self-attentions: tiny SD has 4 Transformer2DModels (1 down, 1 mid, 2 up) of one block; tiny DiT has 2 blocks.
 ULYSSES_PROCESSORS = {"sd": 4, "dit": 2}
@@ -51,12 +50,8 @@ def test_ulysses_images_equal_single_rank(outcome, kind):
 def test_transformer_sharded_and_unsharded_sequences_equal_single_rank(outcome):
     """16 tokens run sharded (8 per rank), 9 tokens (not divisible by 2) fall back to unsharded on both ranks."""
     payloads, references = outcome
-    ref = references["sd-transformer"]
-    assert sorted(ref) == ["3x3", "4x4"]
-    for rank in (0, 1):
-        for name, expected in ref.items():
-            np.testing.assert_allclose(payloads[rank]["sd-transformer"][name], expected, rtol=0, atol=1e-5,
-                                       err_msg=f"rank {rank} {name}")
+    assert sorted(references["sd-transformer"]) == ["3x3", "4x4"]
+    check_denoiser_outputs(payloads, references, "sd")
 
 
 @kind_param

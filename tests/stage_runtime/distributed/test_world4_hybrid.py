@@ -1,4 +1,5 @@
-"""World 4 on gloo: Ulysses 2 × ring 2 (hybrid sequence parallel; tiny DiT, SD3 and Qwen-Image) and TP 2 × CFG 2
+"""World 4 on gloo: Ulysses 2 × ring 2 (hybrid sequence parallel; tiny DiT, SD3, Qwen-Image and Wan, whose
+denoiser is also compared in float) and TP 2 × CFG 2
 (DiT, SD3) give the images of one plain rank (within 2 uint8), in request and step mode, with and without guidance.
 
 Rank layout (stage_runtime.config, tp fastest): under ulysses 2 × ring 2 the sp coordinate is the rank,
@@ -10,18 +11,18 @@ from __future__ import annotations
 
 import parallel_rank_checks as prc
 import pytest
-from parallel_equality import check_images
+from parallel_equality import check_denoiser_outputs, check_images
 
 MODELS = ("dit", "sd3")
-USP_MODELS = (*MODELS, "qwen-image")
-SP_PROCESSORS = {"dit": 2, "sd3": 3, "qwen-image": 2}
+USP_MODELS = (*MODELS, "qwen-image", "wan")
+SP_PROCESSORS = {"dit": 2, "sd3": 3, "qwen-image": 2, "wan": 2}
 TP_ROW_LAYERS, HEADS = {"dit": 4, "sd3": 7}, {"dit": 4, "sd3": 2}
 USP = {"ulysses_degree": 2, "ring_degree": 2}
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_dit_path, tiny_sd3_path, tiny_qwen_image_path):
-    paths = {"dit": tiny_dit_path, "sd3": tiny_sd3_path, "qwen-image": tiny_qwen_image_path}
+def runs(tiny_dit_path, tiny_sd3_path, tiny_qwen_image_path, tiny_wan_path):
+    paths = {"dit": tiny_dit_path, "sd3": tiny_sd3_path, "qwen-image": tiny_qwen_image_path, "wan": tiny_wan_path}
     plan = {"kernel": {"job": "kernels", "parallel": USP},
             "usp": {"job": "models", "parallel": USP, "models": paths},
             "tp-cfg": {"job": "models", "parallel": {"tensor_parallel_size": 2, "cfg_parallel_size": 2},
@@ -58,6 +59,12 @@ def test_ulysses_times_ring_equals_one_rank(runs, kind):
         assert (got["sp"], got["ulysses"], got["ring"], got["cfg"]) == (SP_PROCESSORS[kind], [2], [2], False)
     for rank in (1, 2, 3):
         check_images(pair(payloads, rank), references, kind)
+
+
+def test_ulysses_times_ring_wan_denoiser_outputs_equal_one_rank(runs):
+    by_run, references = runs
+    assert sorted(references["wan-transformer"]) == ["1-tokens", "12-tokens", "9-tokens"]
+    check_denoiser_outputs(by_run["usp"], references, "wan")
 
 
 @pytest.mark.parametrize("kind", MODELS)
