@@ -105,8 +105,12 @@ def encode_mp4(frames: np.ndarray, fps: int, *, crf: int = 18, preset: str = "ve
             raise ValueError(f"encode_mp4: the muxer asked to open {url!r} for writing (flags={flags})")
         return _ReadBack(buffer)
 
-    with av.open(buffer, mode="w", format="mp4", options={"movflags": "+faststart"}, io_open=read_back) as out:
-        stream = out.add_stream("libx264", rate=fps, options={"crf": str(crf), "preset": preset})
+    # bitexact: no creation time in the header, so the same frames give the same bytes at any moment
+    options = {"movflags": "+faststart", "fflags": "+bitexact"}
+    with av.open(buffer, mode="w", format="mp4", options=options, io_open=read_back) as out:
+        # sliced threads: x264's frame threads gave other bytes for the same frames on a busy machine (3 of 40)
+        stream = out.add_stream("libx264", rate=fps, options={"crf": str(crf), "preset": preset,
+                                                              "x264-params": "sliced-threads=1"})
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         codec = stream.codec_context
         codec.time_base = Fraction(1, fps)

@@ -1,5 +1,5 @@
 """The VAE decode's memory bound (``limits.decode_tile_side``): a video decoded in spatial tiles equals the untiled
-decode within the stated tolerance (PSNR, mean |diff|), and its peak memory falls (max RSS, a fresh process each)."""
+decode within the stated tolerance (PSNR, mean |diff|), and its peak memory falls (peak RSS, a fresh process each)."""
 
 from __future__ import annotations
 
@@ -25,14 +25,19 @@ TILE_PSNR_DB, TILE_MEAN = 38.0, 2.0
 WAN = Family("wan", size=128, frames=5)
 
 PEAK = """
-import json, resource, sys, torch
+import json, sys, torch
 torch.set_num_threads(1)
 sys.path[:0] = {paths!r}
 from family_checks import Family, make_engine
+
+def status(key):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key + ":"))
+
 engine = make_engine({path!r}, "request", warmup=False, limits={limits!r})
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+open("/proc/self/clear_refs", "w").write("5")          # the peak RSS starts again from the current RSS
+before = status("VmRSS")
 engine.add_request(Family("wan", size=256, frames=5).request("r", "a fox", 1, 1)).result(timeout=300)
-print(json.dumps({{"peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "before_kb": before}}))
+print(json.dumps({{"peak_kb": status("VmHWM"), "before_kb": before}}))
 engine.close()
 """
 
@@ -52,7 +57,10 @@ def test_a_tiled_decode_equals_the_whole_frame_decode_within_the_tolerance(tiny_
     assert psnr(tiled[0], whole[0]) >= TILE_PSNR_DB and np.abs(tiled.astype(int) - whole.astype(int)).mean() < TILE_MEAN
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status and resets its peak RSS")
 def test_the_bound_lowers_the_decode_peak_memory(tiny_wan_path):
+    """The peak RSS over the loaded engine while one 256x256x5 video is made (its decode dominates), measured from
+    a reset high-water mark (/proc/self/clear_refs), so the engine's own loading does not hide it."""
     def peak(limits: dict) -> int:
         code = PEAK.format(paths=sys.path, path=tiny_wan_path, limits=limits)
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
