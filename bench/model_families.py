@@ -23,13 +23,12 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from typing import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from stats import machine, ratio_summary, spread  # noqa: E402
+from stats import machine, max_uint8_diff, ratio_summary, rotated_round, spread  # noqa: E402
 
 
 def _gens(seeds):
@@ -147,19 +146,9 @@ def bench_family(name: str, family: Family, args, root: str) -> None:
     times: dict[str, list[float]] = {k: [] for k in paths}
     diff, calls[0] = 0, 0
     for i in range(args.runs):
-        prompt, seed = f"a photo of object {i}", 1000 + 10 * i
-        order = list(paths.items())
-        shift = i % len(order)
-        results = {}
-        for key, fn in order[shift:] + order[:shift]:
-            t0 = time.perf_counter()
-            results[key] = fn(prompt, seed)
-            times[key].append(time.perf_counter() - t0)
-        for key in ("engine req", "engine step"):
-            if key in results:
-                diff = max(diff, int(np.abs(results[key].astype(int) - results["bare"].astype(int)).max()))
-        for got, ref in zip(results["batch x4"], results["seq x4"], strict=True):
-            diff = max(diff, int(np.abs(got.astype(int) - ref.astype(int)).max()))
+        results = rotated_round(paths, i, times, f"a photo of object {i}", 1000 + 10 * i)
+        pairs = [("engine req", "bare"), ("engine step", "bare"), ("batch x4", "seq x4")]
+        diff = max_uint8_diff(results, pairs, diff)
     for engine in engines.values():
         engine.close()
 

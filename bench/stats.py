@@ -44,3 +44,33 @@ def machine() -> str:
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return (f"{cpu}, {os.cpu_count()} cores, python {platform.python_version()}; "
             f"load average (1/5/15 min) {load} — other work on these cores adds noise")
+
+
+def rotated_round(paths: dict, i: int, times: dict[str, list[float]], *args) -> dict:
+    """Round ``i`` of an interleaved comparison: every path called once on ``args``, the order rotated by ``i``
+    (no path always runs first or after the same neighbour); each call's seconds appended to ``times``.
+    Returns each path's result."""
+    import time
+
+    order = list(paths.items())
+    shift = i % len(order)
+    results = {}
+    for key, fn in order[shift:] + order[:shift]:
+        t0 = time.perf_counter()
+        results[key] = fn(*args)
+        times[key].append(time.perf_counter() - t0)
+    return results
+
+
+def max_uint8_diff(results: dict, pairs: list[tuple[str, str]], diff: int = 0) -> int:
+    """The largest |a - b| over the uint8 arrays of each (a, b) pair of paths (lists of arrays pairwise)."""
+    import numpy as np
+
+    for a, b in pairs:
+        if a not in results:
+            continue
+        left, right = results[a], results[b]
+        for got, ref in zip(*(([x] if not isinstance(x, list) else x) for x in (left, right)), strict=True):
+            diff = max(diff, int(np.abs(got.astype(int) - ref.astype(int)).max()))
+    return diff
+

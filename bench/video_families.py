@@ -30,7 +30,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from stats import machine, ratio_summary, spread  # noqa: E402
+from stats import machine, max_uint8_diff, ratio_summary, rotated_round, spread  # noqa: E402
 
 KINDS = ("wan", "wan22", "wan-ti2v", "wan-i2v")
 
@@ -104,17 +104,9 @@ def bench_kind(kind: str, args, root: str) -> None:
     times: dict[str, list[float]] = {k: [] for k in paths}
     diff = 0
     for i in range(args.runs):
-        prompt, seed, order = f"a clip of object {i}", 1000 + 10 * i, list(paths.items())
-        shift = i % len(order)
-        results = {}
-        for key, fn in order[shift:] + order[:shift]:
-            t0 = time.perf_counter()
-            results[key] = fn(prompt, seed)
-            times[key].append(time.perf_counter() - t0)
-        for key in ("engine req", "engine step"):
-            diff = max(diff, int(np.abs(results[key].astype(int) - results["bare"].astype(int)).max()))
-        for got, ref in zip(results["batch x2"], results["seq x2"], strict=True):
-            diff = max(diff, int(np.abs(got.astype(int) - ref.astype(int)).max()))
+        results = rotated_round(paths, i, times, f"a clip of object {i}", 1000 + 10 * i)
+        pairs = [("engine req", "bare"), ("engine step", "bare"), ("batch x2", "seq x2")]
+        diff = max_uint8_diff(results, pairs, diff)
     for engine in engines.values():
         engine.close()
     print(f"\n== {kind} ({type(bare).__name__}), {size}x{size}x{args.frames}, {args.steps} steps, "
