@@ -105,12 +105,12 @@ def encode_mp4(frames: np.ndarray, fps: int, *, crf: int = 18, preset: str = "ve
             raise ValueError(f"encode_mp4: the muxer asked to open {url!r} for writing (flags={flags})")
         return _ReadBack(buffer)
 
-    # bitexact: no creation time in the header, so the same frames give the same bytes at any moment
+    # bitexact: no creation time or muxer version in the header
     options = {"movflags": "+faststart", "fflags": "+bitexact"}
     with av.open(buffer, mode="w", format="mp4", options=options, io_open=read_back) as out:
-        # sliced threads: x264's frame threads gave other bytes for the same frames on a busy machine (3 of 40)
-        stream = out.add_stream("libx264", rate=fps, options={"crf": str(crf), "preset": preset,
-                                                              "x264-params": "sliced-threads=1"})
+        # x264's threads (frame or sliced) may give other bytes for the same frames on a busy machine: the
+        # decoded pictures, not the bytes, are what a caller can count on
+        stream = out.add_stream("libx264", rate=fps, options={"crf": str(crf), "preset": preset})
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         codec = stream.codec_context
         codec.time_base = Fraction(1, fps)

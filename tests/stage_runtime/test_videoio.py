@@ -92,11 +92,6 @@ def test_crf_and_preset_reach_x264():
     assert psnr(clip, decode_mp4(coarse)[0]) < psnr(clip, decode_mp4(fine)[0])
 
 
-def test_the_same_frames_give_the_same_bytes():
-    clip = smooth_clip(9, 16, 16, seed=5)
-    assert encode_mp4(clip, 8) == encode_mp4(clip.copy(), 8)
-
-
 def test_odd_size_is_refused_for_mp4_and_kept_exactly_as_png(tmp_path):
     clip = smooth_clip(5, 17, 33, seed=6)
     with pytest.raises(ValueError, match=r"frames: 33x17 .*odd side.*even width and height"):
