@@ -72,6 +72,7 @@ bench: $(STAMP)
 	$(PY) bench/rank_start.py
 	$(PY) bench/video_encode.py
 	$(PY) bench/video_families.py --mixed
+	$(PY) bench/video_decode.py
 
 # Tier 5, opt-in: a kind cluster with fake GPU capacity, the images loaded, the same scenario as the local
 # e2e, then the cluster deleted. Without Docker or kind it says why and exits 0.

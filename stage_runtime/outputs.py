@@ -51,13 +51,20 @@ class BatchRunnerOutput:
         return self.outputs.get(request_id)
 
 
+# What a running request is doing, in order: its prompt (and reference image) encoded, denoising step k of N,
+# the VAE decode; "mux" is the server's, after the engine: encoding the frames into an MP4.
+PHASES = ("encode", "denoise", "decode", "mux")
+
+
 @dataclass(frozen=True)
 class ProgressEvent:
-    """A denoising step finished for these requests (emitted during execution)."""
+    """These requests entered a phase (encode, decode) or a denoising step (emitted during execution). Only
+    ``denoise`` events take part in cancellation (the runner agrees on cancels at step boundaries)."""
 
     request_ids: tuple[str, ...]
     step_index: int                          # steps completed
     num_steps: int
+    phase: str = "denoise"
 
 
 # Runner → engine once per denoising step; returns the ids the engine wants stopped.
@@ -79,6 +86,7 @@ class DiffusionOutput:
     error_type: str | None = None            # an errors.* error_type, e.g. "request_aborted"
     step_index: int | None = None            # progress items: steps done of num_steps
     num_steps: int | None = None
+    phase: str | None = None                 # progress items: PHASES (None on the final item)
     metrics: dict[str, float] = field(default_factory=dict)   # queue_ms, exec_ms, e2e_ms (+ compute_ms)
 
     @property

@@ -44,6 +44,6 @@ def terminal_output(state: RequestState) -> DiffusionOutput:
 
 
 def progress_output(state: RequestState, preview: np.ndarray | None = None) -> DiffusionOutput:
-    """A non-final item: step k of n, with a decoded preview when one was made this step."""
+    """A non-final item: the phase, step k of n, with a decoded preview when one was made this step."""
     return DiffusionOutput(state.request_id, finished=False, images=preview, step_index=state.step_index,
-                           num_steps=state.request.num_steps)
+                           num_steps=state.request.num_steps, phase=state.phase)

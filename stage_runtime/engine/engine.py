@@ -235,13 +235,14 @@ class DiffusionEngine:
             return not self._stop
 
     def _on_progress(self, event: ProgressEvent) -> set[str]:
-        """Called by the runner once per denoising step: apply aborts and deadlines now; return the ids to stop."""
-        self.watchdog.progress(event.step_index, event.num_steps)
+        """Called by the runner once per denoising step and as a call enters its encode and decode phases: apply
+        aborts and deadlines now; return the ids to stop (at a denoising step)."""
+        self.watchdog.progress(event.step_index, event.num_steps, event.phase)
         with self._lock:
-            self.scheduler.update_progress(event.request_ids, event.step_index)
+            self.scheduler.update_progress(event.request_ids, event.step_index, event.phase)
             self._apply_aborts_locked()
             self._finalize_locked(self.scheduler.expire_deadlines())
-            if event.step_index:
+            if event.step_index or event.phase != "denoise":      # step 0 of denoise: the encode item said it
                 self.outputs.progress(self.scheduler.live_states(event.request_ids))
             if self._stop:
                 return set(event.request_ids)

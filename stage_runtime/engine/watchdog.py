@@ -40,12 +40,16 @@ class StepWatchdog:
         with self._lock:
             self._ids, self._since, self._where = tuple(request_ids), self._clock(), "in a step"
 
-    def progress(self, step_index: int, num_steps: int) -> None:
+    def progress(self, step_index: int, num_steps: int, phase: str = "denoise") -> None:
         with self._lock:
             if self._since is not None:
                 self._since = self._clock()
-                self._where = (f"in step {step_index + 1} of {num_steps}" if step_index < num_steps
-                               else "after its last step (decoding)")
+                if phase == "encode":
+                    self._where = "encoding the prompt, before step 1"
+                elif phase == "denoise" and step_index < num_steps:
+                    self._where = f"in step {step_index + 1} of {num_steps}"
+                else:
+                    self._where = "after its last step (decoding)"
 
     def end(self) -> None:
         with self._lock:

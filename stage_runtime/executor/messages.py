@@ -75,13 +75,14 @@ class OutputReady:
 
 @dataclass(frozen=True)
 class Progress:
-    """A replica leader started denoising step ``step_index`` of a model call (request mode)."""
+    """A replica leader started denoising step ``step_index`` of a model call, or entered its encode or decode phase."""
 
     rpc_id: int
     rank: int
     request_ids: tuple[str, ...]
     step_index: int
     num_steps: int
+    phase: str = "denoise"          # or "encode" / "decode": a notice, no cancel agreement (outputs.PHASES)
 
 
 @dataclass(frozen=True)

@@ -234,7 +234,7 @@ class MultiprocExecutor(DiffusionExecutor):
 
     # -- progress and cancel (request mode) --------------------------------------------------------------
     def _on_worker_progress(self, p: Progress) -> None:
-        cancel = self.on_progress(ProgressEvent(p.request_ids, p.step_index, p.num_steps))
+        cancel = self.on_progress(ProgressEvent(p.request_ids, p.step_index, p.num_steps, p.phase))
         if cancel:
             self._broadcast(CancelMessage(p.rpc_id, tuple(sorted(cancel))))
 

@@ -187,7 +187,10 @@ class WorkerProc:
     def _on_progress(self, event: ProgressEvent) -> set[str]:
         groups = self.worker.groups
         if groups.is_replica_leader and self.current_rpc is not None:
-            self._send(Progress(self.current_rpc, self.rank, event.request_ids, event.step_index, event.num_steps))
+            self._send(Progress(self.current_rpc, self.rank, event.request_ids, event.step_index, event.num_steps,
+                                event.phase))
+        if event.phase != "denoise":
+            return set()           # a phase notice: cancels are agreed at denoising steps only (symmetric there)
         self._drain_broadcast()
         return agree(groups, self.cancelled)
 

@@ -38,6 +38,9 @@ def call_parameters(pipeline_class: type) -> frozenset[str]:
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+MIN_TILE_LATENTS = 4          # limits.decode_tile_side: the smallest tile a VAE decoder takes, in latents a side
+
+
 class PipelineAdapter(Refusals, ABC):
     """A family's adapter over its loaded pipeline. Its refusals at admission (``check_request``) come from
     ``models.refusals``, torch-free, so the engine process runs them without importing this module.
@@ -136,6 +139,10 @@ class PipelineAdapter(Refusals, ABC):
         if "tile_sample_min_height" not in params:
             raise ConfigError(f"limits.decode_tile_side={tile_side}: {type(self.pipe).__name__}'s VAE "
                               f"({type(vae).__name__}) has no tiled decode with a tile size")
+        if tile_side < MIN_TILE_LATENTS * self.vae_scale_factor:     # the decoder's convolutions pad the tile
+            raise ConfigError(f"limits.decode_tile_side={tile_side}: {type(self.pipe).__name__}'s VAE makes "
+                              f"{self.vae_scale_factor} pixels of a latent a side; a tile takes at least "
+                              f"{MIN_TILE_LATENTS} latents: {MIN_TILE_LATENTS * self.vae_scale_factor} or more")
         wanted = {"tile_sample_min_height": tile_side, "tile_sample_min_width": tile_side,
                   "tile_sample_stride_height": tile_side * 3 // 4, "tile_sample_stride_width": tile_side * 3 // 4,
                   "tile_latent_min_height": tile_side // self.vae_scale_factor,

@@ -150,11 +150,11 @@ class BaseScheduler(ABC):
         assert state.status.finished, f"{request_id} is {state.status.name}"
         return self._states.pop(request_id)
 
-    def update_progress(self, request_ids: Iterable[str], step_index: int) -> None:
+    def update_progress(self, request_ids: Iterable[str], step_index: int, phase: str = "denoise") -> None:
         for rid in request_ids:
             state = self._states.get(rid)
             if state is not None and state.status == RequestStatus.RUNNING:
-                state.step_index = step_index
+                state.step_index, state.phase = step_index, phase
 
     # -- queries ----------------------------------------------------------------------------------------
     def get_request_state(self, request_id: str) -> RequestState | None:

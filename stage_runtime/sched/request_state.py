@@ -23,6 +23,7 @@ class RequestState:
     error_type: str | None = None       # FINISHED_ERROR's kind when it is not a plain failure
     result: RunnerOutput | None = None
     step_index: int = 0
+    phase: str | None = None            # running: outputs.PHASES ("encode", "denoise", "decode"); None: not started
     queued_at: float = 0.0
     scheduled_at: float | None = None
     finished_at: float | None = None
@@ -38,6 +39,6 @@ class RequestState:
     def snapshot(self) -> dict[str, Any]:
         """One row of ``GET /v1/requests``: state, step progress, priority, preemptions, block-cache counts."""
         return {"request_id": self.request_id, "state": self.status.name.lower(), "step": self.step_index,
-                "num_steps": self.request.num_steps, "priority": self.request.sampling.priority,
+                "phase": self.phase, "num_steps": self.request.num_steps, "priority": self.request.sampling.priority,
                 "preempted": self.status == RequestStatus.PREEMPTED, "preemptions": self.preemptions,
                 **((self.result and self.result.cache) or {})}   # steps_computed, steps_skipped (block cache)

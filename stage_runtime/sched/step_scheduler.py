@@ -75,7 +75,7 @@ class StepScheduler(BaseScheduler):
                 finished += self.finish_requests(rid, RequestStatus.FINISHED_ERROR,
                                                  f"Missing step_index in output for request {rid}")
             else:
-                state.step_index, state.result = out.step_index, out
+                state.step_index, state.result, state.phase = out.step_index, out, "denoise"
                 if out.finished and out.images is not None:
                     finished += self.finish_requests(rid, RequestStatus.FINISHED_COMPLETED)
                 elif out.finished:

@@ -1,8 +1,10 @@
 """Server-sent events for ``stream: true``, in one of two documented formats (``stream_format``).
 
 ``openai`` (the default; what the OpenAI SDK parses), with ``<p>`` = ``image_generation`` or ``image_edit``:
-    <p>.progress        {type, id, step, num_steps}           after each step but the last (an extra event:
-                                                              the SDK yields it as an object of that type)
+    <p>.progress        {type, id, phase, step, num_steps}    as the request enters its encode phase, after each
+                                                              denoising step but the last, and as it enters its
+                                                              decode phase (an extra event: the SDK yields it as
+                                                              an object of that type)
     <p>.partial_image   {type, id, b64_json, partial_image_index, size, output_format, quality, background,
                          created_at}                          one per image when a preview was decoded
     <p>.completed       {type, id, b64_json, size, output_format, quality, background, created_at, usage}
@@ -53,7 +55,7 @@ class EventWriter:
             return
         rid, p = item.request_id, self.prefix
         if not item.finished:
-            await send(self.response, f"{p}.progress", {"id": rid, "step": item.step_index,
+            await send(self.response, f"{p}.progress", {"id": rid, "phase": item.phase, "step": item.step_index,
                                                         "num_steps": item.num_steps})
             if item.images is not None:
                 fields = self._image_fields(item)
@@ -72,7 +74,8 @@ class EventWriter:
     async def _write_diffstage(self, item: DiffusionOutput) -> None:
         rid = item.request_id
         if not item.finished:
-            await send(self.response, "progress", {"id": rid, "step": item.step_index, "num_steps": item.num_steps})
+            await send(self.response, "progress", {"id": rid, "phase": item.phase, "step": item.step_index,
+                                                   "num_steps": item.num_steps})
             if item.images is not None:
                 await send(self.response, "partial_image", {"id": rid, "step": item.step_index,
                                                             "data": [{"b64_json": b} for b in

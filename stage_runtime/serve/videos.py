@@ -7,6 +7,12 @@ without ``num_frames`` is ``seconds × fps + 1`` frames (N seconds are N × fps 
 The answer is the MP4 (``video/mp4``: H.264, yuv420p) or, with ``response_format: "frames"``, the exact frames
 losslessly as a zip of ``frame_0000.png …`` (``application/zip``). The engine never rounds a frame count: one
 the family cannot take is a 400 naming ``num_frames``.
+
+``stream: true`` answers server-sent events instead, so a long call shows where it is (and a proxy sees bytes):
+``video.progress`` {id, phase, step, num_steps} as the request enters each phase — ``encode``, ``denoise``
+(after each step but the last), ``decode``, then ``mux`` while the server encodes the MP4 (or zips the frames)
+— and one ``video.completed`` {id, content_type, b64_json, frames, fps, size} with the answer's bytes, or one
+``error`` {id, error: {type, message}}.
 """
 
 from __future__ import annotations
@@ -17,19 +23,21 @@ import binascii
 import io
 import uuid
 import zipfile
+from contextlib import aclosing
 from typing import Literal
 
 import numpy as np
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from stage_runtime.errors import InvalidRequestError, RequestTooLargeError
+from stage_runtime.errors import InvalidRequestError, RequestFailedError, RequestTooLargeError
 from stage_runtime.imageio import decode_image, encode_image
 from stage_runtime.request import (MAX_PROMPT_CHARS, MAX_SIDE, DiffusionRequest, Guidance, NegativePrompt, Priority,
                                    SamplingParams, Seed, Steps, TimeoutS)
 from stage_runtime.serve.bodies import read_json
+from stage_runtime.serve.events import send
 from stage_runtime.serve.images import SERVICE, check_model, final_output
-from stage_runtime.serve.schemas import _EDGE, _SIZE, parse_body
+from stage_runtime.serve.schemas import _EDGE, _SIZE, error_body, parse_body
 from stage_runtime.video_request import Fps, Frames
 from stage_runtime.videoio import encode_mp4
 
@@ -53,6 +61,7 @@ class VideoGenerationRequest(BaseModel):
     timeout_s: TimeoutS | None = None
     request_id: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")
     response_format: Literal["mp4", "frames"] = "mp4"
+    stream: bool = False                             # server-sent events: the phases, then the answer
     # image-to-video: the first frame's picture, base64 (PNG, JPEG, WebP…; a data: URL is accepted too)
     input_reference: str | None = Field(None, min_length=1)
 
@@ -80,7 +89,7 @@ class VideoGenerationRequest(BaseModel):
             "height": height, "width": width, "num_frames": frames, "fps": self.fps,
             "num_inference_steps": self.num_inference_steps, "guidance_scale": self.guidance_scale,
             "guidance_scale_2": self.guidance_scale_2, "negative_prompt": self.negative_prompt, "seed": self.seed,
-            "priority": self.priority, "timeout_s": self.timeout_s})
+            "priority": self.priority, "timeout_s": self.timeout_s, "stream": self.stream})
         return DiffusionRequest(self.request_id or f"video-{uuid.uuid4().hex}", self.prompt, sampling, video=True,
                                 reference=self.reference(max_pixels))
 
@@ -106,13 +115,47 @@ async def create_video_sync(request: web.Request) -> web.Response:
     except (InvalidRequestError, RequestTooLargeError) as exc:
         service.metrics.count(exc.outcome)
         raise
-    final = await final_output(service, service.submit(engine_request))
+    stream = service.submit(engine_request)
+    fps = engine_request.sampling.fps or service.model_info.default_fps
+    if body.stream:
+        return await _stream_video(request, service, stream, body.response_format, fps)
+    final = await final_output(service, stream)
     if isinstance(final, web.Response):
         return final
-    frames, fps = final.images[0], engine_request.sampling.fps or service.model_info.default_fps
+    frames = final.images[0]
     headers = {"X-Request-Id": final.request_id, "X-Video-Frames": str(len(frames)), "X-Video-Fps": str(fps)}
-    if body.response_format == "frames":
-        return web.Response(body=await asyncio.to_thread(frames_zip, frames), content_type="application/zip",
-                            headers=headers)
-    return web.Response(body=await asyncio.to_thread(encode_mp4, frames, fps), content_type="video/mp4",
-                        headers=headers)
+    content, content_type = await _answer(frames, fps, body.response_format)
+    return web.Response(body=content, content_type=content_type, headers=headers)
+
+
+async def _answer(frames: np.ndarray, fps: int, response_format: str) -> tuple[bytes, str]:
+    """The video's bytes as asked: the MP4, or the exact frames zipped (off the event loop)."""
+    if response_format == "frames":
+        return await asyncio.to_thread(frames_zip, frames), "application/zip"
+    return await asyncio.to_thread(encode_mp4, frames, fps), "video/mp4"
+
+
+async def _stream_video(request: web.Request, service, stream, response_format: str, fps: int) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
+    await response.prepare(request)
+    async with aclosing(service.outputs(stream)) as items:
+        async for item in items:
+            rid = item.request_id
+            if not item.finished:
+                await send(response, "video.progress", {"id": rid, "phase": item.phase, "step": item.step_index,
+                                                        "num_steps": item.num_steps})
+            elif item.error is not None:
+                await send(response, "error", {"id": rid, **error_body(
+                    item.error_type or RequestFailedError.error_type, item.error)})
+            else:
+                frames = item.images[0]
+                await send(response, "video.progress", {"id": rid, "phase": "mux", "step": item.step_index,
+                                                        "num_steps": item.num_steps})
+                content, content_type = await _answer(frames, fps, response_format)
+                height, width = frames.shape[1:3]
+                await send(response, "video.completed", {
+                    "id": rid, "content_type": content_type, "b64_json": base64.b64encode(content).decode("ascii"),
+                    "frames": len(frames), "fps": fps, "size": f"{width}x{height}"})
+    await response.write_eof()
+    return response

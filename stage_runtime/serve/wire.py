@@ -7,7 +7,7 @@ Client → stage (DEALER → ROUTER), one msgpack map per message, keyed by ``ty
     health          {rpc_id}
     shutdown        {}                                  the same graceful drain as SIGTERM
 Stage → client:
-    result          {request_id, finished, images, step_index, num_steps, metrics}   one per request, or
+    result          {request_id, finished, images, step_index, num_steps, phase, metrics}   one per request, or
                     one per chunk when the request asked for ``stream`` (progress, previews, then final)
     error           {request_id | rpc_id, error, error_type, status_code[, param], step_index}  terminal for a
                     request (step_index: steps it ran, e.g. 0 for a deadline passed while queued)
@@ -80,7 +80,7 @@ def decode_array(obj: dict[str, Any]) -> np.ndarray:
 def result_message(out: DiffusionOutput) -> dict[str, Any]:
     return {"type": "result", "request_id": out.request_id, "finished": out.finished,
             "images": None if out.images is None else encode_array(out.images),
-            "step_index": out.step_index, "num_steps": out.num_steps, "metrics": out.metrics}
+            "step_index": out.step_index, "num_steps": out.num_steps, "phase": out.phase, "metrics": out.metrics}
 
 
 def output_message(out: DiffusionOutput) -> dict[str, Any]:
@@ -115,7 +115,7 @@ def output_from_message(msg: dict[str, Any]) -> DiffusionOutput:
     return DiffusionOutput(msg["request_id"], finished=msg["finished"],
                            images=None if images is None else decode_array(images),
                            step_index=msg.get("step_index"), num_steps=msg.get("num_steps"),
-                           metrics=msg.get("metrics") or {})
+                           phase=msg.get("phase"), metrics=msg.get("metrics") or {})
 
 
 def exception_from_message(msg: dict[str, Any]) -> DiffStageError:

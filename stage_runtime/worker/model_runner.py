@@ -33,35 +33,13 @@ from stage_runtime.model_info import ModelInfo
 from stage_runtime.models.lora.manager import build_lora_manager
 from stage_runtime.models.registry import resolve_adapter_class
 from stage_runtime.offload import build_offloader
-from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, ProgressHook, RunnerOutput
+from stage_runtime.outputs import BatchRunnerOutput, ProgressHook, RunnerOutput
 from stage_runtime.request import DiffusionRequest, adapter_identity
 from stage_runtime.scheduler_output import SchedulerOutput
+from stage_runtime.worker.step_tracker import Interrupted, StepTracker, report_phase
 from stage_runtime.models.step_state import StepRequestState
 
 log = logging.getLogger(__name__)
-
-
-class _Interrupted(Exception):
-    """Every request of the running pipeline call was cancelled: unwind out of the denoising loop."""
-
-
-class StepTracker:
-    """Forward pre-hook on the denoiser for one pipeline call: one invocation = one denoising step."""
-
-    def __init__(self, request_ids: list[str], num_steps: int, hook: ProgressHook | None):
-        self.request_ids = tuple(request_ids)
-        self.num_steps = num_steps
-        self.hook = hook
-        self.step_index = 0                    # steps completed
-        self.cancelled: set[str] = set()
-
-    def __call__(self, module: torch.nn.Module, args: tuple) -> None:
-        if self.hook is not None:
-            event = ProgressEvent(self.request_ids, self.step_index, self.num_steps)
-            self.cancelled.update(set(self.hook(event)) & set(self.request_ids))
-        if len(self.cancelled) == len(self.request_ids):
-            raise _Interrupted()
-        self.step_index += 1
 
 
 class DiffusionModelRunner:
@@ -140,18 +118,19 @@ class DiffusionModelRunner:
         """ONE pipeline call for the group; outputs keyed by request id."""
         ids = [r.request_id for r in requests]
         tracker = StepTracker(ids, requests[0].num_steps, self.progress_hook)
-        handle = self.adapter.denoiser.register_forward_pre_hook(tracker)
         self._active = tracker
+        handles = tracker.attach(self.adapter.denoiser, self.adapter.pipe)
         caches = {r.request_id: c for r in requests if (c := self._new_cache(r)) is not None}
         start = time.perf_counter()
         try:
             with (torch.inference_mode(), self._adapters(*requests), self._lora_guard(requests),
                   block_cache.session(self.adapter, block_cache.wave_rows(self.adapter, requests, caches))):
                 images = self.adapter.run_batch(requests)
-        except _Interrupted:
+        except Interrupted:
             images = {}
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
             self._active = None
             if self.offloader is not None:
                 self.offloader.release_all()
@@ -191,6 +170,7 @@ class DiffusionModelRunner:
             for new in sched_out.scheduled_new_reqs:
                 try:
                     self._assert_admitted(new.request)
+                    report_phase(self.progress_hook, [new.request_id], 0, new.request.num_steps, "encode")
                     with self._adapters(new.request):
                         state = self.adapter.prepare_encode(new.request)
                     state.cache = self._new_cache(new.request)
@@ -226,6 +206,7 @@ class DiffusionModelRunner:
             try:
                 self.adapter.noise_step(state, pred)
                 if state.finished:
+                    report_phase(self.progress_hook, [rid], state.step_index, state.request.num_steps, "decode")
                     images = self.adapter.post_decode(state)
                 elif state.request.preview_at(state.step_index):
                     images = self.adapter.post_decode(state)          # a preview (preview_every, partial_images)

@@ -67,3 +67,14 @@ def assert_nothing_left(engine) -> None:
     assert engine.num_request_states() == 0 and engine.scheduler.num_states == 0
     assert runner.step_states == {} and runner.parked == {}
     assert runner.num_request_states() == 0
+
+
+def progress_of(items) -> list[tuple[str, int]]:
+    """A stream's progress items as (phase, step) in order (the final item left out)."""
+    return [(i.phase, i.step_index) for i in items if not i.finished]
+
+
+def phased(steps: int, first: int = 1) -> list[tuple[str, int]]:
+    """What a streamed request of ``steps`` steps reports, in order: it enters its encode phase, each denoising step
+    (from ``first``) but the last, then its decode phase."""
+    return [("encode", 0), *(("denoise", k) for k in range(first, steps)), ("decode", steps)]

@@ -16,7 +16,7 @@ import pytest
 import torch
 from diffusers import DiffusionPipeline
 from PIL import Image
-from engine_probes import assert_no_state, count_denoiser_calls, max_diff, runner_of
+from engine_probes import assert_no_state, count_denoiser_calls, max_diff, phased, progress_of, runner_of
 
 from stage_runtime.config import load_config
 from stage_runtime.engine import DiffusionEngine
@@ -167,13 +167,14 @@ def check_abort_next_to_a_batch_mate(family: Family, path: str, rounds: int = 4)
 
 
 def check_progress_with_previews(family: Family, path: str) -> None:
-    """A streamed request reports every step in order, previews where asked, then one final image."""
+    """A streamed request reports its phases in order (encode, every denoising step, decode), previews where
+    asked, then one final image."""
     eng = make_engine(path, "step", max_num_seqs=2, streaming_output=True, warmup=False)
     try:
         items = list(eng.add_request(family.request("s", "a cat", 4, 3, preview_every=2)))
-        assert [i.step_index for i in items] == [1, 2, 3, 4]
-        assert [i.finished for i in items] == [False, False, False, True]
+        assert progress_of(items) == phased(4) and items[-1].finished and items[-1].step_index == 4
         assert [i.step_index for i in items[:-1] if i.images is not None] == [2]
+        assert [i.phase for i in items[:-1] if i.images is not None] == ["denoise"]
         frames = () if family.frames is None else (family.frames,)
         assert items[-1].images.shape == (1, *frames, family.size, family.size, 3)
     finally:
@@ -201,8 +202,8 @@ def check_different_step_counts_share_ticks(engine, solo, prompts: tuple[str, st
 
 def check_progress_in_order(engine, prompt: str, steps: int = 5, **kw) -> None:
     items = list(engine.add_request(req("progress", prompt, steps, 3, stream=True, **kw)))
-    assert [i.step_index for i in items] == list(range(1, steps + 1))
-    assert [i.finished for i in items] == [False] * (steps - 1) + [True] and items[-1].ok
+    assert progress_of(items) == phased(steps)
+    assert items[-1].finished and items[-1].step_index == steps and items[-1].ok
 
 
 def check_abort_at_random_steps(engine, prompt: str, rounds: int = 4, steps: int = 8, seed: int = 7, **kw) -> None:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 from diffusers import FluxImg2ImgPipeline, FluxKontextPipeline, StableDiffusionXLImg2ImgPipeline
-from engine_probes import assert_no_state, count_denoiser_calls, max_diff, runner_of, wait_until
+from engine_probes import (assert_no_state, count_denoiser_calls, max_diff, phased, progress_of, runner_of,
+                           wait_until)
 from PIL import Image
 
 from stage_runtime.config import ParallelConfig, load_config
@@ -135,7 +136,7 @@ def test_step_mode_reports_the_edit_step_count(case):
     stream = engine.add_request(edit_request(family, "progress", "a cat", 5, picture(5), stream=True))
     items = list(stream)
     steps = FAMILIES[family][3]
-    assert [(o.step_index, o.num_steps) for o in items if not o.finished] == [(i, steps) for i in range(1, steps)]
+    assert progress_of(items) == phased(steps) and {o.num_steps for o in items} == {steps}
     assert items[-1].finished and items[-1].images.shape == (1, SIZE, SIZE, 3)
     assert_no_state(engine)
 

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from engine_probes import phased, progress_of
+
 from stage_runtime.config import load_config
 from stage_runtime.engine import DiffusionEngine
 from stage_runtime.request import DiffusionRequest, RequestStatus, SamplingParams
@@ -80,11 +82,23 @@ def test_each_step_advances_every_running_request_one_denoising_step(step_engine
     items = []
     while not items or not items[-1].finished:
         items.append(short.get(timeout=0))
-    assert [i.step_index for i in items] == [1, 2] and items[-1].images is not None
+    assert progress_of(items) == phased(2) and items[-1].step_index == 2 and items[-1].images is not None
     images = long.result(timeout=0).images
     assert images.shape == (1, 64, 64, 3) and np.abs(images.astype(int) - bare(engine, "a cat", 3, 1)).max() <= 2
     assert engine.step() is True                        # idle: retires nothing, runs nothing
     assert engine.num_request_states() == 0 and engine.executor.worker.model_runner.step_states == {}
+
+
+def test_the_requests_snapshot_says_each_requests_phase(step_engine):
+    engine = step_engine
+    stream = engine.add_request(req("phased", 3, stream=True))
+    assert [(r["state"], r["phase"]) for r in engine.requests_snapshot()] == [("waiting", None)]
+    engine.step()                                       # encoded, then its first step
+    assert [(r["phase"], r["step"]) for r in engine.requests_snapshot()] == [("denoise", 1)]
+    assert [(i.phase, i.step_index) for i in (stream.get(timeout=0), stream.get(timeout=0))] == [
+        ("encode", 0), ("denoise", 1)]
+    engine.step(), engine.step()
+    assert engine.requests_snapshot() == [] and progress_of(list(stream)) == [("denoise", 2), ("decode", 3)]
 
 
 def test_an_abort_between_steps_is_applied_by_the_next_step_and_retires_the_runner_state(step_engine):

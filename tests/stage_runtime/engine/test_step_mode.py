@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 from diffusers import DiffusionPipeline
-from engine_probes import assert_no_state, count_at_delivery, count_denoiser_calls, max_diff, runner_of, wait_until
+from engine_probes import (assert_no_state, count_at_delivery, count_denoiser_calls, max_diff, phased, progress_of,
+                           runner_of, wait_until)
 
 from stage_runtime.config import load_config
 from stage_runtime.engine import DiffusionEngine
@@ -79,9 +80,10 @@ def test_continuous_batching_short_request_joins_next_tick_and_finishes_first(ti
             if item.step_index >= 3:
                 break
         short = eng.add_request(req("short", "a boat", 4, 2, stream=True))
-        first = short.get(timeout=30)                      # step 1 of the short request
+        assert short.get(timeout=30).phase == "encode"     # the short request's first tick ...
+        first = short.get(timeout=30)                      # ... ends with its step 1
         long_step_at_join = eng.scheduler.get_request_state("long").step_index
-        assert first.step_index == 1 and not first.finished
+        assert (first.phase, first.step_index) == ("denoise", 1) and not first.finished
         assert long_step_at_join <= progress[-1] + 2       # joined at the next tick boundary
         short_out = short.result(timeout=30)
         assert not long.finished                           # the short one finished first
@@ -100,11 +102,10 @@ def test_streaming_yields_every_step_in_order_then_one_final_image(tiny_sd_path)
     eng = make_engine(tiny_sd_path, streaming_output=True, max_num_seqs=2)
     try:
         items = list(eng.add_request(req("s", "a cat", 6, 3, preview_every=2)))
-        assert [i.step_index for i in items] == [1, 2, 3, 4, 5, 6]
-        assert [i.finished for i in items] == [False] * 5 + [True]
+        assert progress_of(items) == phased(6) and items[-1].step_index == 6
         previews = [i.step_index for i in items[:-1] if i.images is not None]
         assert previews == [2, 4]                              # decoded previews every 2 steps
-        assert items[1].images.shape == (1, 64, 64, 3) and items[-1].images.shape == (1, 64, 64, 3)
+        assert items[2].images.shape == (1, 64, 64, 3) and items[-1].images.shape == (1, 64, 64, 3)
         assert sum(i.finished for i in items) == 1
     finally:
         eng.close()
@@ -114,7 +115,7 @@ def test_request_mode_streams_progress_from_the_step_hook(tiny_sd_path):
     eng = make_engine(tiny_sd_path, execution_mode="request")
     try:
         items = list(eng.add_request(req("s", "a cat", 5, 3, stream=True)))
-        assert [i.step_index for i in items] == [1, 2, 3, 4, 5] and items[-1].ok
+        assert progress_of(items) == phased(5) and items[-1].step_index == 5 and items[-1].ok
         with pytest.raises(InvalidRequestError, match="preview_every.*execution_mode=step"):
             eng.add_request(req("p", "a cat", 5, 3, preview_every=2))
     finally:

@@ -70,6 +70,17 @@ def test_a_decode_after_the_last_step_is_named_as_such():
     assert dog.stalled().endswith("(requests v, after its last step (decoding))")
 
 
+@pytest.mark.parametrize("phase, where", [("encode", "encoding the prompt, before step 1"),
+                                          ("decode", "after its last step (decoding)"),
+                                          ("denoise", "in step 3 of 8")])
+def test_the_phase_a_call_reported_last_names_where_it_is_stuck(phase, where):
+    dog, clock, _ = watchdog()
+    dog.begin(["v"])
+    dog.progress(8 if phase == "decode" else 2 if phase == "denoise" else 0, 8, phase)
+    clock.now += 12
+    assert dog.stalled().endswith(f"(requests v, {where})")
+
+
 def test_off_bounds_never_fire():
     dog, clock, failures = watchdog(unready=None, fail=None)
     dog.begin(["a"])

@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from engine_probes import max_diff, wait_until
+from engine_probes import max_diff, phased, progress_of, wait_until
 from executors_for_tests import ComputeDoneFirst, OutputReadyFirst
 from mp_probes import assert_released, mp_engine, req, segments
 from stage_process import proc_stat
@@ -104,8 +104,7 @@ def test_fused_batch_results_map_back_by_request_id(engine, uni_engine):
 
 def test_request_mode_progress_streams_in_order_through_the_ranks(engine):
     items = list(engine.add_request(req("p", "a red cat", 5, 1, stream=True)))
-    progress = [o.step_index for o in items if not o.finished]
-    assert progress == [1, 2, 3, 4] and items[-1].finished and items[-1].ok
+    assert progress_of(items) == phased(5) and items[-1].finished and items[-1].ok
     assert_idle(engine)
 
 

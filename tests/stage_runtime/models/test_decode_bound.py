@@ -72,6 +72,17 @@ def test_the_bound_lowers_the_decode_peak_memory(tiny_wan_path):
     assert tiled < whole * 0.8, (whole, tiled)
 
 
+def test_a_tile_smaller_than_the_decoder_takes_is_refused_at_load_naming_the_smallest(tiny_ltx2_path):
+    # LTX-2's VAE makes 32 pixels of a latent a side: a tile of 64 (2 latents) failed in the decoder's padding
+    # after a full denoise (found by bench/video_decode.py); now the stage does not start with it.
+    adapter = resolve_adapter_class(ModelConfig(path=tiny_ltx2_path)).load(tiny_ltx2_path, torch.device("cpu"))
+    with pytest.raises(ConfigError, match=r"^limits\.decode_tile_side=64: LTX2Pipeline's VAE makes 32 pixels of a "
+                                          r"latent a side; a tile takes at least 4 latents: 128 or more$"):
+        adapter.bound_decode(64)
+    adapter.bound_decode(128)
+    assert adapter.pipe.vae.use_tiling
+
+
 def test_a_vae_without_a_sized_tiling_is_refused_naming_the_setting(tiny_sd_path):
     adapter = resolve_adapter_class(ModelConfig(path=tiny_sd_path)).load(tiny_sd_path, torch.device("cpu"))
     with pytest.raises(ConfigError, match=r"^limits\.decode_tile_side=64: StableDiffusionPipeline's VAE "

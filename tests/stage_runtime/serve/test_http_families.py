@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from engine_probes import phased
 from family_checks import bare_pipeline, generators, to_uint8
 from serve_probes import decode_png, sse_events
 from stage_process import StageProcess
@@ -50,7 +51,7 @@ def test_sse_progress_in_order_and_the_image_equals_diffusers(request, tmp_path,
             with http.stream("POST", "/v1/images/generations", json=body) as resp:
                 assert resp.status_code == 200
                 events = sse_events(resp.read().decode())
-        assert [d["step"] for kind, d in events if kind == "progress"] == list(range(1, STEPS))
+        assert [(d["phase"], d["step"]) for kind, d in events if kind == "progress"] == phased(STEPS)
         assert [kind for kind, _ in events].count("completed") == 1 and events[-1][0] == "completed"
         image = decode_png(events[-1][1]["data"][0]["b64_json"])
         reference = to_uint8(bare(bare_pipeline(path)))[0]

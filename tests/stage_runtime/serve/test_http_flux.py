@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import DiffusionPipeline
+from engine_probes import phased
 from serve_probes import assert_refused_at_admission, decode_png, sse_events
 from stage_process import running_stage
 
@@ -50,7 +51,7 @@ async def test_two_sse_streams_batched_progress_in_order_images_equal_the_bare_c
         stats = (await http.get("/v1/stats")).json()
     assert stats["finished_total"] == 2 and stats["running"] == 0
     for events, steps in ((a, 5), (b, 3)):
-        assert [d["step"] for kind, d in events if kind == "progress"] == list(range(1, steps))
+        assert [(d["phase"], d["step"]) for kind, d in events if kind == "progress"] == phased(steps)
         assert [kind for kind, _ in events].count("completed") == 1 and events[-1][0] == "completed"
     got_a, got_b = (decode_png(ev[-1][1]["data"][0]["b64_json"]) for ev in (a, b))
     for got, (prompt, steps, seed) in ((got_a, ("a photo of a cat", 5, 3)), (got_b, ("a red car", 3, 4))):

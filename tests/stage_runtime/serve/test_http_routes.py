@@ -7,6 +7,7 @@ import asyncio
 
 import httpx
 import pytest
+from engine_probes import phased
 from serve_probes import (LONG_STEPS, decode_png, metric_samples, request_states, sse_events, wait_gone,
                          wait_running, wait_until)
 
@@ -40,8 +41,8 @@ async def test_stream_sends_progress_in_order_then_exactly_one_final(http):
         text = (await resp.aread()).decode()
     events = sse_events(text)
     kinds = [kind for kind, _ in events]
-    assert kinds == ["progress"] * 4 + ["completed"]
-    assert [data["step"] for _, data in events[:-1]] == [1, 2, 3, 4]
+    assert kinds == ["progress"] * 6 + ["completed"]
+    assert [(data["phase"], data["step"]) for _, data in events[:-1]] == phased(5)
     assert all(data["num_steps"] == 5 and data["id"] == "sse-1" for _, data in events[:-1])
     final = events[-1][1]
     assert final["type"] == "completed" and final["id"] == "sse-1"

@@ -8,6 +8,7 @@ import asyncio
 
 import httpx
 import pytest
+from engine_probes import phased
 from serve_probes import decode_png, metric_samples, sse_events
 from stage_process import StageProcess
 
@@ -65,8 +66,8 @@ async def test_stream_with_previews_and_two_streams_batched(step_stage):
     single = batches[("diffstage_batch_size_bucket", (("le", "1.0"),))]
     assert batches[("diffstage_batch_size_count", ())] > single            # some ticks ran both requests
     for events, steps in ((a, 6), (b, 4)):
-        progress = [d["step"] for kind, d in events if kind == "progress"]
-        assert progress == list(range(1, steps))
+        progress = [(d["phase"], d["step"]) for kind, d in events if kind == "progress"]
+        assert progress == phased(steps)
         previews = [d for kind, d in events if kind == "partial_image"]
         assert [d["step"] for d in previews] == list(range(2, steps, 2))
         assert all(decode_png(d["data"][0]["b64_json"]).shape == (64, 64, 3) for d in previews)

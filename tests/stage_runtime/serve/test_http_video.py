@@ -13,8 +13,10 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from engine_probes import phased
 from family_checks import Family, bare_call, reference_image
 from PIL import Image
+from serve_probes import sse_events
 from stage_process import StageProcess
 
 from stage_runtime.imageio import encode_png
@@ -79,3 +81,30 @@ def test_seconds_without_num_frames_are_seconds_times_fps_plus_one_frames(wan_st
         answer = http.post("/v1/videos/sync", json={**{k: v for k, v in BODY.items() if k != "num_frames"},
                                                    "seconds": 1, "fps": 4})
     assert answer.status_code == 200 and answer.headers["x-video-frames"] == "5", answer.text[:300]
+
+
+def test_a_streamed_video_reports_each_phase_in_order_then_the_exact_frames(wan_stage, tiny_wan_path):
+    with httpx.Client(base_url=wan_stage.http_url, timeout=120) as http:
+        with http.stream("POST", "/v1/videos/sync", json={**BODY, "stream": True, "response_format": "frames",
+                                                          "request_id": "streamed"}) as answer:
+            assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+            events = sse_events(answer.read().decode())
+    progress = [(d["phase"], d["step"]) for kind, d in events if kind == "video.progress"]
+    assert progress == [*phased(3), ("mux", 3)]                   # encode, denoise 1..2, decode, mux
+    assert [kind for kind, _ in events][-1] == "video.completed" and len(events) == len(progress) + 1
+    done = events[-1][1]
+    assert (done["id"], done["content_type"], done["frames"], done["fps"], done["size"]) == (
+        "streamed", "application/zip", 9, 8, "16x16")
+    with zipfile.ZipFile(io.BytesIO(base64.b64decode(done["b64_json"]))) as archive:
+        frames = np.stack([np.asarray(Image.open(io.BytesIO(archive.read(n))).convert("RGB"))
+                           for n in archive.namelist()])
+    reference = bare_call(WAN, tiny_wan_path, "a red fox", 3, 5, 6.0)[0]
+    assert int(np.abs(frames.astype(int) - reference).max()) <= 2
+
+
+def test_a_streamed_video_that_fails_ends_with_one_error_event(wan_stage):
+    with httpx.Client(base_url=wan_stage.http_url, timeout=120) as http:
+        with http.stream("POST", "/v1/videos/sync", json={**BODY, "stream": True, "timeout_s": 0.001}) as answer:
+            events = sse_events(answer.read().decode())
+    assert events[-1][0] == "error" and events[-1][1]["error"]["type"] == "deadline_exceeded", events
+    assert [kind for kind, _ in events].count("video.completed") == 0

@@ -13,6 +13,7 @@ import numpy as np
 import openai
 import pytest
 from PIL import Image
+from engine_probes import phased
 from serve_probes import metric_samples
 from stage_process import running_stage
 
@@ -126,7 +127,8 @@ def test_stream_with_partial_images_yields_the_sdk_events(client):
     assert len(completed) == 1 and kinds[-1] == "image_generation.completed"
     assert isinstance(completed[0], openai.types.ImageGenCompletedEvent)
     assert decoded(completed[0].b64_json).size == (64, 64) and completed[0].size == "64x64"
-    assert kinds.count("image_generation.progress") == 5             # the extra event, one per step but the last
+    progress = [e for e in events if e.type == "image_generation.progress"]     # the extra event: encode, one per
+    assert [(e.phase, e.step) for e in progress] == phased(6)                   # step but the last, decode
 
 
 def test_edit_stream_yields_edit_events(client):

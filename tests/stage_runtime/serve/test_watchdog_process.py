@@ -37,7 +37,8 @@ async def test_a_stalled_step_fences_the_replica_until_it_moves_and_fails_closed
             stuck = asyncio.create_task(http.post("/v1/images/generations", json={
                 "prompt": f"hang:{release}", "num_inference_steps": 2, "request_id": "stuck"}))
             status, body = await wait_until(lambda: _stalled(http), what="/ready 503 stalled")
-            assert body["state"] == "stalled" and "requests stuck, in a step" in body["error"]["message"]
+            assert body["state"] == "stalled"         # the adapter hangs before its first step: in the encode phase
+            assert "requests stuck, encoding the prompt, before step 1" in body["error"]["message"]
             assert (await http.get("/health")).status_code == 200             # alive: not restarted for this
             refused = await http.post("/v1/images/generations", json={"prompt": "x", "num_inference_steps": 1})
             assert refused.status_code == 503 and "stalled" in refused.json()["error"]["message"]
@@ -57,7 +58,7 @@ async def test_a_stalled_step_fences_the_replica_until_it_moves_and_fails_closed
         assert stage.wait(30) == 3, stage.log[-3000:]
         message = stage.termination_log.read_text()
         assert message.startswith("StepStalled: step stalled: no step progress for ") and message.count("\n") == 1
-        assert "requests doomed, in a step" in message and f"stall_fail_s={FAIL_S}" in message
+        assert "requests doomed, encoding the prompt, before step 1" in message and f"stall_fail_s={FAIL_S}" in message
         stage.assert_no_leaks()
     finally:
         stage.kill()

@@ -65,12 +65,18 @@ class Recorder:
         return self.cancel if event.step_index >= self.at else set()
 
 
-def test_one_progress_event_per_step(runner):
+def denoising(hook: Recorder) -> list[ProgressEvent]:
+    """The denoising-step events (the encode and decode notices left out)."""
+    return [e for e in hook.events if e.phase == "denoise"]
+
+
+def test_progress_events_say_encode_then_one_per_step_then_decode(runner):
     hook = runner.progress_hook = Recorder(runner)
     out = runner.execute_model(wave(runner, req("a", seed=1), req("b", "a dog", seed=2)))
-    assert [e.step_index for e in hook.events] == [0, 1, 2]
+    assert [(e.phase, e.step_index) for e in hook.events] == [
+        ("encode", 0), ("denoise", 0), ("denoise", 1), ("denoise", 2), ("decode", 3)]
     assert all(e.request_ids == ("a", "b") and e.num_steps == 3 for e in hook.events)
-    assert hook.states_seen == [2, 2, 2]                 # the runner holds the call's requests while running
+    assert hook.states_seen == [2] * 5                   # the runner holds the call's requests while running
     assert runner.num_request_states() == 0              # ... and nothing between calls
     assert set(out.outputs) == {"a", "b"}
     for rid in ("a", "b"):
@@ -97,7 +103,8 @@ def test_outputs_are_keyed_by_request_id(runner):
 def test_cancel_one_of_two_mid_call(runner):
     hook = runner.progress_hook = Recorder(runner, cancel={"b"}, at=1)
     out = runner.execute_model(wave(runner, req("a", seed=1), req("b", "a dog", seed=2)))
-    assert len(hook.events) == 3                         # the mate keeps the call running to the end
+    assert len(denoising(hook)) == 3                     # the mate keeps the call running to the end
+    assert hook.events[-1].phase == "decode" and hook.events[-1].request_ids == ("a",)   # b no longer
     b, a = out.get("b"), out.get("a")
     assert b.aborted and b.images is None and b.error is None
     assert not a.aborted and a.error is None and a.images.shape == (1, 64, 64, 3)
@@ -110,7 +117,8 @@ def test_cancel_one_of_two_mid_call(runner):
 def test_cancel_every_request_interrupts_the_call(runner):
     hook = runner.progress_hook = Recorder(runner, cancel={"a", "b"}, at=1)
     out = runner.execute_model(wave(runner, req("a", steps=50, seed=1), req("b", "a dog", steps=50, seed=2)))
-    assert [e.step_index for e in hook.events] == [0, 1]          # stopped at the next step, not after 50
+    assert [e.step_index for e in denoising(hook)] == [0, 1]      # stopped at the next step, not after 50
+    assert [e.phase for e in hook.events] == ["encode", "denoise", "denoise"]   # never decoded
     assert set(out.outputs) == {"a", "b"}
     for o in out.outputs.values():
         assert o.aborted and o.images is None and o.error is None
@@ -123,7 +131,7 @@ def test_cancel_every_request_interrupts_the_call(runner):
 def test_cancel_ids_outside_the_call_are_ignored(runner):
     hook = runner.progress_hook = Recorder(runner, cancel={"someone-else"}, at=0)
     out = runner.execute_model(wave(runner, req("a", steps=2)))
-    assert len(hook.events) == 2 and not out.get("a").aborted and out.get("a").images is not None
+    assert len(denoising(hook)) == 2 and not out.get("a").aborted and out.get("a").images is not None
 
 
 def test_empty_wave(runner):
