@@ -32,7 +32,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from stats import machine, max_uint8_diff, ratio_summary, rotated_round, spread  # noqa: E402
 
-KINDS = ("wan", "wan22", "wan-ti2v", "wan-i2v")
+KINDS = ("wan", "wan22", "wan-ti2v", "wan-i2v", "hunyuan-video15", "ltx2")
+# Each kind's smallest served shape, where it differs from --size / --frames: TI2V-5B's patching needs 32 a
+# side; LTX-2 takes 8k+1 frames and 64 a side at least (its VAE makes 32 pixels of a latent).
+SHAPES = {"wan-ti2v": (32, None), "ltx2": (64, 9)}
 
 
 def reference_image(size: int):
@@ -70,31 +73,35 @@ def bench_kind(kind: str, args, root: str) -> None:
     from stage_runtime.models.tiny import make_tiny_model
 
     path = str(make_tiny_model(f"{root}/{kind}", kind=kind))
-    size = 32 if kind == "wan-ti2v" else args.size
+    size, frames = SHAPES.get(kind, (None, None))
+    size, frames = size or args.size, frames or args.frames
     reference = reference_image(size) if kind == "wan-i2v" else None
     image = {} if reference is None else {"image": Image.fromarray(reference)}
     bare = DiffusionPipeline.from_pretrained(path, local_files_only=True)
     bare.set_progress_bar_config(disable=True)
+    guidance = {"guidance_scale": 5.0}
+    if kind == "hunyuan-video15":          # the scale is its guider component's; its VAE decodes one video a call
+        bare.guider, guidance = bare.guider.new(guidance_scale=5.0), {}
+        bare.vae.enable_slicing()
     engines = {"req": make_engine(path, "request", 1), "step": make_engine(path, "step", 1),
                "batch": make_engine(path, "step", 2)}
 
     def run_bare(prompt, seed):
         with torch.inference_mode():
-            frames = bare(prompt=[prompt], height=size, width=size, num_frames=args.frames, guidance_scale=5.0,
-                          num_inference_steps=args.steps, generator=[torch.Generator().manual_seed(seed)],
-                          output_type="np", **image).frames
-        return (np.asarray(frames) * 255).round().clip(0, 255).astype(np.uint8)
+            video = bare(prompt=[prompt], height=size, width=size, num_frames=frames, num_inference_steps=args.steps,
+                         generator=[torch.Generator().manual_seed(seed)], output_type="np", **guidance, **image).frames
+        return (np.asarray(video) * 255).round().clip(0, 255).astype(np.uint8)
 
     def run_engine(key):
         return lambda prompt, seed: engines[key].add_request(video_request(
-            f"{key}{seed}", prompt, seed, args.steps, size, args.frames, reference)).result(timeout=600).images
+            f"{key}{seed}", prompt, seed, args.steps, size, frames, reference)).result(timeout=600).images
 
     def run_seq2(prompt, seed):
         return [run_bare(f"{prompt} {j}", seed + j) for j in range(2)]
 
     def run_batch2(prompt, seed):
         streams = [engines["batch"].add_request(video_request(f"b{seed}-{j}", f"{prompt} {j}", seed + j, args.steps,
-                                                              size, args.frames, reference)) for j in range(2)]
+                                                              size, frames, reference)) for j in range(2)]
         return [s.result(timeout=600).images for s in streams]
 
     paths = {"bare": run_bare, "engine req": run_engine("req"), "engine step": run_engine("step"),
@@ -109,7 +116,7 @@ def bench_kind(kind: str, args, root: str) -> None:
         diff = max_uint8_diff(results, pairs, diff)
     for engine in engines.values():
         engine.close()
-    print(f"\n== {kind} ({type(bare).__name__}), {size}x{size}x{args.frames}, {args.steps} steps, "
+    print(f"\n== {kind} ({type(bare).__name__}), {size}x{size}x{frames}, {args.steps} steps, "
           f"{args.runs} runs per path, interleaved ==")
     for key, values in times.items():
         print(f"  {key:12s} {spread(values)}")
@@ -118,10 +125,10 @@ def bench_kind(kind: str, args, root: str) -> None:
     print(f"  {'seq x2 / batch x2':20s} {ratio_summary(times['seq x2'], times['batch x2'])}  (> 1: batching wins)")
     print(f"  frames vs bare: max |diff| = {diff} (uint8)")
     if args.mixed:
-        bench_mixed(path, args, size, reference)
+        bench_mixed(path, args, size, frames, reference)
 
 
-def bench_mixed(path: str, args, size: int, reference) -> None:
+def bench_mixed(path: str, args, size: int, frames: int, reference) -> None:
     """Short one-frame requests arriving while two long videos run: priority step mode vs a FIFO one-at-a-time
     server. Per run: each short request's latency from its arrival, and the makespan."""
     import numpy as np
@@ -134,7 +141,7 @@ def bench_mixed(path: str, args, size: int, reference) -> None:
         for run in range(args.runs):
             t0 = time.perf_counter()
             longs = [engine.add_request(video_request(f"L{run}-{j}", "a long clip", run * 10 + j, args.long_steps,
-                                                      size, args.frames, reference)) for j in range(2)]
+                                                      size, frames, reference)) for j in range(2)]
             for k in range(args.shorts):
                 arrival = time.perf_counter()
                 engine.add_request(video_request(f"S{run}-{k}", "a still", 500 + k, 3, size, 1, reference,
