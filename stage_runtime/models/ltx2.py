@@ -143,7 +143,7 @@ class LTX2Adapter(LTX2Refusals, StepContract, PipelineAdapter):
     tiny_kinds = ("ltx2",)
     default_steps = 30
     default_guidance = 3.0
-    parallel_kinds = frozenset()
+    parallel_kinds = frozenset({"cfg"})
     request_key_fields = ("height", "width", "num_frames", "fps", "num_inference_steps", "guidance_scale")
     step_key_fields = ("height", "width", "num_frames", "fps")    # timesteps and guidance are per row
 

@@ -6,6 +6,8 @@ test_families.py)."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -13,8 +15,10 @@ from diffusers import DiffusionPipeline, LTX2VideoTransformer3DModel
 from engine_probes import assert_no_state, count_denoiser_calls, max_diff
 from family_checks import Family, bare_call, bare_pipeline, generators, make_engine, to_uint8
 
-from stage_runtime.config import ModelConfig
-from stage_runtime.errors import InvalidRequestError
+from stage_runtime.config import ModelConfig, ParallelConfig
+from stage_runtime.distributed.apply import apply_parallelism
+from stage_runtime.distributed.groups import single_rank_groups
+from stage_runtime.errors import ConfigError, InvalidRequestError
 from stage_runtime.models.ltx2 import LTX2Adapter
 from stage_runtime.models.registry import resolve_adapter_class
 
@@ -47,7 +51,7 @@ def test_facts(adapter):
     assert (info.default_height, info.default_width, info.size_multiple) == (512, 768, 32)
     assert (info.default_steps, info.default_guidance, info.max_sequence_length) == (30, 3.0, 1024)
     assert info.step_key == ("height", "width", "num_frames", "fps") and "fps" in info.request_key
-    assert info.supports_step_execution and info.parallel_kinds == () and not info.takes_guidance_2
+    assert info.supports_step_execution and info.parallel_kinds == ("cfg",) and not info.takes_guidance_2
     assert info.reference == "optional"              # with a picture: image-to-video; without: text-to-video
 
 
@@ -180,7 +184,7 @@ def test_an_image_to_video_folder_is_served_by_the_same_adapter_and_needs_a_pict
         info = engine.model_info
         assert (info.pipeline_class, info.adapter) == ("LTX2ImageToVideoPipeline",
                                                        "stage_runtime.models.ltx2:LTX2Adapter")
-        assert info.reference == "required"
+        assert info.reference == "required" and info.parallel_kinds == ("cfg",)
         with pytest.raises(InvalidRequestError, match=r"^input_reference=None: LTX2ImageToVideoPipeline makes a "
                                                       r"video from an image: give one"):
             engine.add_request(FAMILY.request("t", "a kite", 2, 4))
@@ -189,3 +193,16 @@ def test_an_image_to_video_folder_is_served_by_the_same_adapter_and_needs_a_pict
     finally:
         engine.close()
     assert max_diff(out, bare_call(I2V, tiny_ltx2_path, "a kite", 3, 4, 3.0)) <= 2
+
+
+@pytest.mark.parametrize(("field", "why"), [("ulysses_degree", "no sequence-parallel installer fits LTX-2's two"),
+                                            ("ring_degree", "no sequence-parallel installer fits LTX-2's two"),
+                                            ("tensor_parallel_size", "not LTX2Attention")])
+def test_sequence_and_tensor_parallel_are_refused_naming_the_family_and_the_degree(adapter, field, why):
+    """CFG parallel runs (2 ranks equal one: distributed/test_families_parallel.py); the others exit 2 at load."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")              # tp without ulysses warns; not the point here
+        parallel = ParallelConfig(**{field: 2})
+    with pytest.raises(ConfigError, match=rf"^{field}=2 is not supported by LTX2Pipeline \(it runs: cfg\): .*{why}"):
+        apply_parallelism(adapter, single_rank_groups(), parallel)
+    assert getattr(adapter.denoiser, "_diffstage_cfg_parallel", None) is None
