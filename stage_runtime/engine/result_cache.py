@@ -4,9 +4,10 @@ stored images without running anything.
 Off unless ``cache.result_max_bytes`` > 0. Only requests with an explicit seed are ever stored or served
 (a request without one asks for a new random image), and only non-streaming ones (a stream expects
 progress). The key is a SHA-256 over the resolved request's pixel-affecting fields (prompt, negative
-prompt, seed, size, steps, guidance, images per prompt, block-cache policy, edit inputs, a video's frames, fps
-and second guidance scale, its reference picture, LoRA adapters and scales) and the model revision (its folder, dtype, adapter and ``model_index.json``). An LRU bounded by
-the images' bytes: an entry over the bound is never stored, older entries are evicted first.
+prompt, seed, size, steps, guidance, images per prompt, block-cache policy, edit inputs, a video's frames,
+fps and second guidance scale, its reference picture, LoRA adapters and scales) and the model revision (its
+folder, dtype, adapter and ``model_index.json``). An LRU bounded by the images' bytes: an entry over the
+bound is never stored, older entries are evicted first.
 """
 
 from __future__ import annotations

@@ -31,17 +31,17 @@ video only. Carrying it needs an audio field on the runner output and an AAC str
 (PyAV: ``container.add_stream("aac", rate=sample_rate, layout="stereo")``, ``AudioFrame.from_ndarray`` of the
 ``fltp`` samples, as diffusers' ``ltx2/export_utils.py`` does).
 
-Image-to-video (``LTX2ImageToVideoPipeline``, the same components): a request with a reference image (``input_reference``)
-starts from it, one without is text-to-video, on the same model (``ModelInfo.reference`` "optional"; a folder whose
-model_index names ``LTX2ImageToVideoPipeline`` serves image-to-video only: "required"). As diffusers does, the picture
-is re-compressed by H.264 at the text encoder generation's CRF (33 before LTX-2.5), resized (bilinear), VAE-encoded
-(its mode) and normalised into the first latent frame, which stays clean: its tokens get timestep 0 (a timestep
-per video token), the scheduler never moves them, the other frames start from the noise. A request's ``n`` videos
-all start from the picture, each from its own generator (diffusers' ``generator`` list takes one image per video).
-T2V and I2V requests share a forward: where one row of it has a first frame, every row gets a timestep per video
-token (a text-to-video row: its t on every token, equal to the per-row timestep within 4e-7) and the audio its
-per-row timestep, as the image-to-video pipeline calls the transformer. So neither compatibility key names the
-reference.
+Image-to-video (``LTX2ImageToVideoPipeline``, the same components): a request with a reference image
+(``input_reference``) starts from it, one without is text-to-video, on the same model (``ModelInfo.reference``
+"optional"; a folder whose model_index names ``LTX2ImageToVideoPipeline`` serves image-to-video only:
+"required"). As diffusers does, the picture is re-compressed by H.264 at the text encoder generation's CRF (33
+before LTX-2.5), resized (bilinear), VAE-encoded (its mode) and normalised into the first latent frame, which
+stays clean: its tokens get timestep 0 (a timestep per video token) and the scheduler never moves them; the
+other frames start from the noise. A request's ``n`` videos all start from the picture, each from its own
+generator (diffusers' ``generator`` list takes one image per video). T2V and I2V requests share a forward: where
+one row of it has a first frame, every row gets a timestep per video token (a text-to-video row its t on every
+token, equal to the per-row timestep within 4e-7) and the audio its per-row timestep, as the image-to-video
+pipeline calls the transformer. So neither compatibility key names the reference.
 
 Frames are ``8k + 1`` (the VAE's temporal factor: diffusers decodes ``(F - 1) // 8 x 8 + 1`` frames for any
 other count); height and width are multiples of 32 (``ValueError`` in diffusers). CFG parallel splits a forward's

@@ -47,7 +47,8 @@ def picture(side: int):
     import numpy as np
 
     ramp = np.linspace(0, 255, side)
-    image = np.stack([np.add.outer(ramp, ramp) / 2, np.add.outer(ramp, 255 - ramp) / 2, np.full((side, side), 96.0)], -1)
+    image = np.stack([np.add.outer(ramp, ramp) / 2, np.add.outer(ramp, 255 - ramp) / 2,
+                      np.full((side, side), 96.0)], axis=-1)
     image[side // 4:side // 2, side // 4:side // 2] = 240
     return image.round().astype(np.uint8)
 
