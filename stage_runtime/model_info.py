@@ -51,7 +51,9 @@ class ModelInfo:
     default_fps: int | None = None
     max_frames: int | None = None
     takes_guidance_2: bool = False
-    reference: str | None = None             # an image-to-video family's reference image: "required" (or None)
+    # An image-to-video family's reference image (``input_reference``): "required", "optional" (with one the
+    # video starts from it, without one it is text-to-video: LTX-2), or None (a reference is a 400).
+    reference: str | None = None
 
     @property
     def video(self) -> bool:

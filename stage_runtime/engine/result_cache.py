@@ -4,9 +4,10 @@ stored images without running anything.
 Off unless ``cache.result_max_bytes`` > 0. Only requests with an explicit seed are ever stored or served
 (a request without one asks for a new random image), and only non-streaming ones (a stream expects
 progress). The key is a SHA-256 over the resolved request's pixel-affecting fields (prompt, negative
-prompt, seed, size, steps, guidance, images per prompt, block-cache policy, edit inputs, LoRA adapters and
-scales) and the model revision (its folder, dtype, adapter and ``model_index.json``). An LRU bounded by
-the images' bytes: an entry over the bound is never stored, older entries are evicted first.
+prompt, seed, size, steps, guidance, images per prompt, block-cache policy, edit inputs, a video's frames,
+fps and second guidance scale, its reference picture, LoRA adapters and scales) and the model revision (its
+folder, dtype, adapter and ``model_index.json``). An LRU bounded by the images' bytes: an entry over the
+bound is never stored, older entries are evicted first.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import DiffusionRequest, adapter_identity
 
 PIXEL_FIELDS = ("negative_prompt", "seed", "height", "width", "num_inference_steps", "guidance_scale",
-                "num_outputs", "cache")
+                "num_outputs", "cache", "num_frames", "fps", "guidance_scale_2")
 
 
 def model_revision(config: StageConfig) -> str:
@@ -53,6 +54,9 @@ def result_key(request: DiffusionRequest, revision: str) -> str | None:
         h.update(np.ascontiguousarray(e.image).tobytes())
         if e.mask is not None:
             h.update(np.ascontiguousarray(e.mask).tobytes())
+    if request.reference is not None:        # image-to-video (LTX-2 serves both: with and without a picture)
+        h.update(f"|reference|{request.reference.shape}".encode())
+        h.update(np.ascontiguousarray(request.reference).tobytes())
     return h.hexdigest()
 
 

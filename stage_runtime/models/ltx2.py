@@ -31,8 +31,22 @@ video only. Carrying it needs an audio field on the runner output and an AAC str
 (PyAV: ``container.add_stream("aac", rate=sample_rate, layout="stereo")``, ``AudioFrame.from_ndarray`` of the
 ``fltp`` samples, as diffusers' ``ltx2/export_utils.py`` does).
 
+Image-to-video (``LTX2ImageToVideoPipeline``, the same components): a request with a reference image
+(``input_reference``) starts from it, one without is text-to-video, on the same model (``ModelInfo.reference``
+"optional"; a folder whose model_index names ``LTX2ImageToVideoPipeline`` serves image-to-video only:
+"required"). As diffusers does, the picture is re-compressed by H.264 at the text encoder generation's CRF (33
+before LTX-2.5), resized (bilinear), VAE-encoded (its mode) and normalised into the first latent frame, which
+stays clean: its tokens get timestep 0 (a timestep per video token) and the scheduler never moves them; the
+other frames start from the noise. A request's ``n`` videos all start from the picture, each from its own
+generator (diffusers' ``generator`` list takes one image per video). T2V and I2V requests share a forward: where
+one row of it has a first frame, every row gets a timestep per video token (a text-to-video row its t on every
+token, equal to the per-row timestep within 4e-7) and the audio its per-row timestep, as the image-to-video
+pipeline calls the transformer. So neither compatibility key names the reference.
+
 Frames are ``8k + 1`` (the VAE's temporal factor: diffusers decodes ``(F - 1) // 8 x 8 + 1`` frames for any
-other count); height and width are multiples of 32 (``ValueError`` in diffusers).
+other count); height and width are multiples of 32 (``ValueError`` in diffusers). CFG parallel splits a forward's
+rows like any denoiser's (every input of ``LTX2Rows`` is per row; the STG and isolation masks too); Ulysses and
+ring have no installer for its two token streams (video and audio, with cross-modal attention between them).
 """
 
 from __future__ import annotations
@@ -45,6 +59,9 @@ from typing import Any
 import numpy as np
 import torch
 from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift, rescale_noise_cfg
+from diffusers.pipelines.ltx2.pipeline_ltx2_image2video import LTX2ImageToVideoPipeline
+from diffusers.pipelines.ltx2.utils import apply_image_conditioning_crf, resolve_default_image_crf
+from PIL import Image
 
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.models.refusals import LTX2Refusals
@@ -122,11 +139,11 @@ class LTX2Rows(torch.nn.Module):
 
 
 class LTX2Adapter(LTX2Refusals, StepContract, PipelineAdapter):
-    pipeline_classes = ("LTX2Pipeline",)
+    pipeline_classes = ("LTX2Pipeline", "LTX2ImageToVideoPipeline")
     tiny_kinds = ("ltx2",)
     default_steps = 30
     default_guidance = 3.0
-    parallel_kinds = frozenset()
+    parallel_kinds = frozenset({"cfg"})
     request_key_fields = ("height", "width", "num_frames", "fps", "num_inference_steps", "guidance_scale")
     step_key_fields = ("height", "width", "num_frames", "fps")    # timesteps and guidance are per row
 
@@ -134,6 +151,17 @@ class LTX2Adapter(LTX2Refusals, StepContract, PipelineAdapter):
         super().__init__(pipeline, device)
         self.rows = LTX2Rows(pipeline.transformer)
         self.defaults = {name: p.default for name, p in inspect.signature(type(pipeline).__call__).parameters.items()}
+        # image-to-video: diffusers' pipeline over the same modules (its latents, its bilinear image resize)
+        self.i2v = pipeline if isinstance(pipeline, LTX2ImageToVideoPipeline) else \
+            LTX2ImageToVideoPipeline(**pipeline.components)
+
+    def parallel_refusal(self, kind: str) -> str | None:
+        if kind in ("ulysses", "ring"):
+            return ("no sequence-parallel installer fits LTX-2's two token streams (video and audio self-attention, "
+                    "audio-to-video and video-to-audio attention between them)")
+        if kind == "tp":
+            return "distributed/tensor_parallel.py shards diffusers' Attention layers, not LTX2Attention"
+        return None
 
     @property
     def denoiser(self) -> torch.nn.Module:
@@ -154,7 +182,8 @@ class LTX2Adapter(LTX2Refusals, StepContract, PipelineAdapter):
 
     def family_facts(self) -> dict:
         return {"frame_rule": (int(self.pipe.vae_temporal_compression_ratio), 1), "default_frames": DEFAULT_FRAMES,
-                "default_fps": int(self.defaults["frame_rate"])}
+                "default_fps": int(self.defaults["frame_rate"]),
+                "reference": "required" if self.i2v is self.pipe else "optional"}
 
     def scales(self, guidance_scale: float) -> tuple[Scales, Scales]:
         """(video, audio) guidance of a request: its guidance_scale, the rest as __call__'s defaults (an audio
@@ -186,8 +215,12 @@ class LTX2Adapter(LTX2Refusals, StepContract, PipelineAdapter):
         video_embeds, audio_embeds, mask = pipe.connectors(embeds, mask, padding_side=getattr(pipe.tokenizer,
                                                                                               "padding_side", "left"))
         generators = self.generators([request])
-        latents = pipe.prepare_latents(n, pipe.transformer.config.in_channels, s.height, s.width, s.num_frames, 0.0,
-                                       torch.float32, self.device, generators)
+        noisy = None
+        if request.reference is None:
+            latents = pipe.prepare_latents(n, pipe.transformer.config.in_channels, s.height, s.width, s.num_frames,
+                                           0.0, torch.float32, self.device, generators)
+        else:
+            latents, noisy = self.image_latents(request, embeds.dtype, generators)
         audio_frames = self.audio_frames(s.num_frames, s.fps)
         audio_vae = pipe.audio_vae
         audio_latents = pipe.prepare_audio_latents(n, audio_vae.config.latent_channels, audio_frames,
@@ -198,8 +231,25 @@ class LTX2Adapter(LTX2Refusals, StepContract, PipelineAdapter):
         cond = {"video_embeds": video_embeds, "audio_embeds": audio_embeds, "mask": mask,
                 "video_coords": rope.prepare_video_coords(1, frames, height, width, self.device, fps=float(s.fps)),
                 "audio_coords": audio_rope.prepare_audio_coords(1, audio_frames, self.device)}
+        if noisy is not None:
+            cond["noisy"] = noisy
         return LTX2State(request, scheduler, latents, do_cfg, cond=cond, audio_latents=audio_latents,
                          audio_scheduler=copy.deepcopy(scheduler), passes=passes, scales=(video, audio))
+
+    def image_latents(self, request: DiffusionRequest, dtype: torch.dtype,
+                      generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Image-to-video: the packed latents (the picture's in the first frame, noise elsewhere) and, per video
+        token, 1 where it is denoised (0: the first frame's), as LTX2ImageToVideoPipeline prepares them."""
+        s, i2v, n = request.sampling, self.i2v, request.sampling.num_outputs
+        image = Image.fromarray(request.reference, mode="RGB")
+        crf = resolve_default_image_crf(i2v.text_encoder)           # the call's default (image_crf=None)
+        if crf != 0:
+            image = Image.fromarray(apply_image_conditioning_crf(np.array(image), crf))
+        pixels = i2v.video_processor.preprocess(image, height=s.height, width=s.width).to(self.device, dtype)
+        latents, first_frame = i2v.prepare_latents(
+            pixels.expand(n, -1, -1, -1), n, i2v.transformer.config.in_channels, s.height, s.width, s.num_frames,
+            0.0, torch.float32, self.device, generators)
+        return latents, 1 - first_frame
 
     def latent_grid(self, frames: int, height: int, width: int) -> tuple[int, int, int]:
         pipe = self.pipe
@@ -231,16 +281,27 @@ class LTX2Adapter(LTX2Refusals, StepContract, PipelineAdapter):
             return tensor[:n]
         return tensor[n:]
 
+    @staticmethod
+    def video_timestep(st: LTX2State, n: int, per_token: bool) -> torch.Tensor:
+        """The video's timestep input for n rows: t per row, or (a forward with an image-to-video row) t per video
+        token, 0 on a first frame given by the request's picture (diffusers' ``t x (1 - conditioning_mask)``)."""
+        t = st.timestep.expand(n)
+        if not per_token:
+            return t
+        noisy = st.cond.get("noisy")
+        return t.unsqueeze(-1) * noisy if noisy is not None else t.unsqueeze(-1).expand(n, st.latents.shape[1])
+
     def denoise_step(self, states: list[LTX2State]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         dtype = states[0].cond["video_embeds"].dtype
+        per_token = any("noisy" in st.cond for st in states)
         inputs: dict[str, list[torch.Tensor]] = {k: [] for k in (
             "hidden_states", "audio_hidden_states", "encoder_hidden_states", "audio_encoder_hidden_states",
-            "timestep", "encoder_attention_mask", "video_coords", "audio_coords", "isolated", "perturbed")}
+            "timestep", "sigma", "encoder_attention_mask", "video_coords", "audio_coords", "isolated", "perturbed")}
         for st in states:
             n = st.request.sampling.num_outputs
             for name in st.passes:
                 row = {"hidden_states": st.latents.to(dtype), "audio_hidden_states": st.audio_latents.to(dtype),
-                       "timestep": st.timestep.expand(n),
+                       "timestep": self.video_timestep(st, n, per_token), "sigma": st.timestep.expand(n),
                        "isolated": torch.full((n,), name == "isolated", device=self.device),
                        "perturbed": torch.full((n,), name == "perturbed", device=self.device),
                        **{key: self.pass_rows(st, name, st.cond[cond_key]) for key, cond_key in (
@@ -251,7 +312,8 @@ class LTX2Adapter(LTX2Refusals, StepContract, PipelineAdapter):
                     inputs[key].append(value)
         fused = {key: torch.cat(values) for key, values in inputs.items()}
         fused["audio_encoder_attention_mask"] = fused["encoder_attention_mask"]
-        fused["sigma"] = fused["timestep"]
+        if per_token:                               # the audio's timestep stays per row (else: the video's)
+            fused["audio_timestep"] = fused["sigma"]
         s0 = states[0].request.sampling
         frames, height, width = self.latent_grid(s0.num_frames, s0.height, s0.width)
         video_out, audio_out = self.rows(
@@ -277,7 +339,9 @@ class LTX2Adapter(LTX2Refusals, StepContract, PipelineAdapter):
     def noise_step(self, state: LTX2State, pred: tuple[torch.Tensor, torch.Tensor]) -> None:
         video, audio = pred
         t = state.timestep
-        state.latents = state.noise_scheduler.step(video, t, state.latents, return_dict=False)[0]
+        latents = state.noise_scheduler.step(video, t, state.latents, return_dict=False)[0]
+        noisy = state.cond.get("noisy")                 # image-to-video: the first frame's tokens stay as given
+        state.latents = latents if noisy is None else torch.where(noisy[..., None] > 0, latents, state.latents)
         state.audio_latents = state.audio_scheduler.step(audio, t, state.audio_latents, return_dict=False)[0]
         state.step_index += 1
 

@@ -97,8 +97,9 @@ class GenericRefusals(Refusals):
 
 
 class LTX2Refusals(Refusals):
-    """LTX-2: a side of one latent pixel (its VAE reflect-pads a side it cannot pad: diffusers raises); a negative
-    prompt is used at any video guidance scale (the audio's CFG, on by default, reaches the video too)."""
+    """LTX-2: a side of one latent pixel (its VAE reflect-pads a side it cannot pad: diffusers raises); a picture
+    with a one-pixel side (its H.264 re-compression crops sides to even: diffusers raises); a negative prompt is
+    used at any video guidance scale (the audio's CFG, on by default, reaches the video too)."""
 
     @classmethod
     def check_request(cls, request: DiffusionRequest, info: ModelInfo) -> None:
@@ -107,6 +108,11 @@ class LTX2Refusals(Refusals):
             if value < 2 * info.size_multiple:
                 raise InvalidRequestError(field, value, f"{info.pipeline_class} needs at least {2 * info.size_multiple} "
                                           "(two latent pixels: its VAE pads each side by reflection)")
+        if request.reference is not None and min(request.reference.shape[:2]) < 2:
+            height, width = request.reference.shape[:2]
+            raise InvalidRequestError("input_reference", f"{width}x{height}", (
+                f"{info.pipeline_class} needs a picture of at least 2x2 pixels (it re-compresses it with H.264, "
+                "which takes even sides)"))
 
 
 def refusals_path(adapter_class: type) -> str:

@@ -191,11 +191,12 @@ class WanImageToVideoAdapter(WanAdapter):
     from the request's reference image. Each forward's hidden states are [noisy latents ‖ first-frame mask (4 ch)
     ‖ the image's VAE latents with the other frames zero] on the channel axis; with an image encoder the CLIP
     tokens of the image join the text in cross-attention (``encoder_hidden_states_image``). The image is
-    resized to the request's size by the pipeline's video processor, as diffusers does."""
+    resized to the request's size by the pipeline's video processor, as diffusers does. Wan's parallelism
+    fits as is: CFG splits the image tokens with the rows, Ulysses and ring shard the video tokens of the
+    self-attention while the cross-attention's image and text tokens stay whole on every rank."""
 
     pipeline_classes = ("WanImageToVideoPipeline",)
     tiny_kinds = ("wan-i2v",)
-    parallel_kinds = frozenset()           # Wan's installer should fit (image tokens are cross-attention): untested
 
     def __init__(self, pipeline, device: torch.device):
         super().__init__(pipeline, device)

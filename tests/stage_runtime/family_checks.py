@@ -11,6 +11,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import diffusers
 import numpy as np
 import pytest
 import torch
@@ -43,6 +44,13 @@ class Family:
     size: int = SIZE                                 # the checks' height and width
     frames: int | None = None                        # a video family: the checks' frame count
     reference: bool = False                          # image-to-video: requests carry reference_image(size)
+    pipeline_class: str | None = None                # the bare call's diffusers class over the folder's components
+    per_video: bool = False                          # the bare call takes one picture per video: n calls of one
+    label: str | None = None                         # its id in the checklist (default: its kind)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.kind
 
     def request(self, rid: str, prompt: str, steps: int, seed: int, **kw) -> DiffusionRequest:
         """A request at the row's size (and frame count: a video request)."""
@@ -74,13 +82,16 @@ def req(rid: str, prompt: str, steps: int, seed: int, **kw) -> DiffusionRequest:
     return DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed, **kw))
 
 
-def bare_pipeline(path: str) -> DiffusionPipeline:
-    """The folder loaded by diffusers alone (cached per path: loading is the slow part)."""
-    if path not in _PIPES:
-        pipe = DiffusionPipeline.from_pretrained(path, local_files_only=True)
+def bare_pipeline(path: str, pipeline_class: str | None = None) -> DiffusionPipeline:
+    """The folder loaded by diffusers alone (cached per path: loading is the slow part), or ``pipeline_class``
+    (a diffusers class name) built over its components."""
+    key = path if pipeline_class is None else f"{path}#{pipeline_class}"
+    if key not in _PIPES:
+        pipe = DiffusionPipeline.from_pretrained(path, local_files_only=True) if pipeline_class is None else \
+            getattr(diffusers, pipeline_class)(**bare_pipeline(path).components)
         pipe.set_progress_bar_config(disable=True)
-        _PIPES[path] = pipe
-    return _PIPES[path]
+        _PIPES[key] = pipe
+    return _PIPES[key]
 
 
 def to_uint8(images) -> np.ndarray:
@@ -93,8 +104,11 @@ def generators(seed: int, n: int) -> list[torch.Generator]:
 
 def bare_call(family: Family, path: str, prompt: str, steps: int, seed: int, guidance: float,
               n: int = 1, **extra) -> np.ndarray:
-    """The pipeline's own ``__call__`` for one request (one generator per image, seed + i) → uint8."""
-    pipe = bare_pipeline(path)
+    """The pipeline's own ``__call__`` for one request (one generator per image, seed + i) → uint8; a
+    ``per_video`` family's n videos are n calls of one (seed + i each)."""
+    if family.per_video and n > 1:
+        return np.concatenate([bare_call(family, path, prompt, steps, seed + i, guidance, **extra) for i in range(n)])
+    pipe = bare_pipeline(path, family.pipeline_class)
     size = {"height": family.size, "width": family.size} if family.sized else {}
     if family.frames is not None:
         size["num_frames"] = family.frames

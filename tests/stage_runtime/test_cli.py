@@ -198,6 +198,23 @@ def test_generate_image_to_video_starts_from_the_given_picture(tiny_wan_i2v_path
     assert rc == 2 and "input_reference=None: WanImageToVideoPipeline makes a video from an image: give one" in err
 
 
+def test_generate_with_an_image_on_ltx2_runs_its_image_to_video(tiny_ltx2_path, tmp_path, capsys):
+    """LTX-2 takes a picture optionally: ``--image`` gives LTX2ImageToVideoPipeline's frames (the same model)."""
+    from family_checks import Family, bare_call, reference_image
+
+    from stage_runtime.imageio import encode_png
+    from stage_runtime.videoio import read_frames_png
+
+    (tmp_path / "first.png").write_bytes(encode_png(reference_image(64)))
+    rc, _, err = run_cli(capsys, "generate", "--model", tiny_ltx2_path, "--prompt", "a kite", "--steps", "2",
+                         "--size", "64x64", "--seed", "3", "--frames", "9", "--image", str(tmp_path / "first.png"),
+                         "--out", f"{tmp_path / 'frames'}/", "--device", "cpu")
+    assert rc == 0, err
+    image_row = Family("ltx2", size=64, frames=9, reference=True, pipeline_class="LTX2ImageToVideoPipeline")
+    reference = bare_call(image_row, tiny_ltx2_path, "a kite", 2, 3, 3.0)
+    assert int(np.abs(read_frames_png(tmp_path / "frames").astype(int) - reference[0]).max()) <= 1
+
+
 def test_generate_a_frame_count_off_the_rule_exits_2_naming_it(tiny_wan_path, tmp_path, capsys):
     rc, _, err = run_cli(capsys, "generate", "--model", tiny_wan_path, "--prompt", "x", "--size", "16x16",
                          "--frames", "10", "--out", str(tmp_path / "c.mp4"), "--device", "cpu")

@@ -1,8 +1,12 @@
 """Video requests: frames checked against the family's rule at admission (never rounded), defaults filled, the
-video fields refused by image families, guidance_scale_2 only where there are two experts, frames in the cost."""
+video fields refused by image families, guidance_scale_2 only where there are two experts, frames in the cost, the
+reference image where the family requires or allows one."""
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 
 from support.factories import model_info
@@ -76,3 +80,21 @@ def test_frames_count_in_the_cost_and_name_the_field_to_shrink():
     with pytest.raises(InvalidRequestError, match=r"^num_frames=1025: 832x480 px x 1025 frames x 1000 steps") as e:
         check_request_cost(long, limit, WAN)
     assert e.value.field == "num_frames"
+
+
+@pytest.mark.parametrize(("reference", "given", "error"), [
+    ("required", False, "input_reference=None: I2VPipeline makes a video from an image: give one"),
+    ("required", True, None), ("optional", False, None), ("optional", True, None),
+    (None, False, None), (None, True, "input_reference='<image>': I2VPipeline takes no reference image")])
+def test_a_reference_image_is_taken_where_the_family_requires_or_allows_one(reference, given, error):
+    """``ModelInfo.reference``: "required" (Wan I2V), "optional" (LTX-2: with one, image-to-video), None (a 400)."""
+    info = model_info(pipeline_class="I2VPipeline", size_multiple=16, frame_rule=(4, 1), default_frames=81,
+                      default_fps=16, reference=reference)
+    request = DiffusionRequest("r", "a cat", SamplingParams(height=16, width=16), video=True,
+                               reference=np.zeros((16, 16, 3), np.uint8) if given else None)
+    if error is None:
+        assert request.resolve(info).reference is request.reference
+        return
+    with pytest.raises(InvalidRequestError, match=rf"^{re.escape(error)}$") as caught:
+        request.resolve(info)
+    assert caught.value.field == "input_reference"

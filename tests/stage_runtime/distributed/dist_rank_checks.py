@@ -17,6 +17,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TIMEOUT_S = 30.0
 PEER_TIMEOUT_S = 2.0        # the lost-peer checks' collective timeout
+VIDEO_SIDE = {"LTX2Pipeline": 64}            # LTX-2's VAE needs two latent pixels a side (x32); others 32
+WITH_PICTURE = ("b", "s2")                   # where a picture is optional (LTX-2): these requests carry one
 
 
 def free_ports(n: int) -> list[int]:
@@ -40,17 +42,33 @@ def load_adapter(path: str):
     return resolve_adapter_class(ModelConfig(path=path)).load(path, torch.device("cpu"))
 
 
+def picture(side: int):
+    """A deterministic uint8 (side, side, 3) picture for image-to-video: gradients and a bright square."""
+    import numpy as np
+
+    ramp = np.linspace(0, 255, side)
+    image = np.stack([np.add.outer(ramp, ramp) / 2, np.add.outer(ramp, 255 - ramp) / 2,
+                      np.full((side, side), 96.0)], axis=-1)
+    image[side // 4:side // 2, side // 4:side // 2] = 240
+    return image.round().astype(np.uint8)
+
+
 def _request(adapter, rid: str, prompt: str, steps: int, seed: int, guidance: float, **kw):
-    """Every tiny image model's 64 px (Qwen-Image's default is 512); a video model's 32 px, 9 frames (Wan:
-    2 x 2 x 3 = 12 tokens a row, TI2V 3); with Wan 2.2's two experts, a second guidance scale when guided."""
+    """Every tiny image model's 64 px (Qwen-Image's default is 512); a video model's 32 px (LTX-2 64), 9 frames
+    (Wan: 2 x 2 x 3 = 12 tokens a row, TI2V 3; LTX-2 8); with Wan 2.2's two experts, a second guidance scale when
+    guided; a picture where the family needs one (Wan I2V), or for some requests where it takes one (LTX-2: text-
+    and image-to-video rows then share forwards)."""
     from stage_runtime.request import DiffusionRequest, SamplingParams
 
     info = adapter.info()
-    shape = {"height": 32, "width": 32, "num_frames": 9} if info.video else {"height": 64, "width": 64}
+    side = VIDEO_SIDE.get(info.pipeline_class, 32)
+    shape = {"height": side, "width": side, "num_frames": 9} if info.video else {"height": 64, "width": 64}
     if info.takes_guidance_2 and guidance > 1:
         shape["guidance_scale_2"] = guidance + 3
+    given = info.reference == "required" or (info.reference == "optional" and rid in WITH_PICTURE)
     req = DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed,
-                                                       guidance_scale=guidance, **{**shape, **kw}), video=info.video)
+                                                       guidance_scale=guidance, **{**shape, **kw}), video=info.video,
+                           reference=picture(side) if given else None)
     return req.resolve(info)
 
 
@@ -124,12 +142,13 @@ def wan_outputs(adapter) -> dict:
     transformer (guidance 5 and 1 differ by 1 uint8), so its parallel equality is checked here too. 3 rows (CFG 2:
     2 + 1 padded) whose timesteps straddle Wan 2.2's expert boundary (both experts in one call; TI2V: a timestep
     per token, each different), at 12 video tokens a row (even chunks), 9 (uneven) and 1 (fewer than the ranks:
-    unsharded)."""
+    unsharded); I2V: 36 input channels and 5 image tokens before the text in cross-attention."""
     import torch
 
     config, out = adapter.denoiser.transformer.config, {}
     gen = torch.Generator().manual_seed(0)
     text = torch.randn(3, 7, config.text_dim, generator=gen)
+    image = None if config.image_dim is None else torch.randn(3, 5, config.image_dim, generator=gen)   # I2V: CLIP
     steps = torch.tensor([950.0, 600.0, 300.0])
     with torch.inference_mode():
         for frames, height, width in ((3, 4, 4), (3, 2, 6), (1, 2, 2)):
@@ -138,7 +157,8 @@ def wan_outputs(adapter) -> dict:
             timestep = steps if not adapter.pipe.config.expand_timesteps else \
                 steps[:, None] - torch.arange(tokens, dtype=torch.float32) * 10
             out[f"{tokens}-tokens"] = adapter.denoiser(hidden_states=latents, timestep=timestep,
-                                                       encoder_hidden_states=text, expert_timestep=steps).numpy()
+                                                       encoder_hidden_states=text, expert_timestep=steps,
+                                                       encoder_hidden_states_image=image).numpy()
     return out
 
 

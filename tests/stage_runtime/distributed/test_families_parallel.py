@@ -1,6 +1,8 @@
 """CFG-parallel (2 ranks) and Ulysses (degree 2) for SDXL, Qwen-Image and Wan (2.1, 2.2 with its two experts
-and two guidance scales, TI2V-5B) give the images of one plain rank (within 2 uint8) in request mode and step
-mode, with and without guidance (true-CFG rows for Qwen-Image).
+and two guidance scales, TI2V-5B, I2V with its picture) give the images of one plain rank (within 2 uint8) in
+request mode and step mode, with and without guidance (true-CFG rows for Qwen-Image); CFG parallel for LTX-2
+too (rows of four guidance passes, text- and image-to-video requests in the same forwards), whose Ulysses is
+refused at load.
 
 The ranks are the session's two gloo ranks of conftest.two_rank_runs (they load every family once per run).
 Qwen-Image's Ulysses shards the image tokens of its dual-stream blocks and attends over [text ; image]
@@ -16,12 +18,14 @@ from __future__ import annotations
 import pytest
 from parallel_equality import check_denoiser_outputs, check_images
 
-WAN = ("wan", "wan22", "wan-ti2v")
-FAMILIES = ("sdxl", "qwen-image", *WAN)
+WAN = ("wan", "wan22", "wan-ti2v", "wan-i2v")
+ULYSSES_FAMILIES = ("sdxl", "qwen-image", *WAN)
+FAMILIES = (*ULYSSES_FAMILIES, "ltx2")
 # self-attentions under Ulysses: tiny SDXL has 4 Transformer2DModels of one block (1 down, 1 mid, 2 up);
 # tiny Qwen-Image has 2 dual-stream blocks; tiny Wan 2 blocks per transformer (Wan 2.2: 2 experts).
-ULYSSES_PROCESSORS = {"sdxl": 4, "qwen-image": 2, "wan": 2, "wan22": 4, "wan-ti2v": 2}
+ULYSSES_PROCESSORS = {"sdxl": 4, "qwen-image": 2, "wan": 2, "wan22": 4, "wan-ti2v": 2, "wan-i2v": 2}
 family_param = pytest.mark.parametrize("kind", FAMILIES)
+ulysses_param = pytest.mark.parametrize("kind", ULYSSES_FAMILIES)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +51,7 @@ def test_cfg_parallel_is_installed_and_equals_one_rank(runs, kind):
     assert payloads[0][f"{kind}-hook-calls"] == payloads[1][f"{kind}-hook-calls"] == references[f"{kind}-hook-calls"]
 
 
-@family_param
+@ulysses_param
 def test_ulysses_is_installed_and_equals_one_rank(runs, kind):
     by_run, references = runs
     payloads = by_run["ulysses"]
@@ -64,7 +68,7 @@ def test_wan_denoiser_outputs_equal_one_rank(runs, run, kind):
     check_denoiser_outputs(by_run[run], references, kind)
 
 
-@family_param
+@ulysses_param
 def test_ulysses_refuses_a_replaced_processor(runs, kind):
     payloads = runs[0]["ulysses"]
     for rank in (0, 1):

@@ -58,9 +58,10 @@ def test_no_seed_another_field_or_a_stream_is_never_a_hit(engine):
     assert engine.num_request_states() == 0 and engine.result_cache.num_expected() == 0
 
 
-def test_the_key_takes_every_pixel_field_and_the_adapters():
-    def key(prompt="x", loras=(), digests=None, revision="r", **sampling):
-        request = DiffusionRequest("id", prompt, SamplingParams(**{"seed": 1, "loras": loras, **sampling}))
+def test_the_key_takes_every_pixel_field_the_reference_picture_and_the_adapters():
+    def key(prompt="x", loras=(), digests=None, revision="r", reference=None, **sampling):
+        request = DiffusionRequest("id", prompt, SamplingParams(**{"seed": 1, "loras": loras, **sampling}),
+                                   reference=reference)
         if digests is not None:
             request.lora_digests = digests     # recorded at admission: the file loaded under the name
         return result_key(request, revision)
@@ -69,7 +70,9 @@ def test_the_key_takes_every_pixel_field_and_the_adapters():
     variants = [key(prompt="y"), key(seed=2), key(negative_prompt="n"), key(height=64), key(num_inference_steps=3),
                 key(guidance_scale=2.0), key(num_outputs=2), key(cache={"threshold": 0.1}), key(revision="r2"),
                 key(loras=[{"name": "ink", "scale": 0.5}]), key(loras=[{"name": "ink", "scale": 1.0}]),
-                key(loras=[{"name": "ink", "scale": 1.0}], digests=("0123456789abcdef",))]
+                key(loras=[{"name": "ink", "scale": 1.0}], digests=("0123456789abcdef",)),
+                key(num_frames=9), key(fps=12), key(guidance_scale_2=3.0),      # a video's own fields
+                key(reference=np.zeros((4, 4, 3), np.uint8)), key(reference=np.ones((4, 4, 3), np.uint8))]
     assert len({base, *variants}) == len(variants) + 1
     assert key(priority=5, timeout_s=3) == base                      # scheduling fields change no pixel
     assert result_key(DiffusionRequest("id", "x", SamplingParams()), "r") is None

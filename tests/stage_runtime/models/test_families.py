@@ -167,7 +167,7 @@ ROWS = [(family, row) for family in FAMILIES for row in family_rows(family)]
 
 
 @pytest.mark.parametrize("check", CHECKS)
-@pytest.mark.parametrize(("family", "row"), ROWS, ids=[row.kind for _, row in ROWS])
+@pytest.mark.parametrize(("family", "row"), ROWS, ids=[row.name for _, row in ROWS])
 def test_family(family, row, check, tiny_model):
     run, needs_step_mode = CHECKS[check]
     if needs_step_mode and not adapter_class(family).supports_step_execution:

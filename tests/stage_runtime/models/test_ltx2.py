@@ -1,22 +1,32 @@
 """LTX2Pipeline (LTX-2, video with sound): its facts, the frame and size rules at admission, the audio denoised with
-the video (its waveform equal to diffusers'), ``fps`` as diffusers' ``frame_rate``, and spatio-temporal guidance
-in the one forward per step (its ``FAMILY`` row runs the checklist: test_families.py)."""
+the video (its waveform equal to diffusers'), ``fps`` as diffusers' ``frame_rate``, spatio-temporal guidance in the
+one forward per step, and image-to-video on the same model (``LTX2ImageToVideoPipeline`` over its components) next
+to text-to-video in one forward (its ``FAMILIES`` rows, text- and image-to-video, run the checklist:
+test_families.py)."""
 
 from __future__ import annotations
 
+import warnings
+
+import numpy as np
 import pytest
 import torch
 from diffusers import DiffusionPipeline, LTX2VideoTransformer3DModel
-from engine_probes import assert_no_state, max_diff
+from engine_probes import assert_no_state, count_denoiser_calls, max_diff
 from family_checks import Family, bare_call, bare_pipeline, generators, make_engine, to_uint8
 
-from stage_runtime.config import ModelConfig
-from stage_runtime.errors import InvalidRequestError
+from stage_runtime.config import ModelConfig, ParallelConfig
+from stage_runtime.distributed.apply import apply_parallelism
+from stage_runtime.distributed.groups import single_rank_groups
+from stage_runtime.errors import ConfigError, InvalidRequestError
 from stage_runtime.models.ltx2 import LTX2Adapter
 from stage_runtime.models.registry import resolve_adapter_class
 
 torch.set_num_threads(1)
-FAMILY = Family("ltx2", guidances=(3.0, 5.0), size=64, frames=9)
+FAMILIES = (Family("ltx2", guidances=(3.0, 5.0), size=64, frames=9),
+            Family("ltx2", guidances=(3.0, 5.0), size=64, frames=9, reference=True,
+                   pipeline_class="LTX2ImageToVideoPipeline", per_video=True, label="ltx2-i2v"))
+FAMILY, I2V = FAMILIES
 CPU = torch.device("cpu")
 
 
@@ -41,11 +51,13 @@ def test_facts(adapter):
     assert (info.default_height, info.default_width, info.size_multiple) == (512, 768, 32)
     assert (info.default_steps, info.default_guidance, info.max_sequence_length) == (30, 3.0, 1024)
     assert info.step_key == ("height", "width", "num_frames", "fps") and "fps" in info.request_key
-    assert info.supports_step_execution and info.parallel_kinds == () and not info.takes_guidance_2
+    assert info.supports_step_execution and info.parallel_kinds == ("cfg",) and not info.takes_guidance_2
+    assert info.reference == "optional"              # with a picture: image-to-video; without: text-to-video
 
 
-def test_frames_off_8k_plus_1_and_sizes_off_32_are_refused_at_admission(tiny_ltx2_path):
-    """diffusers decodes (F - 1) // 8 x 8 + 1 frames for another count (10 → 9) and raises on a side off 32."""
+def test_frames_off_8k_plus_1_sizes_off_32_and_a_one_pixel_picture_are_refused_at_admission(tiny_ltx2_path):
+    """diffusers decodes (F - 1) // 8 x 8 + 1 frames for another count (10 → 9) and raises on a side off 32 and
+    on a picture with a one-pixel side."""
     engine = make_engine(tiny_ltx2_path, warmup=False)
     try:
         with pytest.raises(InvalidRequestError, match=r"^num_frames=10: LTX2Pipeline takes 8k\+1 frames \(9, 17"):
@@ -55,6 +67,11 @@ def test_frames_off_8k_plus_1_and_sizes_off_32_are_refused_at_admission(tiny_ltx
                 engine.add_request(FAMILY.request("r", "a cat", 2, 1, **{field: 80}))
             with pytest.raises(InvalidRequestError, match=rf"^{field}=32: LTX2Pipeline needs at least 64 \(two latent"):
                 engine.add_request(FAMILY.request("r", "a cat", 2, 1, **{field: 32}))   # diffusers' VAE would raise
+        thin = FAMILY.request("r", "a cat", 2, 1)
+        thin.reference = np.zeros((1, 5, 3), np.uint8)             # diffusers' H.264 re-compression would raise
+        with pytest.raises(InvalidRequestError, match=r"^input_reference='5x1': LTX2Pipeline needs a picture of at "
+                                                      r"least 2x2 pixels"):
+            engine.add_request(thin)
         negative = engine.add_request(FAMILY.request("n", "a cat", 2, 1, guidance_scale=1.0, negative_prompt="blur"))
         assert negative.result(timeout=120).images.shape == (1, 9, 64, 64, 3)       # audio CFG still uses it
         assert_no_state(engine)
@@ -117,3 +134,75 @@ def test_stg_rows_run_in_the_same_forward_where_a_block_perturbs(tiny_ltx2_path)
     stg = to_uint8(bare(**kw, spatio_temporal_guidance_blocks=[1], generator=generators(2, 1)).frames)
     assert max_diff(frames, stg) <= 1
     assert max_diff(stg, to_uint8(bare(**kw, generator=generators(2, 1)).frames)) > 5    # STG changed it (14 here)
+
+
+@pytest.mark.parametrize("mode", ["request", "step"])
+def test_text_and_image_to_video_share_each_forward_and_equal_their_own_pipelines(tiny_ltx2_path, mode):
+    """One engine: a request with a picture runs LTX2ImageToVideoPipeline's computation, one without LTX2Pipeline's,
+    in the same forwards (every row then gets a timestep per video token: 0 on the picture's first frame)."""
+    engine = make_engine(tiny_ltx2_path, mode, warmup=False, max_num_seqs=2, request_batch_max_wait_ms=200)
+    calls = count_denoiser_calls(engine)
+    try:
+        image = engine.add_request(I2V.request("i", "a kite", 3, 4))
+        text = engine.add_request(FAMILY.request("t", "a kite", 3, 4))
+        image_out, text_out = image.result(timeout=120).images, text.result(timeout=120).images
+        assert calls[0] == 3, f"{calls[0]} forwards for two 3-step requests: they did not share"
+        assert_no_state(engine)
+    finally:
+        engine.close()
+    tolerance = 1 if mode == "request" else 2
+    assert max_diff(image_out, bare_call(I2V, tiny_ltx2_path, "a kite", 3, 4, 3.0)) <= tolerance
+    assert max_diff(text_out, bare_call(FAMILY, tiny_ltx2_path, "a kite", 3, 4, 3.0)) <= tolerance
+    assert max_diff(image_out, text_out) > 20                  # the picture changed the video
+
+
+def test_the_first_latent_frame_stays_the_pictures(adapter):
+    """The picture's tokens get timestep 0 and the scheduler never moves them: the last latents' first frame is
+    the encoded picture, bitwise; every other token was denoised."""
+    request = I2V.request("r", "a kite", 3, 4, num_outputs=2).resolve(adapter.info())
+    with torch.inference_mode():
+        state = adapter.prepare_encode(request)
+        first, start = state.cond["noisy"] == 0, state.latents.clone()
+        assert first.sum() == 2 * 4 and first[:, :4].all()        # 2 videos x 2 x 2 latent pixels of frame 0
+        while not state.finished:
+            adapter.noise_step(state, adapter.denoise_step([state])[0])
+    assert torch.equal(state.latents[first], start[first])
+    assert (state.latents[~first] - start[~first]).abs().min() > 0
+
+
+@pytest.fixture(scope="module")
+def i2v_folder(tiny_ltx2_path, tmp_path_factory) -> str:
+    """The tiny LTX-2's components saved as an LTX2ImageToVideoPipeline folder (its model_index names that class)."""
+    out = tmp_path_factory.mktemp("models") / "tiny-ltx2-i2v"
+    bare_pipeline(tiny_ltx2_path, "LTX2ImageToVideoPipeline").save_pretrained(out)
+    return str(out)
+
+
+def test_an_image_to_video_folder_is_served_by_the_same_adapter_and_needs_a_picture(i2v_folder, tiny_ltx2_path):
+    engine = make_engine(i2v_folder, "step", warmup=False)
+    try:
+        info = engine.model_info
+        assert (info.pipeline_class, info.adapter) == ("LTX2ImageToVideoPipeline",
+                                                       "stage_runtime.models.ltx2:LTX2Adapter")
+        assert info.reference == "required" and info.parallel_kinds == ("cfg",)
+        with pytest.raises(InvalidRequestError, match=r"^input_reference=None: LTX2ImageToVideoPipeline makes a "
+                                                      r"video from an image: give one"):
+            engine.add_request(FAMILY.request("t", "a kite", 2, 4))
+        out = engine.add_request(I2V.request("i", "a kite", 3, 4)).result(timeout=120).images
+        assert_no_state(engine)
+    finally:
+        engine.close()
+    assert max_diff(out, bare_call(I2V, tiny_ltx2_path, "a kite", 3, 4, 3.0)) <= 2
+
+
+@pytest.mark.parametrize(("field", "why"), [("ulysses_degree", "no sequence-parallel installer fits LTX-2's two"),
+                                            ("ring_degree", "no sequence-parallel installer fits LTX-2's two"),
+                                            ("tensor_parallel_size", "not LTX2Attention")])
+def test_sequence_and_tensor_parallel_are_refused_naming_the_family_and_the_degree(adapter, field, why):
+    """CFG parallel runs (2 ranks equal one: distributed/test_families_parallel.py); the others exit 2 at load."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")              # tp without ulysses warns; not the point here
+        parallel = ParallelConfig(**{field: 2})
+    with pytest.raises(ConfigError, match=rf"^{field}=2 is not supported by LTX2Pipeline \(it runs: cfg\): .*{why}"):
+        apply_parallelism(adapter, single_rank_groups(), parallel)
+    assert getattr(adapter.denoiser, "_diffstage_cfg_parallel", None) is None

@@ -1,11 +1,13 @@
 """``POST /v1/videos/sync`` on a real stage process serving the tiny Wan: the exact frames (a zip of PNGs) equal the
 bare diffusers call; the MP4 plays (F frames of H×W at the asked fps) within a stated PSNR of them; a frame count
 off the family's rule is a 400 naming it; images and videos each ask the family that makes them; the stage drains
-to exit 0 and leaves nothing behind."""
+to exit 0 and leaves nothing behind. A stage serving the tiny LTX-2 makes image-to-video from ``input_reference``
+and text-to-video without it."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import zipfile
 
@@ -30,17 +32,32 @@ REFERENCE_B64 = base64.b64encode(encode_png(reference_image(16))).decode()
 MP4_PSNR_DB = 27.0       # crf 18 on 16x16 noise-like frames of the random tiny model (measured 30-33 dB)
 
 
-@pytest.fixture(scope="module")
-def wan_stage(tiny_wan_path, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("wan-stage")
+@contextlib.contextmanager
+def video_stage(model: str, folder):
+    """A stage process serving ``model`` in step mode; stopped on the way out (drained: exit 0, no leaks)."""
     config = folder / "stage.yaml"
-    config.write_text("warmup: false\n")            # warmup runs the default 832x480x1
-    stage = StageProcess(["--model", tiny_wan_path, "--config", str(config), "--device", "cpu", "--executor", "uni",
+    config.write_text("warmup: false\n")            # warmup runs the default size (Wan 832x480x1)
+    stage = StageProcess(["--model", model, "--config", str(config), "--device", "cpu", "--executor", "uni",
                           "--execution-mode", "step"], folder / "stage.log")
     stage.start()
-    yield stage
-    assert stage.stop() == 0, stage.log[-3000:]
+    try:
+        yield stage
+    finally:
+        code = stage.stop()
+    assert code == 0, stage.log[-3000:]
     stage.assert_no_leaks()
+
+
+@pytest.fixture(scope="module")
+def wan_stage(tiny_wan_path, tmp_path_factory):
+    with video_stage(tiny_wan_path, tmp_path_factory.mktemp("wan-stage")) as stage:
+        yield stage
+
+
+def zip_frames(content: bytes) -> np.ndarray:
+    with zipfile.ZipFile(io.BytesIO(content)) as archive:
+        return np.stack([np.asarray(Image.open(io.BytesIO(archive.read(name))).convert("RGB"))
+                         for name in archive.namelist()])
 
 
 def test_the_exact_frames_equal_diffusers_and_the_mp4_plays_within_the_stated_psnr(wan_stage, tiny_wan_path):
@@ -50,9 +67,8 @@ def test_the_exact_frames_equal_diffusers_and_the_mp4_plays_within_the_stated_ps
         mp4 = http.post("/v1/videos/sync", json=BODY)
     assert zipped.status_code == 200 and zipped.headers["content-type"] == "application/zip"
     with zipfile.ZipFile(io.BytesIO(zipped.content)) as archive:
-        names = archive.namelist()
-        frames = np.stack([np.asarray(Image.open(io.BytesIO(archive.read(name))).convert("RGB")) for name in names])
-    assert names == [f"frame_{i:04d}.png" for i in range(9)]
+        assert archive.namelist() == [f"frame_{i:04d}.png" for i in range(9)]
+    frames = zip_frames(zipped.content)
     assert frames.shape == (9, 16, 16, 3) and int(np.abs(frames.astype(int) - reference).max()) <= 2
     assert mp4.status_code == 200 and mp4.headers["content-type"] == "video/mp4", mp4.text[:300]
     assert (mp4.headers["x-video-frames"], mp4.headers["x-video-fps"]) == ("9", "8")
@@ -108,3 +124,27 @@ def test_a_streamed_video_that_fails_ends_with_one_error_event(wan_stage):
             events = sse_events(answer.read().decode())
     assert events[-1][0] == "error" and events[-1][1]["error"]["type"] == "deadline_exceeded", events
     assert [kind for kind, _ in events].count("video.completed") == 0
+
+
+def test_ltx2_makes_image_to_video_from_input_reference_and_text_to_video_without(tiny_ltx2_path, tmp_path_factory):
+    """One LTX-2 stage: with ``input_reference`` the frames equal LTX2ImageToVideoPipeline's (the same components),
+    without it LTX2Pipeline's; a one-pixel picture is a 400 naming ``input_reference``."""
+    image_row = Family("ltx2", size=64, frames=9, reference=True, pipeline_class="LTX2ImageToVideoPipeline")
+    body = {"prompt": "a kite", "size": "64x64", "num_frames": 9, "num_inference_steps": 2, "seed": 4,
+            "response_format": "frames"}
+    picture = base64.b64encode(encode_png(reference_image(64))).decode()
+    thin = base64.b64encode(encode_png(np.zeros((1, 8, 3), np.uint8))).decode()
+    with video_stage(tiny_ltx2_path, tmp_path_factory.mktemp("ltx2-stage")) as stage:
+        with httpx.Client(base_url=stage.http_url, timeout=120) as http:
+            image = http.post("/v1/videos/sync", json={**body, "input_reference": picture})
+            text = http.post("/v1/videos/sync", json=body)
+            refused = http.post("/v1/videos/sync", json={**body, "input_reference": thin})
+    assert image.status_code == text.status_code == 200, (image.text[:300], text.text[:300])
+    image_frames, text_frames = zip_frames(image.content), zip_frames(text.content)
+    image_bare = bare_call(image_row, tiny_ltx2_path, "a kite", 2, 4, 3.0)[0]
+    text_bare = bare_call(Family("ltx2", size=64, frames=9), tiny_ltx2_path, "a kite", 2, 4, 3.0)[0]
+    assert int(np.abs(image_frames.astype(int) - image_bare).max()) <= 2
+    assert int(np.abs(text_frames.astype(int) - text_bare).max()) <= 2
+    assert int(np.abs(image_frames.astype(int) - text_frames).max()) > 20
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and error["param"] == "input_reference" and "2x2 pixels" in error["message"]
