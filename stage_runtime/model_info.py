@@ -23,6 +23,9 @@ class ModelInfo:
     guidance: str = "cfg"            # "cfg" (uncond+cond rows), "true_cfg" (a negative pass), "distilled"
                                      # (a guidance embedding, no negative pass) or "none"
     max_sequence_length: int | None = None   # text tokens the prompt encoder keeps (None: not text-conditioned)
+    # The tokenizer.json (absolute path) the engine counts a prompt's tokens with, for a family that refuses a
+    # prompt longer than max_sequence_length at admission (None: the family cuts it, as diffusers does).
+    prompt_tokenizer: str | None = None
     # What must be equal for requests to share one pipeline call (request mode) / one denoiser forward (step
     # mode): names of SamplingParams fields (and "task", the edit task, where it changes the sequence).
     # Defaults = RequestBatchKey / StepBatchKey (stage_runtime.request).

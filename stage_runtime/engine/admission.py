@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from stage_runtime.config import ExecutionMode, StageConfig
 from stage_runtime.engine.limits import check_request_cost
+from stage_runtime.engine.prompt_length import PromptLength
 from stage_runtime.errors import ConfigError, InvalidRequestError
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.plugins import import_object
@@ -45,13 +46,15 @@ def family_check(info: ModelInfo) -> FamilyCheck:
 
 
 def admit(request: DiffusionRequest, info: ModelInfo, execution_mode: ExecutionMode, check_family: FamilyCheck,
-          max_cost: int | None = None) -> DiffusionRequest:
+          max_cost: int | None = None, prompt_length: PromptLength | None = None) -> DiffusionRequest:
     """The request resolved against the model, or InvalidRequestError (400 naming the field) before it is
-    queued: what the model's facts rule out, what the mode cannot do, what the family refuses, and what costs
-    more than the stage's bound (engine.limits)."""
+    queued: what the model's facts rule out, what the mode cannot do, what the family refuses, a prompt the
+    encoder would cut (engine.prompt_length), and what costs more than the stage's bound (engine.limits)."""
     resolved = request.resolve(info)
     check_request_mode(resolved, execution_mode)
     check_family(resolved, info)
+    if prompt_length is not None:
+        prompt_length.check(resolved)
     if max_cost is not None:
         check_request_cost(resolved, max_cost, info)
     return resolved

@@ -21,6 +21,7 @@ from stage_runtime.engine.limits import max_request_cost
 from stage_runtime.engine.lora_table import LORA_RPCS, LoraTable
 from stage_runtime.engine.observers import ExecuteObservers
 from stage_runtime.engine.output_table import OutputTable, warmup_request
+from stage_runtime.engine.prompt_length import PromptLength
 from stage_runtime.engine.result_cache import ResultCache
 from stage_runtime.engine.rpc_queue import ControlRpcQueue
 from stage_runtime.engine.stream import RequestStream
@@ -53,6 +54,7 @@ class DiffusionEngine:
             self.model_info = self.executor.collective_rpc("model_info", unique_reply_rank=0)
             check_execution_mode(config, self.model_info)
             self.check_family = family_check(self.model_info)   # the family's refusals, before queueing
+            self.prompt_length = PromptLength.for_model(self.model_info)   # a prompt the encoder would cut
             self.scheduler = (StepScheduler if config.scheduler.execution_mode == "step" else RequestScheduler)(
                 config.scheduler)
             # LoRA names, pinning, max_loras (and what ranks hold)
@@ -100,7 +102,8 @@ class DiffusionEngine:
     def add_request(self, request: DiffusionRequest) -> RequestStream:
         """Admit one request (resolved against the model once); its outputs arrive on the returned stream."""
         self._check_open()
-        resolved = admit(request, self.model_info, self.scheduler.mode, self.check_family, self.max_request_cost)
+        resolved = admit(request, self.model_info, self.scheduler.mode, self.check_family, self.max_request_cost,
+                         self.prompt_length)
         resolved = self.loras.resolve(resolved)       # an unknown adapter: 400 here; each file's digest recorded
         key, hit = self.result_cache.lookup(resolved)
         with self._lock:

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import inspect
 import math
+import os
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
@@ -76,6 +77,10 @@ class PipelineAdapter(Refusals, ABC):
     # Loading: False materialises every weight (no meta tensors); None leaves it to diffusers, which needs it
     # on for a denoiser with modules kept in float32 (Wan's ``_keep_in_fp32_modules``).
     low_cpu_mem_usage: ClassVar[bool | None] = False
+    # A prompt longer than the text encoder keeps (max_sequence_length) is a 400 at admission, not cut silently
+    # as diffusers does (video families: minutes of compute on a truncated prompt). Counted by the engine with
+    # the model's ``tokenizer/tokenizer.json`` (ModelInfo.prompt_tokenizer; engine/prompt_length.py).
+    refuses_long_prompts: ClassVar[bool] = False
     loras = None          # the rank's LoraManager (models.lora.manager), set by the runner when loaded
 
     def __init__(self, pipeline: DiffusionPipeline, device: torch.device):
@@ -126,9 +131,16 @@ class PipelineAdapter(Refusals, ABC):
             parallel_kinds=tuple(sorted(self.parallel_kinds)), guidance=self.guidance,
             max_sequence_length=self.max_sequence_length(), edit_tasks=self.edit_tasks(),
             edit_step_rule=self.edit_step_rule,
-            lora_components=self.lora_components, refusals=refusals_path(cls), **self.family_facts(),
+            lora_components=self.lora_components, refusals=refusals_path(cls),
+            prompt_tokenizer=self.prompt_tokenizer_file() if self.refuses_long_prompts else None,
+            **self.family_facts(),
             **{name: fields for name, fields in (("request_key", self.request_key_fields),
                                                  ("step_key", self.step_key_fields)) if fields is not None})
+
+    def prompt_tokenizer_file(self) -> str | None:
+        """The prompt tokenizer's ``tokenizer.json`` in the model folder (absolute), when it has one."""
+        path = os.path.join(os.path.abspath(self.pipe.name_or_path or ""), "tokenizer", "tokenizer.json")
+        return path if self.pipe.name_or_path and os.path.isfile(path) else None
 
     def bound_decode(self, tile_side: int) -> None:
         """Decode in spatial tiles of at most ``tile_side`` pixels a side (``limits.decode_tile_side``): the VAE's

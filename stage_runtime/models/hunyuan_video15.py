@@ -58,6 +58,7 @@ class HunyuanStepState(StepRequestState):
 class HunyuanVideo15Adapter(StepContract, PipelineAdapter):
     pipeline_classes = ("HunyuanVideo15Pipeline",)
     tiny_kinds = ("hunyuan-video15",)
+    refuses_long_prompts = True          # a prompt the Qwen encoder would cut is a 400 (engine/prompt_length)
     default_steps = 50
     default_guidance = DEFAULT_GUIDANCE
     parallel_kinds = frozenset()           # CFG, Ulysses and ring: once their 2-rank equality tests pass

@@ -141,6 +141,7 @@ class LTX2Rows(torch.nn.Module):
 class LTX2Adapter(LTX2Refusals, StepContract, PipelineAdapter):
     pipeline_classes = ("LTX2Pipeline", "LTX2ImageToVideoPipeline")
     tiny_kinds = ("ltx2",)
+    refuses_long_prompts = True          # a prompt the Gemma encoder would cut is a 400 (engine/prompt_length)
     default_steps = 30
     default_guidance = 3.0
     parallel_kinds = frozenset({"cfg"})

@@ -68,6 +68,7 @@ class WanExperts(torch.nn.Module):
 class WanAdapter(StepContract, PipelineAdapter):
     pipeline_classes = ("WanPipeline",)
     tiny_kinds = ("wan", "wan22", "wan-ti2v")
+    refuses_long_prompts = True          # a prompt the T5 encoder would cut is a 400 (engine/prompt_length)
     default_steps = 50
     default_guidance = 5.0
     parallel_kinds = frozenset({"cfg", "ulysses", "ring"})
