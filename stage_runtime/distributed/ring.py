@@ -78,12 +78,14 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 def block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of ``query`` over one key block: (output, log-sum-exp of the scores (B, H, S_q, 1)),
-    both float32. CPU without a mask: torch's fused flash kernel, which returns the log-sum-exp; elsewhere
+    both float32. CPU: torch's fused flash kernel, which returns the log-sum-exp (a key mask goes in as an
+    additive one; ~18x faster than explicit scores for HunyuanVideo-1.5's 2k-token masked context); elsewhere
     the scores are formed explicitly in float32. Keys where ``key_mask`` (B, S_k) is False score the lowest
-    float32 (not -inf: a block masked whole then weighs nothing in the merge instead of making NaN)."""
-    if key_mask is None and query.device.type == "cpu" and \
-            hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value)[:2]
+    float (not -inf: a block masked whole then weighs nothing in the merge instead of making NaN)."""
+    if query.device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        mask = None if key_mask is None else torch.zeros(key_mask.shape, dtype=query.dtype, device=query.device) \
+            .masked_fill_(~key_mask, torch.finfo(query.dtype).min)[:, None, None, :]
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, attn_mask=mask)[:2]
         return out.float(), lse.float().unsqueeze(-1)
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * query.shape[-1] ** -0.5
     if key_mask is not None:

@@ -24,6 +24,9 @@ Frames are ``4k + 1`` (the VAE's temporal factor; diffusers silently makes ``4 (
 count is refused at admission. Height and width are multiples of the VAE's spatial factor x the patch size (16
 for the real model, 4 for the tiny one; diffusers does not check and makes a smaller video). The default size
 is the pipeline's 16:9 bucket nearest ``transformer.config.target_size`` (848x480 at 480p), 121 frames, 24 fps.
+Parallel: CFG parallel splits the rows of each forward (latents, per-row timesteps, both encoders' states and
+masks, image tokens) like any denoiser's; Ulysses, ring and both cut the video and context tokens of every block
+(distributed/ulysses_hunyuan_video15.py); tensor parallel is refused at load (exit 2, naming why).
 diffusers 0.42.1's VAE cannot decode more than one video at once (its causal attention mask does not broadcast
 over a batch): each video is decoded alone, as ``vae.enable_slicing()`` does.
 """
@@ -61,7 +64,8 @@ class HunyuanVideo15Adapter(StepContract, PipelineAdapter):
     refuses_long_prompts = True          # a prompt the Qwen encoder would cut is a 400 (engine/prompt_length)
     default_steps = 50
     default_guidance = DEFAULT_GUIDANCE
-    parallel_kinds = frozenset()           # CFG, Ulysses and ring: once their 2-rank equality tests pass
+    parallel_kinds = frozenset({"cfg", "ulysses", "ring"})
+    sequence_attention = "hunyuan_video15"  # both streams of the joint [video ‖ context] attention, with its mask
     # Guidance (each request's guider copy) and text masks are per row in either mode; a request-mode wave shares
     # its step count (one step loop), step mode not even that.
     request_key_fields = ("height", "width", "num_frames", "num_inference_steps")
@@ -75,6 +79,13 @@ class HunyuanVideo15Adapter(StepContract, PipelineAdapter):
             raise ModelLoadError(f"guider={type(pipeline.guider).__name__}: HunyuanVideo15Pipeline is served with a "
                                  "ClassifierFreeGuidance guider only (the class its pipeline declares)")
         self.default_guidance = float(pipeline.guider.guidance_scale)
+
+    def parallel_refusal(self, kind: str) -> str | None:
+        if kind == "tp":
+            return ("distributed/tensor_parallel.py shards attentions that run diffusers' DiT/SD, SD3 and FLUX.1 "
+                    "processors, and the blocks' HunyuanVideo15AttnProcessor2_0 (joint attention with the context "
+                    "mask) is not one of them")
+        return None
 
     @property
     def vae_scale_factor(self) -> int:

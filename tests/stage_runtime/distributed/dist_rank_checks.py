@@ -17,7 +17,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TIMEOUT_S = 30.0
 PEER_TIMEOUT_S = 2.0        # the lost-peer checks' collective timeout
-VIDEO_SIDE = {"LTX2Pipeline": 64}            # LTX-2's VAE needs two latent pixels a side (x32); others 32
+VIDEO_SIDE = {"LTX2Pipeline": 64,           # LTX-2's VAE needs two latent pixels a side (x32); others 32
+              "HunyuanVideo15Pipeline": 16}  # HunyuanVideo-1.5: its 1985 context tokens a row are what cost
 WITH_PICTURE = ("b", "s2")                   # where a picture is optional (LTX-2): these requests carry one
 
 
@@ -54,10 +55,11 @@ def picture(side: int):
 
 
 def _request(adapter, rid: str, prompt: str, steps: int, seed: int, guidance: float, **kw):
-    """Every tiny image model's 64 px (Qwen-Image's default is 512); a video model's 32 px (LTX-2 64), 9 frames
-    (Wan: 2 x 2 x 3 = 12 tokens a row, TI2V 3; LTX-2 8); with Wan 2.2's two experts, a second guidance scale when
-    guided; a picture where the family needs one (Wan I2V), or for some requests where it takes one (LTX-2: text-
-    and image-to-video rows then share forwards)."""
+    """Every tiny image model's 64 px (Qwen-Image's default is 512); a video model's 32 px (LTX-2 64, HunyuanVideo-1.5
+    16: 4 x 4 x 3 = 48 video tokens a row; its 1985 context tokens a row are what cost), 9 frames (Wan: 2 x 2 x 3 =
+    12 tokens a row, TI2V 3; LTX-2 8); with Wan 2.2's two experts, a second guidance scale when guided; a picture
+    where the family needs one (Wan I2V), or for some requests where it takes one (LTX-2: text- and image-to-video
+    rows then share forwards)."""
     from stage_runtime.request import DiffusionRequest, SamplingParams
 
     info = adapter.info()
@@ -124,6 +126,8 @@ def transformer_outputs(adapter) -> dict:
 
     if type(adapter.denoiser).__name__ == "WanExperts":
         return wan_outputs(adapter)
+    if type(adapter.denoiser).__name__ == "HunyuanVideo15Transformer3DModel":
+        return hunyuan_outputs(adapter)
     if not hasattr(adapter.denoiser, "down_blocks"):
         return {}
     transformer = adapter.denoiser.down_blocks[1].attentions[0]
@@ -162,6 +166,33 @@ def wan_outputs(adapter) -> dict:
     return out
 
 
+def hunyuan_outputs(adapter) -> dict:
+    """HunyuanVideo-1.5's transformer called directly, as float arrays (its tiny videos barely show guidance, so
+    its parallel equality is checked here too): 3 rows (CFG 2: 2 + 1 padded) of different timesteps and context
+    masks (Qwen text 7, 4 and 2 tokens of 7; ByT5 glyphs 3, 5 and 0 of 5; 3 zero image tokens, masked out: T2V), so
+    15 context tokens a row (uneven chunks; row 3's second chunk is all padding), at 12 video tokens a row (even
+    chunks), 9 (uneven) and 1 (fewer than the ranks: unsharded)."""
+    import torch
+
+    config, out = adapter.denoiser.config, {}
+    gen = torch.Generator().manual_seed(0)
+
+    def valid(counts: list[int], length: int) -> torch.Tensor:
+        return (torch.arange(length) < torch.tensor(counts)[:, None]).long()
+
+    context = {"encoder_hidden_states": torch.randn(3, 7, config.text_embed_dim, generator=gen),
+               "encoder_attention_mask": valid([7, 4, 2], 7),
+               "encoder_hidden_states_2": torch.randn(3, 5, config.text_embed_2_dim, generator=gen),
+               "encoder_attention_mask_2": valid([3, 5, 0], 5), "image_embeds": torch.zeros(3, 3, config.image_embed_dim)}
+    with torch.inference_mode():
+        for frames, height, width in ((3, 2, 2), (1, 3, 3), (1, 1, 1)):
+            latents = torch.randn(3, config.in_channels, frames, height, width, generator=gen)
+            out[f"{frames * height * width}-tokens"] = adapter.denoiser(
+                hidden_states=latents, timestep=torch.tensor([950.0, 600.0, 300.0]), **context,
+                return_dict=False)[0].numpy()
+    return out
+
+
 def replaced_processor_error(adapter) -> str | None:
     """Swap one Ulysses processor back to diffusers' default: the next denoiser call must refuse to run."""
     import torch
@@ -171,6 +202,10 @@ def replaced_processor_error(adapter) -> str | None:
         from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
         adapter.denoiser.transformer.blocks[0].attn1.set_processor(WanAttnProcessor())
+    elif type(adapter.denoiser).__name__ == "HunyuanVideo15Transformer3DModel":   # its own processor
+        from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
+
+        adapter.denoiser.transformer_blocks[0].attn.set_processor(HunyuanVideo15AttnProcessor2_0())
     elif type(adapter.denoiser).__name__ == "QwenImageTransformer2DModel":   # Qwen-Image: its own processor
         from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 
@@ -240,10 +275,12 @@ def _job_models(rank, groups, parallel, run) -> dict:
 def installed(denoiser) -> dict:
     """What parallelism is installed on a denoiser: CFG forward wrapper, number of Ulysses processors."""
     from stage_runtime.distributed.ulysses import UlyssesAttnProcessor
+    from stage_runtime.distributed.ulysses_hunyuan_video15 import HunyuanVideo15UlyssesAttnProcessor
     from stage_runtime.distributed.ulysses_qwen import QwenUlyssesAttnProcessor
     from stage_runtime.distributed.ulysses_wan import WanUlyssesAttnProcessor
 
-    ulysses = (UlyssesAttnProcessor, QwenUlyssesAttnProcessor, WanUlyssesAttnProcessor)
+    ulysses = (UlyssesAttnProcessor, QwenUlyssesAttnProcessor, WanUlyssesAttnProcessor,
+               HunyuanVideo15UlyssesAttnProcessor)
     return {"cfg": getattr(denoiser, "_diffstage_cfg_parallel", None) is not None,
             "ulysses": sum(isinstance(getattr(m, "processor", None), ulysses) for m in denoiser.modules())}
 

@@ -18,11 +18,13 @@ def installed(denoiser) -> dict:
     layers and the local head counts."""
     from stage_runtime.distributed.tensor_parallel import RowParallelLinear
     from stage_runtime.distributed.ulysses import UlyssesAttnProcessor
+    from stage_runtime.distributed.ulysses_hunyuan_video15 import HunyuanVideo15UlyssesAttnProcessor
     from stage_runtime.distributed.ulysses_joint import JointUlyssesProcessor
     from stage_runtime.distributed.ulysses_qwen import QwenUlyssesAttnProcessor
     from stage_runtime.distributed.ulysses_wan import WanUlyssesAttnProcessor
 
-    kinds = (UlyssesAttnProcessor, JointUlyssesProcessor, QwenUlyssesAttnProcessor, WanUlyssesAttnProcessor)
+    kinds = (UlyssesAttnProcessor, JointUlyssesProcessor, QwenUlyssesAttnProcessor, WanUlyssesAttnProcessor,
+             HunyuanVideo15UlyssesAttnProcessor)
     sp = [m.processor for m in denoiser.modules() if isinstance(getattr(m, "processor", None), kinds)]
     return {"cfg": getattr(denoiser, "_diffstage_cfg_parallel", None) is not None,
             "sp": len(sp), "ring": sorted({p.mesh.ring_size for p in sp}),

@@ -1,8 +1,8 @@
-"""CFG-parallel (2 ranks) and Ulysses (degree 2) for SDXL, Qwen-Image and Wan (2.1, 2.2 with its two experts
-and two guidance scales, TI2V-5B, I2V with its picture) give the images of one plain rank (within 2 uint8) in
-request mode and step mode, with and without guidance (true-CFG rows for Qwen-Image); CFG parallel for LTX-2
-too (rows of four guidance passes, text- and image-to-video requests in the same forwards), whose Ulysses is
-refused at load.
+"""CFG-parallel (2 ranks) and Ulysses (degree 2) for SDXL, Qwen-Image, Wan (2.1, 2.2 with its two experts
+and two guidance scales, TI2V-5B, I2V with its picture) and HunyuanVideo-1.5 give the images of one plain rank
+(within 2 uint8) in request mode and step mode, with and without guidance (true-CFG rows for Qwen-Image; guider
+rows for HunyuanVideo-1.5); CFG parallel for LTX-2 too (rows of four guidance passes, text- and image-to-video
+requests in the same forwards), whose Ulysses is refused at load.
 
 The ranks are the session's two gloo ranks of conftest.two_rank_runs (they load every family once per run).
 Qwen-Image's Ulysses shards the image tokens of its dual-stream blocks and attends over [text ; image]
@@ -10,7 +10,10 @@ Qwen-Image's Ulysses shards the image tokens of its dual-stream blocks and atten
 Wan's video tokens are sharded in each expert, cross-attention to the whole text stays local
 (distributed/ulysses_wan.py). The tiny Wan's videos hardly depend on its transformer, so Wan's denoiser is also
 called directly (dist_rank_checks.wan_outputs: rows on both sides of Wan 2.2's expert boundary, 12, 9 and 1
-video tokens) and compared in float.
+video tokens) and compared in float. HunyuanVideo-1.5's Ulysses cuts both streams of its joint [video ‖ context]
+attention (distributed/ulysses_hunyuan_video15.py); its tiny videos barely show guidance, so its transformer is
+called directly too (dist_rank_checks.hunyuan_outputs: context masks of different lengths per row, 12, 9 and 1
+video tokens).
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ import pytest
 from parallel_equality import check_denoiser_outputs, check_images
 
 WAN = ("wan", "wan22", "wan-ti2v", "wan-i2v")
-ULYSSES_FAMILIES = ("sdxl", "qwen-image", *WAN)
+VIDEO = (*WAN, "hunyuan-video15")
+ULYSSES_FAMILIES = ("sdxl", "qwen-image", *VIDEO)
 FAMILIES = (*ULYSSES_FAMILIES, "ltx2")
 # self-attentions under Ulysses: tiny SDXL has 4 Transformer2DModels of one block (1 down, 1 mid, 2 up);
-# tiny Qwen-Image has 2 dual-stream blocks; tiny Wan 2 blocks per transformer (Wan 2.2: 2 experts).
-ULYSSES_PROCESSORS = {"sdxl": 4, "qwen-image": 2, "wan": 2, "wan22": 4, "wan-ti2v": 2, "wan-i2v": 2}
+# tiny Qwen-Image has 2 dual-stream blocks; tiny Wan 2 blocks per transformer (Wan 2.2: 2 experts); tiny
+# HunyuanVideo-1.5 1 dual-stream block.
+ULYSSES_PROCESSORS = {"sdxl": 4, "qwen-image": 2, "wan": 2, "wan22": 4, "wan-ti2v": 2, "wan-i2v": 2,
+                      "hunyuan-video15": 1}
 family_param = pytest.mark.parametrize("kind", FAMILIES)
 ulysses_param = pytest.mark.parametrize("kind", ULYSSES_FAMILIES)
 
@@ -61,8 +67,8 @@ def test_ulysses_is_installed_and_equals_one_rank(runs, kind):
 
 
 @pytest.mark.parametrize("run", ["cfg", "ulysses"])
-@pytest.mark.parametrize("kind", WAN)
-def test_wan_denoiser_outputs_equal_one_rank(runs, run, kind):
+@pytest.mark.parametrize("kind", VIDEO)
+def test_video_denoiser_outputs_equal_one_rank(runs, run, kind):
     by_run, references = runs
     assert sorted(references[f"{kind}-transformer"]) == ["1-tokens", "12-tokens", "9-tokens"]
     check_denoiser_outputs(by_run[run], references, kind)

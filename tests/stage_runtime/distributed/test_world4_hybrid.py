@@ -1,5 +1,5 @@
-"""World 4 on gloo: Ulysses 2 × ring 2 (hybrid sequence parallel; tiny DiT, SD3, Qwen-Image and Wan, whose
-denoiser is also compared in float) and TP 2 × CFG 2
+"""World 4 on gloo: Ulysses 2 × ring 2 (hybrid sequence parallel; tiny DiT, SD3, Qwen-Image, Wan and
+HunyuanVideo-1.5, whose denoisers are also compared in float) and TP 2 × CFG 2
 (DiT, SD3) give the images of one plain rank (within 2 uint8), in request and step mode, with and without guidance.
 
 Rank layout (stage_runtime.config, tp fastest): under ulysses 2 × ring 2 the sp coordinate is the rank,
@@ -14,15 +14,17 @@ import pytest
 from parallel_equality import check_denoiser_outputs, check_images
 
 MODELS = ("dit", "sd3")
-USP_MODELS = (*MODELS, "qwen-image", "wan")
-SP_PROCESSORS = {"dit": 2, "sd3": 3, "qwen-image": 2, "wan": 2}
+VIDEO = ("wan", "hunyuan-video15")
+USP_MODELS = (*MODELS, "qwen-image", *VIDEO)
+SP_PROCESSORS = {"dit": 2, "sd3": 3, "qwen-image": 2, "wan": 2, "hunyuan-video15": 1}
 TP_ROW_LAYERS, HEADS = {"dit": 4, "sd3": 7}, {"dit": 4, "sd3": 2}
 USP = {"ulysses_degree": 2, "ring_degree": 2}
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_dit_path, tiny_sd3_path, tiny_qwen_image_path, tiny_wan_path):
-    paths = {"dit": tiny_dit_path, "sd3": tiny_sd3_path, "qwen-image": tiny_qwen_image_path, "wan": tiny_wan_path}
+def runs(tiny_dit_path, tiny_sd3_path, tiny_qwen_image_path, tiny_wan_path, tiny_hunyuan_video15_path):
+    paths = {"dit": tiny_dit_path, "sd3": tiny_sd3_path, "qwen-image": tiny_qwen_image_path, "wan": tiny_wan_path,
+             "hunyuan-video15": tiny_hunyuan_video15_path}
     plan = {"kernel": {"job": "kernels", "parallel": USP},
             "usp": {"job": "models", "parallel": USP, "models": paths},
             "tp-cfg": {"job": "models", "parallel": {"tensor_parallel_size": 2, "cfg_parallel_size": 2},
@@ -61,10 +63,11 @@ def test_ulysses_times_ring_equals_one_rank(runs, kind):
         check_images(pair(payloads, rank), references, kind)
 
 
-def test_ulysses_times_ring_wan_denoiser_outputs_equal_one_rank(runs):
+@pytest.mark.parametrize("kind", VIDEO)
+def test_ulysses_times_ring_video_denoiser_outputs_equal_one_rank(runs, kind):
     by_run, references = runs
-    assert sorted(references["wan-transformer"]) == ["1-tokens", "12-tokens", "9-tokens"]
-    check_denoiser_outputs(by_run["usp"], references, "wan")
+    assert sorted(references[f"{kind}-transformer"]) == ["1-tokens", "12-tokens", "9-tokens"]
+    check_denoiser_outputs(by_run["usp"], references, kind)
 
 
 @pytest.mark.parametrize("kind", MODELS)

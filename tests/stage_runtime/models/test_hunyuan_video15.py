@@ -130,7 +130,7 @@ def test_facts(tiny_path):
     assert (info.default_height, info.default_width, info.size_multiple) == (12, 20, 4)
     assert (info.default_guidance, info.guidance, info.max_sequence_length) == (6.0, "cfg", 1000)
     assert info.step_key == ("height", "width", "num_frames") and not info.takes_guidance_2
-    assert info.supports_step_execution and info.parallel_kinds == ()
+    assert info.supports_step_execution and info.parallel_kinds == ("cfg", "ring", "ulysses")
 
 
 @pytest.mark.parametrize(("fields", "message"), [
