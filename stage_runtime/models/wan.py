@@ -26,6 +26,7 @@ from PIL import Image
 
 from stage_runtime.errors import ModelLoadError
 from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.routed import RoutedDenoiser
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
@@ -34,9 +35,12 @@ MAX_SEQUENCE_LENGTH = 512          # WanPipeline.__call__'s default: every promp
 DEFAULT_FPS = 16
 
 
-class WanExperts(torch.nn.Module):
+class WanExperts(RoutedDenoiser):
     """The denoiser of one step: ``transformer`` alone (Wan 2.1, TI2V), or Wan 2.2's two experts, each row sent
-    to the one its timestep belongs to. One call per step whichever experts run (the step clock's module)."""
+    to the one its timestep belongs to. One call per step whichever experts run (the step clock's module); per-row
+    features wrap each expert's call with its rows (``RoutedDenoiser.around_each``)."""
+
+    part_names = ("transformer", "transformer_2")
 
     def __init__(self, transformer: torch.nn.Module, transformer_2: torch.nn.Module | None, boundary: float | None):
         super().__init__()
@@ -54,15 +58,12 @@ class WanExperts(torch.nn.Module):
         inputs = {"hidden_states": hidden_states, "timestep": timestep, "encoder_hidden_states": encoder_hidden_states,
                   "encoder_hidden_states_image": encoder_hidden_states_image}
         if bool(high.all()) or self.transformer_2 is None:
-            return self.transformer(**inputs, return_dict=False)[0]
-        if not bool(high.any()):
-            return self.transformer_2(**inputs, return_dict=False)[0]
-        out = None
-        for rows, expert in ((high, self.transformer), (~high, self.transformer_2)):
-            part = expert(**{k: None if v is None else v[rows] for k, v in inputs.items()}, return_dict=False)[0]
-            out = part.new_empty((len(high), *part.shape[1:])) if out is None else out
-            out[rows] = part
-        return out
+            routes = [("transformer", None)]
+        elif not bool(high.any()):
+            routes = [("transformer_2", None)]
+        else:
+            routes = [("transformer", high.nonzero().flatten()), ("transformer_2", (~high).nonzero().flatten())]
+        return self.run_routes(inputs, routes)
 
 
 class WanAdapter(StepContract, PipelineAdapter):
@@ -73,6 +74,7 @@ class WanAdapter(StepContract, PipelineAdapter):
     parallel_kinds = frozenset({"cfg", "ulysses", "ring"})
     sequence_attention = "wan"                     # the video tokens' self-attention; text whole on every rank
     low_cpu_mem_usage = None                                  # its norms are kept in float32 (diffusers' rule)
+    block_lists = ("blocks",)                      # each expert's WanTransformerBlocks (layerwise offload)
     request_key_fields = ("height", "width", "num_frames", "num_inference_steps", "guidance_scale",
                           "guidance_scale_2")
     step_key_fields = ("height", "width", "num_frames")     # timesteps, guidance and experts are per row
