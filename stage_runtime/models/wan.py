@@ -74,7 +74,9 @@ class WanAdapter(StepContract, PipelineAdapter):
     parallel_kinds = frozenset({"cfg", "ulysses", "ring"})
     sequence_attention = "wan"                     # the video tokens' self-attention; text whole on every rank
     low_cpu_mem_usage = None                                  # its norms are kept in float32 (diffusers' rule)
-    block_lists = ("blocks",)                      # each expert's WanTransformerBlocks (layerwise offload)
+    block_lists = ("blocks",)                      # each expert's WanTransformerBlocks (offload, block cache)
+    supports_block_cache = True        # models.block_cache, per expert: a residual never crosses the boundary
+    request_mode_step_loop = True
     request_key_fields = ("height", "width", "num_frames", "num_inference_steps", "guidance_scale",
                           "guidance_scale_2")
     step_key_fields = ("height", "width", "num_frames")     # timesteps, guidance and experts are per row
