@@ -14,10 +14,15 @@ denoiser call per step (the runner's step clock). Per row:
 
 Frames are ``4k + 1`` (the VAE's temporal factor): any other count is refused at admission, never rounded
 as diffusers does; height and width are multiples of the VAE's spatial factor x the patch size.
+
+Per-row features wrap each expert's call with the rows routed to it (models.routed): LoRA (``transformer.`` keys
+on ``transformer``, ``transformer_2.`` keys on the low-noise expert, as WanLoraLoaderMixin) and the block cache
+(per expert: a residual never crosses the boundary). Layerwise offload splits each expert into its blocks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import numpy as np
@@ -77,6 +82,9 @@ class WanAdapter(StepContract, PipelineAdapter):
     block_lists = ("blocks",)                      # each expert's WanTransformerBlocks (offload, block cache)
     supports_block_cache = True        # models.block_cache, per expert: a residual never crosses the boundary
     request_mode_step_loop = True
+    # LoRA on the experts, as WanLoraLoaderMixin: ``transformer.`` keys adapt transformer (its load_lora_weights),
+    # ``transformer_2.`` keys Wan 2.2's low-noise expert (load_lora_weights(..., load_into_transformer_2=True)).
+    lora_components = ("transformer", "transformer_2")
     request_key_fields = ("height", "width", "num_frames", "num_inference_steps", "guidance_scale",
                           "guidance_scale_2")
     step_key_fields = ("height", "width", "num_frames")     # timesteps, guidance and experts are per row
@@ -162,12 +170,13 @@ class WanAdapter(StepContract, PipelineAdapter):
     def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
         dtype = self.pipe.transformer.dtype
         rows = [torch.cat([self.model_input(st)] * 2) if st.do_cfg else self.model_input(st) for st in states]
-        noise = self.denoiser(
-            **self.extra_rows(states, rows), hidden_states=torch.cat(rows).to(dtype),
-            timestep=torch.cat([self.timesteps_of(st, len(r)) for st, r in zip(states, rows, strict=True)]),
-            encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
-            expert_timestep=torch.cat([st.timestep.reshape(1).expand(len(r)) for st, r in zip(states, rows,
-                                                                                              strict=True)]))
+        with self.expert_lora_rows(states, rows):
+            noise = self.denoiser(
+                **self.extra_rows(states, rows), hidden_states=torch.cat(rows).to(dtype),
+                timestep=torch.cat([self.timesteps_of(st, len(r)) for st, r in zip(states, rows, strict=True)]),
+                encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
+                expert_timestep=torch.cat([st.timestep.reshape(1).expand(len(r))
+                                           for st, r in zip(states, rows, strict=True)]))
         preds = []
         for st, pred in zip(states, self.split_rows(noise, rows), strict=True):
             if st.do_cfg:
@@ -177,6 +186,17 @@ class WanAdapter(StepContract, PipelineAdapter):
                 pred = self.guided(uncond, cond, scale)
             preds.append(pred)
         return preds
+
+    def expert_lora_rows(self, states: list[StepRequestState], rows: list[torch.Tensor]):
+        """Around each expert's call, its LoRA row plan: the rows routed to it, each with its request's adapters
+        (a no-op without LoRA)."""
+        if self.loras is None:
+            return contextlib.nullcontext()
+        sets = [st.request.sampling.loras for st, r in zip(states, rows, strict=True) for _ in range(len(r))]
+
+        def wrap(part: str, keep: torch.Tensor | None):
+            return self.loras.rows(part, sets if keep is None else [sets[i] for i in keep.tolist()])
+        return self.experts.around_each(wrap)
 
     def post_decode(self, state: StepRequestState) -> np.ndarray:
         """uint8 (num_outputs, F, H, W, 3): un-normalised by the VAE's latent mean and std, decoded, as the

@@ -2,7 +2,7 @@
 
 The body is JSON (docs/http-api.md): OpenAI's ``prompt``, ``model``, ``size``, ``seconds``, and the video knobs
 every video server takes (``num_frames``, ``fps``, steps, guidance, ``guidance_scale_2``, negative prompt,
-seed), and for an image-to-video family ``input_reference`` (the first frame's picture, base64). ``seconds``
+seed), the request's block-cache policy (``cache``) and LoRA adapters (``loras``), as for images, and for an image-to-video family ``input_reference`` (the first frame's picture, base64). ``seconds``
 without ``num_frames`` is ``seconds × fps + 1`` frames (N seconds are N × fps intervals).
 The answer is the MP4 (``video/mp4``: H.264, yuv420p) or, with ``response_format: "frames"``, the exact frames
 losslessly as a zip of ``frame_0000.png …`` (``application/zip``). The engine never rounds a frame count: one
@@ -25,8 +25,9 @@ from pydantic import BaseModel, Field
 
 from stage_runtime.errors import InvalidRequestError, RequestTooLargeError
 from stage_runtime.imageio import decode_image, encode_image
-from stage_runtime.request import (MAX_PROMPT_CHARS, MAX_SIDE, DiffusionRequest, Guidance, NegativePrompt, Priority,
-                                   SamplingParams, Seed, Steps, TimeoutS)
+from stage_runtime.request import (MAX_LORAS_PER_REQUEST, MAX_PROMPT_CHARS, MAX_SIDE, CachePolicyField,
+                                   DiffusionRequest, Guidance, LoraRef, NegativePrompt, Priority, SamplingParams, Seed,
+                                   Steps, TimeoutS)
 from stage_runtime.serve.bodies import read_json
 from stage_runtime.serve.images import SERVICE, check_model, final_output
 from stage_runtime.serve.schemas import _EDGE, _SIZE, parse_body
@@ -55,6 +56,8 @@ class VideoGenerationRequest(BaseModel):
     response_format: Literal["mp4", "frames"] = "mp4"
     # image-to-video: the first frame's picture, base64 (PNG, JPEG, WebP…; a data: URL is accepted too)
     input_reference: str | None = Field(None, min_length=1)
+    cache: CachePolicyField = None                # "off" | {"threshold": x}; None: the stage's cache.mode
+    loras: list[LoraRef] = Field(default_factory=list, max_length=MAX_LORAS_PER_REQUEST)   # applied in order
 
     def reference(self, max_pixels: int) -> np.ndarray | None:
         if self.input_reference is None:
@@ -73,6 +76,9 @@ class VideoGenerationRequest(BaseModel):
             if not match or not all(8 <= int(side) <= MAX_SIDE for side in match.groups()):
                 raise InvalidRequestError("size", self.size, f"must be WIDTHxHEIGHT, each side 8 to {MAX_SIDE}")
             width, height = int(match[1]), int(match[2])
+        names = [ref.name for ref in self.loras]
+        if len(set(names)) != len(names):
+            raise InvalidRequestError("loras", names, "names an adapter twice")
         frames = self.num_frames
         if frames is None and self.seconds is not None:
             frames = self.seconds * (self.fps or default_fps or 16) + 1
@@ -80,7 +86,7 @@ class VideoGenerationRequest(BaseModel):
             "height": height, "width": width, "num_frames": frames, "fps": self.fps,
             "num_inference_steps": self.num_inference_steps, "guidance_scale": self.guidance_scale,
             "guidance_scale_2": self.guidance_scale_2, "negative_prompt": self.negative_prompt, "seed": self.seed,
-            "priority": self.priority, "timeout_s": self.timeout_s})
+            "priority": self.priority, "timeout_s": self.timeout_s, "cache": self.cache, "loras": tuple(self.loras)})
         return DiffusionRequest(self.request_id or f"video-{uuid.uuid4().hex}", self.prompt, sampling, video=True,
                                 reference=self.reference(max_pixels))
 
@@ -111,6 +117,9 @@ async def create_video_sync(request: web.Request) -> web.Response:
         return final
     frames, fps = final.images[0], engine_request.sampling.fps or service.model_info.default_fps
     headers = {"X-Request-Id": final.request_id, "X-Video-Frames": str(len(frames)), "X-Video-Fps": str(fps)}
+    if "steps_computed" in final.metrics:          # the block cache ran for it
+        headers.update({"X-Cache-Steps-Computed": str(int(final.metrics["steps_computed"])),
+                        "X-Cache-Steps-Skipped": str(int(final.metrics["steps_skipped"]))})
     if body.response_format == "frames":
         return web.Response(body=await asyncio.to_thread(frames_zip, frames), content_type="application/zip",
                             headers=headers)

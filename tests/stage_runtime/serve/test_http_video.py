@@ -1,7 +1,8 @@
 """``POST /v1/videos/sync`` on a real stage process serving the tiny Wan: the exact frames (a zip of PNGs) equal the
 bare diffusers call; the MP4 plays (F frames of H×W at the asked fps) within a stated PSNR of them; a frame count
-off the family's rule is a 400 naming it; images and videos each ask the family that makes them; the stage drains
-to exit 0 and leaves nothing behind."""
+off the family's rule is a 400 naming it; images and videos each ask the family that makes them; a request's LoRA
+adapters equal diffusers' and its block-cache policy is applied and reported; the stage drains to exit 0 and leaves
+nothing behind."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from family_checks import Family, bare_call, reference_image
+from lora_probes import bare_with_loras, write_adapter
 from PIL import Image
 from stage_process import StageProcess
 
@@ -29,10 +31,17 @@ MP4_PSNR_DB = 27.0       # crf 18 on 16x16 noise-like frames of the random tiny 
 
 
 @pytest.fixture(scope="module")
-def wan_stage(tiny_wan_path, tmp_path_factory):
+def wan_lora(tiny_wan_path, tmp_path_factory) -> str:
+    """A random adapter on the Wan transformer's attention and feed-forward (peft + diffusers' save_lora_weights)."""
+    return write_adapter(tiny_wan_path, tmp_path_factory.mktemp("wan-lora") / "fast", seed=1, text_encoder=False,
+                         gain=1.0)
+
+
+@pytest.fixture(scope="module")
+def wan_stage(tiny_wan_path, wan_lora, tmp_path_factory):
     folder = tmp_path_factory.mktemp("wan-stage")
     config = folder / "stage.yaml"
-    config.write_text("warmup: false\n")            # warmup runs the default 832x480x1
+    config.write_text(f"warmup: false\nloras:\n  - name: fast\n    path: {wan_lora}\n")   # warmup: 832x480x1
     stage = StageProcess(["--model", tiny_wan_path, "--config", str(config), "--device", "cpu", "--executor", "uni",
                           "--execution-mode", "step"], folder / "stage.log")
     stage.start()
@@ -47,9 +56,7 @@ def test_the_exact_frames_equal_diffusers_and_the_mp4_plays_within_the_stated_ps
         zipped = http.post("/v1/videos/sync", json={**BODY, "response_format": "frames"})
         mp4 = http.post("/v1/videos/sync", json=BODY)
     assert zipped.status_code == 200 and zipped.headers["content-type"] == "application/zip"
-    with zipfile.ZipFile(io.BytesIO(zipped.content)) as archive:
-        names = archive.namelist()
-        frames = np.stack([np.asarray(Image.open(io.BytesIO(archive.read(name))).convert("RGB")) for name in names])
+    names, frames = unzip(zipped.content)
     assert names == [f"frame_{i:04d}.png" for i in range(9)]
     assert frames.shape == (9, 16, 16, 3) and int(np.abs(frames.astype(int) - reference).max()) <= 2
     assert mp4.status_code == 200 and mp4.headers["content-type"] == "video/mp4", mp4.text[:300]
@@ -59,6 +66,27 @@ def test_the_exact_frames_equal_diffusers_and_the_mp4_plays_within_the_stated_ps
     assert psnr(decoded, frames) >= MP4_PSNR_DB
 
 
+def unzip(content: bytes) -> tuple[list[str], np.ndarray]:
+    with zipfile.ZipFile(io.BytesIO(content)) as archive:
+        names = archive.namelist()
+        return names, np.stack([np.asarray(Image.open(io.BytesIO(archive.read(name))).convert("RGB")) for name in names])
+
+
+def test_a_request_names_its_lora_adapters_and_its_block_cache_policy(wan_stage, tiny_wan_path, wan_lora):
+    body = {**BODY, "response_format": "frames"}
+    with httpx.Client(base_url=wan_stage.http_url, timeout=120) as http:
+        plain, zero, huge, adapted = (http.post("/v1/videos/sync", json={**body, **extra}) for extra in (
+            {}, {"cache": {"threshold": 0}}, {"cache": {"threshold": 10}}, {"loras": [{"name": "fast", "scale": 0.8}]}))
+    assert all(answer.status_code == 200 for answer in (plain, zero, huge, adapted)), adapted.text[:300]
+    assert np.array_equal(unzip(zero.content)[1], unzip(plain.content)[1])
+    assert "x-cache-steps-computed" not in plain.headers
+    cache = [(a.headers["x-cache-steps-computed"], a.headers["x-cache-steps-skipped"]) for a in (zero, huge)]
+    assert cache == [("3", "0"), ("2", "1")]                 # 3 steps: warmup 1 and final 1 are computed
+    lora = bare_with_loras(tiny_wan_path, {"fast": wan_lora}, [0.8], "a red fox", 3, 5, size=16, num_frames=9,
+                           guidance_scale=6.0)[0]
+    assert int(np.abs(unzip(adapted.content)[1].astype(int) - lora).max()) <= 2        # step mode
+
+
 @pytest.mark.parametrize(("path", "body", "field", "message"), [
     ("/v1/videos/sync", {**BODY, "num_frames": 10}, "num_frames", "WanPipeline takes 4k+1 frames (9, 13"),
     ("/v1/videos/sync", {**BODY, "size": "20x16"}, "width", "must be a multiple of 16"),
@@ -66,6 +94,9 @@ def test_the_exact_frames_equal_diffusers_and_the_mp4_plays_within_the_stated_ps
     ("/v1/images/generations", {"prompt": "a red fox", "size": "16x16"}, "model", "makes videos"),
     ("/v1/videos/sync", {**BODY, "input_reference": "not base64!"}, "input_reference", "must be a base64 image"),
     ("/v1/videos/sync", {**BODY, "input_reference": REFERENCE_B64}, "input_reference", "takes no reference image"),
+    ("/v1/videos/sync", {**BODY, "loras": [{"name": "nope", "scale": 1.0}]}, "loras.0.name", "nope"),
+    ("/v1/videos/sync", {**BODY, "loras": [{"name": "fast", "scale": 1.0}] * 2}, "loras", "names an adapter twice"),
+    ("/v1/videos/sync", {**BODY, "cache": {"threshold": -1}}, "cache", "must be \"off\" or {\"threshold\": x}"),
 ])
 def test_a_bad_video_request_is_a_400_naming_the_field(wan_stage, path, body, field, message):
     with httpx.Client(base_url=wan_stage.http_url, timeout=60) as http:
