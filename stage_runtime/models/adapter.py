@@ -255,8 +255,11 @@ class PipelineAdapter(Refusals, ABC):
 
     @property
     def encoder_lora_components(self) -> tuple[str, ...]:
-        """The LoRA components called once per prompt (the text encoders), not per step."""
-        return tuple(c for c in self.lora_components if c != self.denoiser_name)
+        """The LoRA components called once per prompt (the text encoders), not per step (nor Wan 2.2's second
+        expert: every component a routed denoiser is made of is a denoiser)."""
+        denoiser = self.denoiser
+        denoising = {self.denoiser_name, *(denoiser.part_names if isinstance(denoiser, RoutedDenoiser) else ())}
+        return tuple(c for c in self.lora_components if c not in denoising)
 
     def call_pipeline(self, requests: list[DiffusionRequest], pipe: DiffusionPipeline | None = None,
                       generators: list[torch.Generator] | None = None, **family_kw) -> dict[str, np.ndarray]:
