@@ -65,8 +65,8 @@ class PipelineAdapter(Refusals, ABC):
     block_lists: ClassVar[tuple[str, ...] | None] = None
     # The per-request block cache (models.block_cache) can skip this denoiser's blocks after the first.
     supports_block_cache: ClassVar[bool] = False
-    # Request mode runs the step contract's loop for the wave (``run_step_loop``): a forward's rows are laid out as
-    # in step mode, each request's rows together (the block cache's row plan, models.block_cache.wave_rows).
+    # A block-cache family whose request mode runs the step contract's loop for the wave (``run_step_loop``): its
+    # forwards' rows are laid out as in step mode, each request's together (models.block_cache.wave_rows).
     request_mode_step_loop: ClassVar[bool] = False
     # How an edit's strength gives its step count (ModelInfo.edit_step_rule): "int" or "flow" (FLUX).
     edit_step_rule: ClassVar[str] = "int"

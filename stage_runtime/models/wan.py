@@ -94,6 +94,8 @@ class WanAdapter(StepContract, PipelineAdapter):
         ratio = pipeline.config.boundary_ratio
         boundary = None if ratio is None else ratio * pipeline.scheduler.config.num_train_timesteps
         self.experts = WanExperts(pipeline.transformer, pipeline.transformer_2, boundary)
+        if pipeline.transformer_2 is None:                 # ModelInfo says what this folder's adapters may target
+            self.lora_components = ("transformer",)
 
     @property
     def denoiser(self) -> torch.nn.Module:

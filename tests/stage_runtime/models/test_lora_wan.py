@@ -24,19 +24,21 @@ from stage_runtime.errors import LoraLoadError
 
 torch.set_num_threads(1)
 ROWS = {"wan": Family("wan", size=16, frames=9), "wan22": Family("wan22", size=16, frames=9),
-        "wan-i2v": Family("wan-i2v", size=16, frames=9, reference=True)}
-ADAPTER = {"wan": "wan", "wan22": "both", "wan-i2v": "i2v"}          # the adapter each kind's tests serve
+        "wan-ti2v": Family("wan-ti2v", size=32, frames=9), "wan-i2v": Family("wan-i2v", size=16, frames=9,
+                                                                            reference=True)}
+ADAPTER = {"wan": "wan", "wan22": "both", "wan-ti2v": "ti2v", "wan-i2v": "i2v"}   # the adapter each kind's tests serve
 PROMPT, STEPS, SEED, SCALE, GUIDANCE = "a red fox running", 3, 11, 0.8, 5.0
 _ENGINES: dict[tuple, DiffusionEngine] = {}
 
 
 @pytest.fixture(scope="module")
-def files(tiny_wan_path, tiny_wan22_path, tiny_wan_i2v_path, tmp_path_factory) -> dict[str, str]:
+def files(tiny_wan_path, tiny_wan22_path, tiny_wan_ti2v_path, tiny_wan_i2v_path, tmp_path_factory) -> dict[str, str]:
     """Random rank-4 adapters written by peft + diffusers' save_lora_weights: Wan 2.1's; Wan 2.2's pair as diffusers
     saves them (high- and low-noise expert, both ``transformer.…``) and the one file of both that the stage serves."""
     out = tmp_path_factory.mktemp("wan-loras")        # (the tiny Wan 2.2 needs a larger gain to show each expert's)
     made = {"wan": write_adapter(tiny_wan_path, out / "wan", seed=1, text_encoder=False, gain=1.0),
             "i2v": write_adapter(tiny_wan_i2v_path, out / "i2v", seed=4, text_encoder=False, gain=1.0),
+            "ti2v": write_adapter(tiny_wan_ti2v_path, out / "ti2v", seed=5, text_encoder=False, gain=1.0),
             "high": write_adapter(tiny_wan22_path, out / "high", seed=2, text_encoder=False, gain=3.0),
             "low": write_adapter(tiny_wan22_path, out / "low", seed=3, text_encoder=False, gain=3.0,
                                  expert="transformer_2")}
@@ -46,7 +48,7 @@ def files(tiny_wan_path, tiny_wan22_path, tiny_wan_i2v_path, tmp_path_factory) -
 
 def engine_for(tiny_model, files, kind: str, mode: str) -> DiffusionEngine:
     if (kind, mode) not in _ENGINES:
-        loras = {"wan": ("wan",), "wan22": ("both", "high"), "wan-i2v": ("i2v",)}[kind]
+        loras = {"wan22": ("both", "high")}.get(kind, (ADAPTER[kind],))
         config = load_config({"model": {"path": tiny_model(kind)}, "device": "cpu", "warmup": False,
                               "loras": [{"name": name, "path": files[name]} for name in loras],
                               "scheduler": {"execution_mode": mode, "max_num_seqs": 2}})
@@ -75,9 +77,10 @@ def request(kind: str, rid: str, lora: str | None = None, steps: int = STEPS, se
 
 
 def bare(kind: str, path: str, adapters: dict[str, str], **kw):
+    size = ROWS[kind].size
     if ROWS[kind].reference:                   # diffusers gives a T2V adapter zero factors on the image projections
-        kw["image"] = Image.fromarray(reference_image(16), mode="RGB")
-    return bare_with_loras(path, adapters, [SCALE] * len(adapters), PROMPT, STEPS, SEED, size=16, num_frames=9,
+        kw["image"] = Image.fromarray(reference_image(size), mode="RGB")
+    return bare_with_loras(path, adapters, [SCALE] * len(adapters), PROMPT, STEPS, SEED, size=size, num_frames=9,
                            guidance_scale=GUIDANCE, **kw)
 
 
@@ -98,7 +101,7 @@ def test_an_adapter_equals_diffusers_load_lora_weights_on_every_frame(tiny_model
                   bare(kind, tiny_model(kind), {"low": files["low"]}, into_transformer_2=("low",))]
         assert slots["transformer_2"].calls > before["transformer_2"]
     assert slots["transformer"].calls > before["transformer"]
-    assert ours.shape == (1, 9, 16, 16, 3)
+    assert ours.shape == (1, 9, ROWS[kind].size, ROWS[kind].size, 3)
     assert max_diff(ours, reference) <= (1 if mode == "request" else 2)
     assert all(max_diff(ours, other) > 5 for other in others)
 
