@@ -52,8 +52,8 @@ class RoutedDenoiser(torch.nn.Module):
             return self._call(routes[0][0], None, inputs, kwargs)
         out = None
         for name, rows in routes:
-            part = self._call(name, rows, {k: None if v is None else v.index_select(0, rows) for k, v in inputs.items()},
-                              kwargs)
+            selected = {k: None if v is None else v.index_select(0, rows) for k, v in inputs.items()}
+            part = self._call(name, rows, selected, kwargs)
             if out is None:
                 total = sum(len(r) for _, r in routes)
                 out = part.new_empty((total, *part.shape[1:]))

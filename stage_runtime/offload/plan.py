@@ -1,10 +1,10 @@
 """Offload plan: which weights form which unit (pure discovery over a loaded pipeline; moves nothing).
 
 A *unit* is the smallest thing the residency manager moves: a whole component (``model`` mode), or —
-``layerwise`` mode, for the denoiser (each of Wan 2.2's two experts) — each block plus one ``head`` unit holding the denoiser weights
-outside its blocks (embeddings, norms, projections). A unit is a list of *storage groups*: the distinct
-storages under its parameters and buffers, each with every tensor viewing it and that view's geometry
-(offset, size, stride). The tiers move a group's storage as raw bytes (bitwise, any dtype, tied or
+``layerwise`` mode, for the denoiser (each of Wan 2.2's two experts) — each block plus one ``head`` unit holding
+the denoiser weights outside its blocks (embeddings, norms, projections). A unit is a list of *storage groups*:
+the distinct storages under its parameters and buffers, each with every tensor viewing it and that view's
+geometry (offset, size, stride). The tiers move a group's storage as raw bytes (bitwise, any dtype, tied or
 strided views included) and rebind the very same tensor objects to it. A storage belongs to one unit only.
 """
 

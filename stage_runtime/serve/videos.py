@@ -2,8 +2,10 @@
 
 The body is JSON (docs/http-api.md): OpenAI's ``prompt``, ``model``, ``size``, ``seconds``, and the video knobs
 every video server takes (``num_frames``, ``fps``, steps, guidance, ``guidance_scale_2``, negative prompt,
-seed), the request's block-cache policy (``cache``) and LoRA adapters (``loras``), as for images, and for an image-to-video family ``input_reference`` (the first frame's picture, base64). ``seconds``
-without ``num_frames`` is ``seconds × fps + 1`` frames (N seconds are N × fps intervals).
+seed), the request's block-cache policy (``cache``) and LoRA adapters (``loras``) as for images, and for an
+image-to-video family ``input_reference`` (the first frame's picture, base64). ``seconds`` without ``num_frames``
+is ``seconds × fps + 1`` frames (N seconds are N × fps intervals); a request that ran with the block cache gets
+its counts in ``X-Cache-Steps-Computed`` / ``X-Cache-Steps-Skipped``.
 The answer is the MP4 (``video/mp4``: H.264, yuv420p) or, with ``response_format: "frames"``, the exact frames
 losslessly as a zip of ``frame_0000.png …`` (``application/zip``). The engine never rounds a frame count: one
 the family cannot take is a 400 naming ``num_frames``.

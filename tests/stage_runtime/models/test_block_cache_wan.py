@@ -26,8 +26,7 @@ torch.set_num_threads(1)
 ROWS = {"wan": Family("wan", size=16, frames=9), "wan22": Family("wan22", size=16, frames=9),
         "wan-ti2v": Family("wan-ti2v", size=32, frames=9), "wan-i2v": Family("wan-i2v", size=16, frames=9,
                                                                             reference=True)}
-STEPS, WARMUP, FINAL = 8, 2, 1
-HIGH_NOISE_STEPS = 3           # tiny Wan 2.2 at 8 steps: t = 999, 954, 900 >= 875 on transformer, the rest on transformer_2
+STEPS, WARMUP, FINAL = 8, 2, 1        # tiny Wan 2.2 at 8 steps: t = 999, 954, 900 on transformer, then transformer_2
 _ENGINES: dict[tuple, DiffusionEngine] = {}
 
 

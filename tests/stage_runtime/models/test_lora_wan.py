@@ -11,12 +11,14 @@ block cache too."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from PIL import Image
 from engine_probes import max_diff, runner_of
 from family_checks import Family, reference_image
-from lora_probes import bare_with_loras, two_expert_file, write_adapter
+from lora_probes import bare_with_loras, load_pipe, two_expert_file, write_adapter
 
 from stage_runtime.config import load_config
 from stage_runtime.engine import DiffusionEngine
@@ -155,7 +157,8 @@ def test_wan22_with_the_block_cache_the_adapter_rows_follow_the_computing_rows(t
     assert calls[0] == 6                                  # one forward per tick for both (no solo retry after an error)
     assert together["cached"].metrics["steps_skipped"] == 3         # steps 1, 3, 4 (step 2 is transformer_2's first)
     for r in batch:
-        assert max_diff(together[r.request_id].images, run_together(engine, [r])[r.request_id].images) <= 2, r.request_id
+        solo = run_together(engine, [r])[r.request_id].images
+        assert max_diff(together[r.request_id].images, solo) <= 2, r.request_id
 
 
 def test_a_transformer_2_key_on_wan21_is_refused_naming_it(tiny_model, files):
@@ -165,3 +168,45 @@ def test_a_transformer_2_key_on_wan21_is_refused_naming_it(tiny_model, files):
                                             r"components are transformer$"):
         engine.collective_rpc("load_lora", ("both", files["both"]))
     assert [a["name"] for a in engine.collective_rpc("list_loras")] == ["wan"]
+
+
+def original_layout_file(path: str, out: Path, seed: int) -> Path:
+    """A random Wan LoRA in the layout its authors publish (lightx2v, CausVid): ``diffusion_model.blocks.N.self_attn.q``
+    …, kohya-style ``lora_down`` / ``lora_up`` with an ``alpha`` per module."""
+    from safetensors.torch import save_file
+
+    blocks = len(load_pipe(path).transformer.blocks)
+    generator, tensors = torch.Generator().manual_seed(seed), {}
+    for i in range(blocks):
+        for module in ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.o",
+                       "ffn.0", "ffn.2"):
+            key = f"diffusion_model.blocks.{i}.{module}"
+            tensors[f"{key}.lora_down.weight"] = torch.randn(4, 32, generator=generator) / 32 ** 0.5
+            tensors[f"{key}.lora_up.weight"] = torch.randn(32, 4, generator=generator)
+            tensors[f"{key}.alpha"] = torch.tensor(2.0)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "original.safetensors"))
+    return out / "original.safetensors"
+
+
+def test_a_published_layout_is_refused_naming_its_key_and_served_once_converted_with_diffusers(tiny_model, files,
+                                                                                                 tmp_path):
+    """What docs/lora.md says to do with a lightx2v-style file: diffusers' WanPipeline.lora_state_dict converts it
+    (alpha folded into the factors), save_lora_weights writes it; served, it equals load_lora_weights(original)."""
+    from diffusers import WanPipeline
+
+    engine, path = engine_for(tiny_model, files, "wan", "step"), tiny_model("wan")
+    original = original_layout_file(path, tmp_path / "published", seed=7)
+    with pytest.raises(LoraLoadError, match=r"'published': key 'diffusion_model\.blocks\.0\.cross_attn\.o\.alpha' is "
+                                            r"not a diffusers/PEFT LoRA factor"):
+        engine.collective_rpc("load_lora", ("published", str(original)))
+    converted = WanPipeline.lora_state_dict(str(original))
+    WanPipeline.save_lora_weights(str(tmp_path / "converted"), transformer_lora_layers={
+        key.removeprefix("transformer."): value for key, value in converted.items()})
+    engine.collective_rpc("load_lora", ("converted", str(tmp_path / "converted")))
+    try:
+        ours = run_together(engine, [request("wan", "c", "converted")])["c"].images
+    finally:
+        engine.collective_rpc("unload_lora", ("converted",))
+    assert max_diff(ours, bare("wan", path, {"published": str(original)})) <= 2
+    assert max_diff(ours, bare("wan", path, {})) > 5

@@ -69,7 +69,8 @@ def test_the_exact_frames_equal_diffusers_and_the_mp4_plays_within_the_stated_ps
 def unzip(content: bytes) -> tuple[list[str], np.ndarray]:
     with zipfile.ZipFile(io.BytesIO(content)) as archive:
         names = archive.namelist()
-        return names, np.stack([np.asarray(Image.open(io.BytesIO(archive.read(name))).convert("RGB")) for name in names])
+        frames = [np.asarray(Image.open(io.BytesIO(archive.read(name))).convert("RGB")) for name in names]
+    return names, np.stack(frames)
 
 
 def test_a_request_names_its_lora_adapters_and_its_block_cache_policy(wan_stage, tiny_wan_path, wan_lora):
