@@ -25,6 +25,7 @@ from diffusers.models.attention_processor import Attention
 from stage_runtime.errors import ConfigError
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.models.refusals import Refusals, refusals_path
+from stage_runtime.models.routed import RoutedDenoiser
 from stage_runtime.request import DiffusionRequest
 
 diffusers_logging.disable_progress_bar()
@@ -68,6 +69,9 @@ class PipelineAdapter(Refusals, ABC):
     block_lists: ClassVar[tuple[str, ...] | None] = None
     # The per-request block cache (models.block_cache) can skip this denoiser's blocks after the first.
     supports_block_cache: ClassVar[bool] = False
+    # A block-cache family whose request mode runs the step contract's loop for the wave (``run_step_loop``): its
+    # forwards' rows are laid out as in step mode, each request's together (models.block_cache.wave_rows).
+    request_mode_step_loop: ClassVar[bool] = False
     # How an edit's strength gives its step count (ModelInfo.edit_step_rule): "int" or "flow" (FLUX).
     edit_step_rule: ClassVar[str] = "int"
     # Pipeline components LoRA files may target (their key prefix, as diffusers' save_lora_weights writes);
@@ -103,6 +107,13 @@ class PipelineAdapter(Refusals, ABC):
     def denoiser(self) -> torch.nn.Module:
         """The UNet / transformer: called exactly once per denoising step (CFG rows are fused)."""
         return getattr(self.pipe, self.denoiser_name)
+
+    def block_holders(self) -> dict[str, torch.nn.Module]:
+        """The pipeline components holding the denoiser's blocks, by name: the denoiser itself, or each part of a
+        routed one (Wan 2.2's two experts, models.routed). Layerwise offload splits each into a head and its
+        blocks; the block cache hooks each one's blocks."""
+        denoiser = self.denoiser
+        return denoiser.parts() if isinstance(denoiser, RoutedDenoiser) else {self.denoiser_name: denoiser}
 
     def default_size(self) -> tuple[int, int]:
         """(height, width) served when a request gives none: the denoiser's latent sample size, in pixels."""
@@ -266,8 +277,11 @@ class PipelineAdapter(Refusals, ABC):
 
     @property
     def encoder_lora_components(self) -> tuple[str, ...]:
-        """The LoRA components called once per prompt (the text encoders), not per step."""
-        return tuple(c for c in self.lora_components if c != self.denoiser_name)
+        """The LoRA components called once per prompt (the text encoders), not per step (nor Wan 2.2's second
+        expert: every component a routed denoiser is made of is a denoiser)."""
+        denoiser = self.denoiser
+        denoising = {self.denoiser_name, *(denoiser.part_names if isinstance(denoiser, RoutedDenoiser) else ())}
+        return tuple(c for c in self.lora_components if c not in denoising)
 
     def call_pipeline(self, requests: list[DiffusionRequest], pipe: DiffusionPipeline | None = None,
                       generators: list[torch.Generator] | None = None, **family_kw) -> dict[str, np.ndarray]:

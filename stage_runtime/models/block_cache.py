@@ -19,6 +19,11 @@ requests with different thresholds, steps and cache on/off share one fused forwa
 The session overrides each block's ``forward`` for one call and restores it after, so the transformer's
 own ``forward`` (diffusers' code) runs unchanged around the blocks, hooks on the blocks still fire, and
 when every row computes every block gets exactly its usual arguments: threshold 0 is bitwise no cache.
+
+A routed denoiser (models.routed: Wan 2.2's two experts, each row on the expert of its timestep) gets one
+session per part call, over that part's blocks and rows; a branch is keyed by its part too, so the step on
+which a request's rows first reach the other expert is computed there and starts that expert's reference
+and residual: a residual never crosses experts.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 import torch
 
 from stage_runtime.config import CacheConfig, StageConfig
+from stage_runtime.models.routed import RoutedDenoiser
 from stage_runtime.request import DiffusionRequest, RequestCache
 
 
@@ -54,8 +60,8 @@ def block_cache_refusal(adapter, config: StageConfig) -> str | None:
     """Why this stage cannot run the block cache (said at startup or in a 400), or None."""
     family = type(adapter.pipe).__name__
     if not getattr(adapter, "supports_block_cache", False):
-        return f"{family} has no block cache (it is served for transformer families: DiT, SD3, FLUX, Qwen-Image)"
-    if len(cache_blocks(adapter)) < 2:
+        return f"{family} has no block cache (it is served for transformer families: DiT, SD3, FLUX, Qwen-Image, Wan)"
+    if min(len(blocks) for blocks in part_blocks(adapter).values()) < 2:
         return f"{family}'s denoiser has fewer than 2 blocks: nothing to skip"
     p = config.parallel
     for name, degree in (("cfg_parallel_size", p.cfg_parallel_size), ("ulysses_degree", p.ulysses_degree),
@@ -67,18 +73,26 @@ def block_cache_refusal(adapter, config: StageConfig) -> str | None:
     return None
 
 
-def cache_blocks(adapter) -> list[torch.nn.Module]:
-    """The denoiser's blocks in execution order (the family's ``block_lists``, else ``transformer_blocks``)."""
-    denoiser = adapter.denoiser
-    blocks: list[torch.nn.Module] = []
-    for name in adapter.block_lists or ("transformer_blocks",):
-        blocks.extend(getattr(denoiser, name, None) or ())
-    return blocks
+def part_blocks(adapter) -> dict[str, list[torch.nn.Module]]:
+    """The denoiser's blocks in execution order (the family's ``block_lists``, else ``transformer_blocks``), per
+    component holding them: the denoiser, or each part of a routed one (Wan 2.2's experts)."""
+    out = {}
+    for part, module in adapter.block_holders().items():
+        out[part] = [block for name in adapter.block_lists or ("transformer_blocks",)
+                     for block in getattr(module, name, None) or ()]
+    return out
+
+
+def cache_blocks(adapter, part: str | None = None) -> list[torch.nn.Module]:
+    """The blocks of the denoiser (of its part ``part``; the first by default)."""
+    blocks = part_blocks(adapter)
+    return blocks[part] if part is not None else next(iter(blocks.values()))
 
 
 @dataclass(eq=False)
 class BlockCacheState:
-    """One request's block cache: per CFG branch the last computed step's signal and residual."""
+    """One request's block cache: per branch (CFG half; under a routed denoiser, the part and the half) the last
+    computed step's signal and residual."""
 
     policy: BlockCachePolicy
     num_steps: int
@@ -106,6 +120,7 @@ class BlockCacheState:
             self.computed += 1
             self.consecutive = 0
             self.reference = {b: t.clone() for b, t in signals.items()}
+            self.residual = {b: t for b, t in self.residual.items() if b in signals}   # another part's: never again
         return skip
 
     def counts(self) -> dict[str, int]:
@@ -163,12 +178,13 @@ def step_rows(states) -> list[RowSegment]:
 
 def wave_rows(adapter, requests: list[DiffusionRequest], caches: dict[str, BlockCacheState]) -> list[RowSegment]:
     """Request mode: a diffusers CFG pipeline stacks one guidance half of every image, then the other
-    (``torch.cat([latents] * 2)``); a true-CFG family running its own step loop (Qwen-Image) keeps each
-    request's halves together; a distilled or unguided one has one row per image."""
+    (``torch.cat([latents] * 2)``); a true-CFG family running its own step loop (Qwen-Image) and a family whose
+    request mode is the step contract's loop (Wan) keep each request's halves together; a distilled or unguided
+    one has one row per image."""
     guided = requests[0].sampling.guidance_scale > 1
-    if adapter.guidance == "cfg" and guided:
+    if adapter.guidance == "cfg" and guided and not adapter.request_mode_step_loop:
         return segments([(caches.get(r.request_id), b, r.sampling.num_outputs) for b in (0, 1) for r in requests])
-    halves = (0, 1) if adapter.guidance == "true_cfg" and guided else (0,)
+    halves = (0, 1) if guided and (adapter.guidance == "true_cfg" or adapter.request_mode_step_loop) else (0,)
     return segments([(caches.get(r.request_id), b, r.sampling.num_outputs) for r in requests for b in halves])
 
 
@@ -183,6 +199,8 @@ def session(adapter, rows: list[RowSegment]):
     if all(s.cache is None for s in rows):
         return contextlib.nullcontext()
     loras = getattr(adapter, "loras", None)    # LoRA row plans follow the computing rows (models.lora)
+    if isinstance(adapter.denoiser, RoutedDenoiser):
+        return RoutedCacheSession(adapter.denoiser, part_blocks(adapter), rows, loras)
     subset = None if loras is None else (lambda keep: loras.subset(adapter.denoiser, keep))
     return BlockCacheSession(cache_blocks(adapter), rows, subset)
 
@@ -299,3 +317,51 @@ class BlockCacheSession:
             whole.index_copy_(0, self.compute, encoder)
             encoder = whole
         return (encoder, full, *out[2:])
+
+
+def routed_rows(rows: list[RowSegment], keep: torch.Tensor | None, part: str) -> list[RowSegment]:
+    """The segments of the rows ``keep`` (None: all) a routed denoiser sends to ``part``, renumbered, each branch
+    keyed by the part too: a request whose rows move to the other part has no residual there, so it computes."""
+    if keep is None:
+        return [RowSegment(s.cache, (part, s.branch), s.start, s.count) for s in rows]
+    position = {row: i for i, row in enumerate(keep.tolist())}
+    out = []
+    for s in rows:
+        inside = [row in position for row in range(s.start, s.start + s.count)]
+        if any(inside) and not all(inside):
+            raise RuntimeError(f"block cache: rows {s.start}..{s.start + s.count - 1} of one request's branch were "
+                               f"routed to two parts of the denoiser")
+        if inside and all(inside):
+            out.append(RowSegment(s.cache, (part, s.branch), position[s.start], s.count))
+    return out
+
+
+class RoutedCacheSession:
+    """The block cache over a routed denoiser (models.routed): around each part's call, a BlockCacheSession over
+    that part's blocks and the rows routed to it (its LoRA plan following the computing rows). A failed call
+    changes no request's cache, whichever part it failed in."""
+
+    def __init__(self, denoiser: RoutedDenoiser, blocks: dict[str, list[torch.nn.Module]], rows: list[RowSegment],
+                 loras=None):
+        self.denoiser, self.blocks, self.rows, self.loras = denoiser, blocks, rows, loras
+        self.caches = list({id(s.cache): s.cache for s in rows if s.cache is not None}.values())
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> "RoutedCacheSession":
+        self._snapshots = [c.snapshot() for c in self.caches]
+        self._stack.enter_context(self.denoiser.around_each(self._part))
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._stack.close()
+        if exc_type is not None:
+            for cache, snap in zip(self.caches, self._snapshots, strict=True):
+                cache.restore(snap)
+
+    def _part(self, name: str, keep: torch.Tensor | None):
+        rows = routed_rows(self.rows, keep, name)
+        if all(s.cache is None for s in rows):
+            return contextlib.nullcontext()
+        module = self.denoiser.parts()[name]
+        subset = None if self.loras is None else (lambda k: self.loras.subset(module, k))
+        return BlockCacheSession(self.blocks[name], rows, subset)

@@ -14,10 +14,15 @@ denoiser call per step (the runner's step clock). Per row:
 
 Frames are ``4k + 1`` (the VAE's temporal factor): any other count is refused at admission, never rounded
 as diffusers does; height and width are multiples of the VAE's spatial factor x the patch size.
+
+Per-row features wrap each expert's call with the rows routed to it (models.routed): LoRA (``transformer.`` keys
+on ``transformer``, ``transformer_2.`` keys on the low-noise expert, as WanLoraLoaderMixin) and the block cache
+(per expert: a residual never crosses the boundary). Layerwise offload splits each expert into its blocks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import numpy as np
@@ -26,6 +31,7 @@ from PIL import Image
 
 from stage_runtime.errors import ModelLoadError
 from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.routed import RoutedDenoiser
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
@@ -34,9 +40,12 @@ MAX_SEQUENCE_LENGTH = 512          # WanPipeline.__call__'s default: every promp
 DEFAULT_FPS = 16
 
 
-class WanExperts(torch.nn.Module):
+class WanExperts(RoutedDenoiser):
     """The denoiser of one step: ``transformer`` alone (Wan 2.1, TI2V), or Wan 2.2's two experts, each row sent
-    to the one its timestep belongs to. One call per step whichever experts run (the step clock's module)."""
+    to the one its timestep belongs to. One call per step whichever experts run (the step clock's module); per-row
+    features wrap each expert's call with its rows (``RoutedDenoiser.around_each``)."""
+
+    part_names = ("transformer", "transformer_2")
 
     def __init__(self, transformer: torch.nn.Module, transformer_2: torch.nn.Module | None, boundary: float | None):
         super().__init__()
@@ -54,15 +63,12 @@ class WanExperts(torch.nn.Module):
         inputs = {"hidden_states": hidden_states, "timestep": timestep, "encoder_hidden_states": encoder_hidden_states,
                   "encoder_hidden_states_image": encoder_hidden_states_image}
         if bool(high.all()) or self.transformer_2 is None:
-            return self.transformer(**inputs, return_dict=False)[0]
-        if not bool(high.any()):
-            return self.transformer_2(**inputs, return_dict=False)[0]
-        out = None
-        for rows, expert in ((high, self.transformer), (~high, self.transformer_2)):
-            part = expert(**{k: None if v is None else v[rows] for k, v in inputs.items()}, return_dict=False)[0]
-            out = part.new_empty((len(high), *part.shape[1:])) if out is None else out
-            out[rows] = part
-        return out
+            routes = [("transformer", None)]
+        elif not bool(high.any()):
+            routes = [("transformer_2", None)]
+        else:
+            routes = [("transformer", high.nonzero().flatten()), ("transformer_2", (~high).nonzero().flatten())]
+        return self.run_routes(inputs, routes)
 
 
 class WanAdapter(StepContract, PipelineAdapter):
@@ -74,6 +80,12 @@ class WanAdapter(StepContract, PipelineAdapter):
     parallel_kinds = frozenset({"cfg", "ulysses", "ring"})
     sequence_attention = "wan"                     # the video tokens' self-attention; text whole on every rank
     low_cpu_mem_usage = None                                  # its norms are kept in float32 (diffusers' rule)
+    block_lists = ("blocks",)                      # each expert's WanTransformerBlocks (offload, block cache)
+    supports_block_cache = True        # models.block_cache, per expert: a residual never crosses the boundary
+    request_mode_step_loop = True
+    # LoRA on the experts, as WanLoraLoaderMixin: ``transformer.`` keys adapt transformer (its load_lora_weights),
+    # ``transformer_2.`` keys Wan 2.2's low-noise expert (load_lora_weights(..., load_into_transformer_2=True)).
+    lora_components = ("transformer", "transformer_2")
     request_key_fields = ("height", "width", "num_frames", "num_inference_steps", "guidance_scale",
                           "guidance_scale_2")
     step_key_fields = ("height", "width", "num_frames")     # timesteps, guidance and experts are per row
@@ -83,6 +95,8 @@ class WanAdapter(StepContract, PipelineAdapter):
         ratio = pipeline.config.boundary_ratio
         boundary = None if ratio is None else ratio * pipeline.scheduler.config.num_train_timesteps
         self.experts = WanExperts(pipeline.transformer, pipeline.transformer_2, boundary)
+        if pipeline.transformer_2 is None:                 # ModelInfo says what this folder's adapters may target
+            self.lora_components = ("transformer",)
 
     @property
     def denoiser(self) -> torch.nn.Module:
@@ -159,12 +173,13 @@ class WanAdapter(StepContract, PipelineAdapter):
     def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
         dtype = self.pipe.transformer.dtype
         rows = [torch.cat([self.model_input(st)] * 2) if st.do_cfg else self.model_input(st) for st in states]
-        noise = self.denoiser(
-            **self.extra_rows(states, rows), hidden_states=torch.cat(rows).to(dtype),
-            timestep=torch.cat([self.timesteps_of(st, len(r)) for st, r in zip(states, rows, strict=True)]),
-            encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
-            expert_timestep=torch.cat([st.timestep.reshape(1).expand(len(r)) for st, r in zip(states, rows,
-                                                                                              strict=True)]))
+        with self.expert_lora_rows(states, rows):
+            noise = self.denoiser(
+                **self.extra_rows(states, rows), hidden_states=torch.cat(rows).to(dtype),
+                timestep=torch.cat([self.timesteps_of(st, len(r)) for st, r in zip(states, rows, strict=True)]),
+                encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
+                expert_timestep=torch.cat([st.timestep.reshape(1).expand(len(r))
+                                           for st, r in zip(states, rows, strict=True)]))
         preds = []
         for st, pred in zip(states, self.split_rows(noise, rows), strict=True):
             if st.do_cfg:
@@ -174,6 +189,17 @@ class WanAdapter(StepContract, PipelineAdapter):
                 pred = self.guided(uncond, cond, scale)
             preds.append(pred)
         return preds
+
+    def expert_lora_rows(self, states: list[StepRequestState], rows: list[torch.Tensor]):
+        """Around each expert's call, its LoRA row plan: the rows routed to it, each with its request's adapters
+        (a no-op without LoRA)."""
+        if self.loras is None:
+            return contextlib.nullcontext()
+        sets = [st.request.sampling.loras for st, r in zip(states, rows, strict=True) for _ in range(len(r))]
+
+        def wrap(part: str, keep: torch.Tensor | None):
+            return self.loras.rows(part, sets if keep is None else [sets[i] for i in keep.tolist()])
+        return self.experts.around_each(wrap)
 
     def post_decode(self, state: StepRequestState) -> np.ndarray:
         """uint8 (num_outputs, F, H, W, 3): un-normalised by the VAE's latent mean and std, decoded, as the

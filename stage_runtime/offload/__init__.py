@@ -22,4 +22,5 @@ def build_offloader(config: OffloadConfig, adapter, device: torch.device):
         return None
     from stage_runtime.offload.offloader import Offloader
 
-    return Offloader(config, adapter.pipe, adapter.denoiser, device, block_lists=adapter.block_lists)
+    denoisers = tuple(adapter.block_holders().values())      # the denoiser; Wan 2.2: both experts
+    return Offloader(config, adapter.pipe, denoisers, device, block_lists=adapter.block_lists)

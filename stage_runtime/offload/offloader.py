@@ -35,8 +35,8 @@ def make_tier(config: OffloadConfig, device: torch.device):
 
 
 class Offloader:
-    def __init__(self, config: OffloadConfig, pipe, denoiser: torch.nn.Module, device: torch.device, tier=None,
-                 block_lists: tuple[str, ...] | None = None):
+    def __init__(self, config: OffloadConfig, pipe, denoiser: torch.nn.Module | tuple[torch.nn.Module, ...],
+                 device: torch.device, tier=None, block_lists: tuple[str, ...] | None = None):
         self.config = config
         self.units = resolve_units(pipe, denoiser, config.mode, config.components, block_lists)
         self.tier = tier if tier is not None else make_tier(config, device)

@@ -1,10 +1,10 @@
 """Offload plan: which weights form which unit (pure discovery over a loaded pipeline; moves nothing).
 
 A *unit* is the smallest thing the residency manager moves: a whole component (``model`` mode), or —
-``layerwise`` mode, for the denoiser — each block plus one ``head`` unit holding the denoiser weights
-outside its blocks (embeddings, norms, projections). A unit is a list of *storage groups*: the distinct
-storages under its parameters and buffers, each with every tensor viewing it and that view's geometry
-(offset, size, stride). The tiers move a group's storage as raw bytes (bitwise, any dtype, tied or
+``layerwise`` mode, for the denoiser (each of Wan 2.2's two experts) — each block plus one ``head`` unit holding
+the denoiser weights outside its blocks (embeddings, norms, projections). A unit is a list of *storage groups*:
+the distinct storages under its parameters and buffers, each with every tensor viewing it and that view's
+geometry (offset, size, stride). The tiers move a group's storage as raw bytes (bitwise, any dtype, tied or
 strided views included) and rebind the very same tensor objects to it. A storage belongs to one unit only.
 """
 
@@ -102,9 +102,12 @@ def denoiser_blocks(denoiser: torch.nn.Module, block_lists: tuple[str, ...] | No
     return blocks
 
 
-def resolve_units(pipe, denoiser: torch.nn.Module, mode: str, components: tuple[str, ...],
-                  block_lists: tuple[str, ...] | None = None) -> list[Unit]:
-    """The units of ``pipe`` for ``mode``; raises ConfigError naming a component the pipeline lacks."""
+def resolve_units(pipe, denoiser: torch.nn.Module | tuple[torch.nn.Module, ...], mode: str,
+                  components: tuple[str, ...], block_lists: tuple[str, ...] | None = None) -> list[Unit]:
+    """The units of ``pipe`` for ``mode``; raises ConfigError naming a component the pipeline lacks. ``denoiser``
+    is the component ``layerwise`` splits into blocks, or a tuple of them (Wan 2.2's two experts: each its own
+    head and blocks)."""
+    split = {id(m) for m in (denoiser if isinstance(denoiser, tuple) else (denoiser,))}
     available = module_components(pipe)
     names = list(components) or list(available)
     missing = [n for n in names if n not in available]
@@ -114,7 +117,7 @@ def resolve_units(pipe, denoiser: torch.nn.Module, mode: str, components: tuple[
     units: list[Unit] = []
     for name in names:
         module = available[name]
-        blocks = denoiser_blocks(module, block_lists) if mode == "layerwise" and module is denoiser else []
+        blocks = denoiser_blocks(module, block_lists) if mode == "layerwise" and id(module) in split else []
         if not blocks:
             units.append(_make_unit(name, name, "component", list(module.modules())))
             continue

@@ -2,8 +2,10 @@
 
 The body is JSON (docs/http-api.md): OpenAI's ``prompt``, ``model``, ``size``, ``seconds``, and the video knobs
 every video server takes (``num_frames``, ``fps``, steps, guidance, ``guidance_scale_2``, negative prompt,
-seed), and for a family that takes one ``input_reference`` (the first frame's picture, base64). ``seconds``
-without ``num_frames`` is ``seconds × fps + 1`` frames (N seconds are N × fps intervals).
+seed), the request's block-cache policy (``cache``) and LoRA adapters (``loras``) as for images, and for a
+family that takes one ``input_reference`` (the first frame's picture, base64). ``seconds`` without ``num_frames``
+is ``seconds × fps + 1`` frames (N seconds are N × fps intervals); a request that ran with the block cache gets
+its counts in ``X-Cache-Steps-Computed`` / ``X-Cache-Steps-Skipped``.
 The answer is the MP4 (``video/mp4``: H.264, yuv420p) or, with ``response_format: "frames"``, the exact frames
 losslessly as a zip of ``frame_0000.png …`` (``application/zip``). The engine never rounds a frame count: one
 the family cannot take is a 400 naming ``num_frames``.
@@ -32,8 +34,9 @@ from pydantic import BaseModel, Field
 
 from stage_runtime.errors import InvalidRequestError, RequestFailedError, RequestTooLargeError
 from stage_runtime.imageio import decode_image, encode_image
-from stage_runtime.request import (MAX_PROMPT_CHARS, MAX_SIDE, DiffusionRequest, Guidance, NegativePrompt, Priority,
-                                   SamplingParams, Seed, Steps, TimeoutS)
+from stage_runtime.request import (MAX_LORAS_PER_REQUEST, MAX_PROMPT_CHARS, MAX_SIDE, CachePolicyField,
+                                   DiffusionRequest, Guidance, LoraRef, NegativePrompt, Priority, SamplingParams, Seed,
+                                   Steps, TimeoutS)
 from stage_runtime.serve.bodies import read_json
 from stage_runtime.serve.events import send
 from stage_runtime.serve.images import SERVICE, check_model, final_output
@@ -64,6 +67,8 @@ class VideoGenerationRequest(BaseModel):
     stream: bool = False                             # server-sent events: the phases, then the answer
     # image-to-video: the first frame's picture, base64 (PNG, JPEG, WebP…; a data: URL is accepted too)
     input_reference: str | None = Field(None, min_length=1)
+    cache: CachePolicyField = None                # "off" | {"threshold": x}; None: the stage's cache.mode
+    loras: list[LoraRef] = Field(default_factory=list, max_length=MAX_LORAS_PER_REQUEST)   # applied in order
 
     def reference(self, max_pixels: int) -> np.ndarray | None:
         if self.input_reference is None:
@@ -82,6 +87,9 @@ class VideoGenerationRequest(BaseModel):
             if not match or not all(8 <= int(side) <= MAX_SIDE for side in match.groups()):
                 raise InvalidRequestError("size", self.size, f"must be WIDTHxHEIGHT, each side 8 to {MAX_SIDE}")
             width, height = int(match[1]), int(match[2])
+        names = [ref.name for ref in self.loras]
+        if len(set(names)) != len(names):
+            raise InvalidRequestError("loras", names, "names an adapter twice")
         frames = self.num_frames
         if frames is None and self.seconds is not None:
             frames = self.seconds * (self.fps or default_fps or 16) + 1
@@ -89,7 +97,8 @@ class VideoGenerationRequest(BaseModel):
             "height": height, "width": width, "num_frames": frames, "fps": self.fps,
             "num_inference_steps": self.num_inference_steps, "guidance_scale": self.guidance_scale,
             "guidance_scale_2": self.guidance_scale_2, "negative_prompt": self.negative_prompt, "seed": self.seed,
-            "priority": self.priority, "timeout_s": self.timeout_s, "stream": self.stream})
+            "priority": self.priority, "timeout_s": self.timeout_s, "stream": self.stream, "cache": self.cache,
+            "loras": tuple(self.loras)})
         return DiffusionRequest(self.request_id or f"video-{uuid.uuid4().hex}", self.prompt, sampling, video=True,
                                 reference=self.reference(max_pixels))
 
@@ -124,6 +133,9 @@ async def create_video_sync(request: web.Request) -> web.Response:
         return final
     frames = final.images[0]
     headers = {"X-Request-Id": final.request_id, "X-Video-Frames": str(len(frames)), "X-Video-Fps": str(fps)}
+    if "steps_computed" in final.metrics:          # the block cache ran for it
+        headers.update({"X-Cache-Steps-Computed": str(int(final.metrics["steps_computed"])),
+                        "X-Cache-Steps-Skipped": str(int(final.metrics["steps_skipped"]))})
     content, content_type = await _answer(frames, fps, body.response_format)
     return web.Response(body=content, content_type=content_type, headers=headers)
 

@@ -221,8 +221,9 @@ class DiffusionModelRunner:
         return results
 
     def _adapters(self, *requests: DiffusionRequest):
-        """The prompt cache's key gets the LoRA adapters of the requests being encoded."""
-        if self.prompt_cache is None:
+        """The prompt cache's key gets the LoRA adapters of the requests being encoded, where a text encoder is
+        adapted (Wan's adapters touch only its experts: its prompts' embeddings are the plain ones)."""
+        if self.prompt_cache is None or not self.adapter.encoder_lora_components:
             return contextlib.nullcontext()
         return self.prompt_cache.adapters(tuple(tuple(adapter_identity(r)) for r in requests))
 

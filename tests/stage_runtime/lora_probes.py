@@ -6,6 +6,7 @@ pipeline's own modules, then diffusers' ``save_lora_weights`` (the file format d
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,10 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import logging as diffusers_logging
 from transformers.utils import logging as transformers_logging
 
+from stage_runtime.config import ModelConfig
+from stage_runtime.models.registry import resolve_adapter_class
+
+WEIGHT_NAME, METADATA_KEY = "pytorch_lora_weights.safetensors", "lora_adapter_metadata"   # what diffusers writes
 diffusers_logging.set_verbosity_error()
 transformers_logging.set_verbosity_error()
 
@@ -21,28 +26,36 @@ SD_UNET_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "conv1")        # conv1: 
 FLUX_TRANSFORMER_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "proj_mlp")
 CLIP_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")
 SD3_TRANSFORMER_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj")
+# Wan: self- and cross-attention projections and the feed-forward's linears (what step-distillation LoRAs adapt)
+WAN_TRANSFORMER_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "net.0.proj", "net.2")
 DENOISER = {"StableDiffusionPipeline": ("unet", SD_UNET_TARGETS),
             "FluxPipeline": ("transformer", FLUX_TRANSFORMER_TARGETS),
             "FluxKontextPipeline": ("transformer", FLUX_TRANSFORMER_TARGETS),
-            "StableDiffusion3Pipeline": ("transformer", SD3_TRANSFORMER_TARGETS)}
+            "StableDiffusion3Pipeline": ("transformer", SD3_TRANSFORMER_TARGETS),
+            "WanPipeline": ("transformer", WAN_TRANSFORMER_TARGETS),
+            "WanImageToVideoPipeline": ("transformer", WAN_TRANSFORMER_TARGETS)}
 
 
 def load_pipe(model_path: str):
-    pipe = DiffusionPipeline.from_pretrained(model_path, local_files_only=True, low_cpu_mem_usage=False)
+    """The folder as diffusers loads it, materialised as the family's adapter loads it (Wan: diffusers' choice)."""
+    low_cpu_mem_usage = resolve_adapter_class(ModelConfig(path=model_path)).low_cpu_mem_usage
+    pipe = DiffusionPipeline.from_pretrained(model_path, local_files_only=True, low_cpu_mem_usage=low_cpu_mem_usage)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
 def write_adapter(model_path: str, out_dir: Path, seed: int, rank: int = 4, alpha: float = 8.0,
-                  text_encoder: bool = True, gain: float = 0.3) -> str:
-    """A random adapter (B ≠ 0: init_lora_weights=False, scaled by ``gain`` to stay in range) → its folder."""
+                  text_encoder: bool = True, gain: float = 0.3, expert: str | None = None) -> str:
+    """A random adapter (B ≠ 0: init_lora_weights=False, scaled by ``gain`` to stay in range) → its folder.
+    ``expert="transformer_2"``: made on Wan 2.2's second expert, saved as diffusers saves every Wan LoRA (keys
+    ``transformer.…``: what ``load_lora_weights(..., load_into_transformer_2=True)`` takes)."""
     from peft import LoraConfig, inject_adapter_in_model
     from peft.utils import get_peft_model_state_dict
 
     pipe = load_pipe(model_path)
     denoiser_name, targets = DENOISER[type(pipe).__name__]
     layers, metadata = {}, {}
-    parts = [(denoiser_name, getattr(pipe, denoiser_name), targets)]
+    parts = [(denoiser_name, getattr(pipe, expert or denoiser_name), targets)]
     if text_encoder:
         parts.append(("text_encoder", pipe.text_encoder, CLIP_TARGETS))
         if getattr(pipe, "text_encoder_2", None) is not None and type(pipe).__name__ == "StableDiffusion3Pipeline":
@@ -59,15 +72,36 @@ def write_adapter(model_path: str, out_dir: Path, seed: int, rank: int = 4, alph
     return str(out_dir)
 
 
+def two_expert_file(high_dir: str, low_dir: str, out_dir: Path) -> str:
+    """One Wan 2.2 adapter file for both experts from a pair as diffusers saves them (both ``transformer.…``): the
+    high-noise file's keys as they are, the low-noise file's as ``transformer_2.…`` (and its metadata likewise)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    tensors, packed = {}, {}
+    for folder, component in ((high_dir, "transformer"), (low_dir, "transformer_2")):
+        with safe_open(str(Path(folder) / WEIGHT_NAME), framework="pt") as f:
+            tensors.update({component + k[len("transformer"):]: f.get_tensor(k) for k in f.keys()})
+            meta = json.loads((f.metadata() or {}).get(METADATA_KEY, "{}"))
+        packed.update({component + k[len("transformer"):]: v for k, v in meta.items()})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_dir / WEIGHT_NAME), metadata={METADATA_KEY: json.dumps(packed), "format": "pt"})
+    return str(out_dir)
+
+
 def bare_with_loras(model_path: str, adapters: dict[str, str], weights: list[float] | None, prompt: str,
-                    steps: int, seed: int, size: int = 64, n: int = 1, **kw) -> np.ndarray:
-    """The bare diffusers call with ``load_lora_weights`` + ``set_adapters(names, weights)`` (no adapters: base)."""
+                    steps: int, seed: int, size: int = 64, n: int = 1, into_transformer_2: tuple[str, ...] = (),
+                    **kw) -> np.ndarray:
+    """The bare diffusers call with ``load_lora_weights`` + ``set_adapters(names, weights)`` (no adapters: base);
+    the adapters named in ``into_transformer_2`` loaded with ``load_into_transformer_2=True`` (Wan 2.2)."""
     pipe = load_pipe(model_path)
     for name, path in adapters.items():
-        pipe.load_lora_weights(path, adapter_name=name)
+        pipe.load_lora_weights(path, adapter_name=name, **({"load_into_transformer_2": True}
+                                                             if name in into_transformer_2 else {}))
     if adapters:
         pipe.set_adapters(list(adapters), weights)
     gens = [torch.Generator("cpu").manual_seed(seed + i) for i in range(n)]
-    images = pipe(prompt=[prompt] * n, height=size, width=size, num_inference_steps=steps, generator=gens,
-                  output_type="np", **kw).images
+    out = pipe(prompt=[prompt] * n, height=size, width=size, num_inference_steps=steps, generator=gens,
+               output_type="np", **kw)
+    images = out.frames if hasattr(out, "frames") else out.images
     return (images * 255).round().clip(0, 255).astype(np.uint8)

@@ -27,8 +27,9 @@ def test_facts(tiny_wan_path, tiny_wan22_path):
     assert info.video and info.frame_rule == (4, 1) and (info.default_frames, info.default_fps) == (81, 16)
     assert (info.default_height, info.default_width, info.size_multiple) == (480, 832, 16)
     assert info.step_key == ("height", "width", "num_frames") and not info.takes_guidance_2
+    assert info.lora_components == ("transformer",)
     two = resolve_adapter_class(ModelConfig(path=tiny_wan22_path)).load(tiny_wan22_path, torch.device("cpu")).info()
-    assert two.takes_guidance_2
+    assert two.takes_guidance_2 and two.lora_components == ("transformer", "transformer_2")
 
 
 def test_a_frame_count_off_the_rule_is_refused_at_admission_naming_the_field(tiny_wan_path):

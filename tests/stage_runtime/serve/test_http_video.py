@@ -1,8 +1,9 @@
 """``POST /v1/videos/sync`` on a real stage process serving the tiny Wan: the exact frames (a zip of PNGs) equal the
 bare diffusers call; the MP4 plays (F frames of H×W at the asked fps) within a stated PSNR of them; a frame count
-off the family's rule is a 400 naming it; images and videos each ask the family that makes them; the stage drains
-to exit 0 and leaves nothing behind. A stage serving the tiny LTX-2 makes image-to-video from ``input_reference``
-and text-to-video without it."""
+off the family's rule is a 400 naming it; images and videos each ask the family that makes them; a request's LoRA
+adapters equal diffusers' and its block-cache policy is applied and reported; a streamed video reports its phases;
+the stage drains to exit 0 and leaves nothing behind. A stage serving the tiny LTX-2 makes image-to-video from
+``input_reference`` and text-to-video without it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 import torch
 from engine_probes import phased
 from family_checks import Family, bare_call, reference_image
+from lora_probes import bare_with_loras, write_adapter
 from PIL import Image
 from serve_probes import sse_events
 from stage_process import StageProcess
@@ -33,10 +35,10 @@ MP4_PSNR_DB = 27.0       # crf 18 on 16x16 noise-like frames of the random tiny 
 
 
 @contextlib.contextmanager
-def video_stage(model: str, folder):
+def video_stage(model: str, folder, config_text: str = ""):
     """A stage process serving ``model`` in step mode; stopped on the way out (drained: exit 0, no leaks)."""
     config = folder / "stage.yaml"
-    config.write_text("warmup: false\n")            # warmup runs the default size (Wan 832x480x1)
+    config.write_text("warmup: false\n" + config_text)       # warmup runs the default size (Wan 832x480x1)
     stage = StageProcess(["--model", model, "--config", str(config), "--device", "cpu", "--executor", "uni",
                           "--execution-mode", "step"], folder / "stage.log")
     stage.start()
@@ -49,8 +51,16 @@ def video_stage(model: str, folder):
 
 
 @pytest.fixture(scope="module")
-def wan_stage(tiny_wan_path, tmp_path_factory):
-    with video_stage(tiny_wan_path, tmp_path_factory.mktemp("wan-stage")) as stage:
+def wan_lora(tiny_wan_path, tmp_path_factory) -> str:
+    """A random adapter on the Wan transformer's attention and feed-forward (peft + diffusers' save_lora_weights)."""
+    return write_adapter(tiny_wan_path, tmp_path_factory.mktemp("wan-lora") / "fast", seed=1, text_encoder=False,
+                         gain=1.0)
+
+
+@pytest.fixture(scope="module")
+def wan_stage(tiny_wan_path, wan_lora, tmp_path_factory):
+    loras = f"loras:\n  - name: fast\n    path: {wan_lora}\n"
+    with video_stage(tiny_wan_path, tmp_path_factory.mktemp("wan-stage"), loras) as stage:
         yield stage
 
 
@@ -77,6 +87,21 @@ def test_the_exact_frames_equal_diffusers_and_the_mp4_plays_within_the_stated_ps
     assert psnr(decoded, frames) >= MP4_PSNR_DB
 
 
+def test_a_request_names_its_lora_adapters_and_its_block_cache_policy(wan_stage, tiny_wan_path, wan_lora):
+    body = {**BODY, "response_format": "frames"}
+    with httpx.Client(base_url=wan_stage.http_url, timeout=120) as http:
+        plain, zero, huge, adapted = (http.post("/v1/videos/sync", json={**body, **extra}) for extra in (
+            {}, {"cache": {"threshold": 0}}, {"cache": {"threshold": 10}}, {"loras": [{"name": "fast", "scale": 0.8}]}))
+    assert all(answer.status_code == 200 for answer in (plain, zero, huge, adapted)), adapted.text[:300]
+    assert np.array_equal(zip_frames(zero.content), zip_frames(plain.content))
+    assert "x-cache-steps-computed" not in plain.headers
+    cache = [(a.headers["x-cache-steps-computed"], a.headers["x-cache-steps-skipped"]) for a in (zero, huge)]
+    assert cache == [("3", "0"), ("2", "1")]                 # 3 steps: warmup 1 and final 1 are computed
+    lora = bare_with_loras(tiny_wan_path, {"fast": wan_lora}, [0.8], "a red fox", 3, 5, size=16, num_frames=9,
+                           guidance_scale=6.0)[0]
+    assert int(np.abs(zip_frames(adapted.content).astype(int) - lora).max()) <= 2        # step mode
+
+
 @pytest.mark.parametrize(("path", "body", "field", "message"), [
     ("/v1/videos/sync", {**BODY, "num_frames": 10}, "num_frames", "WanPipeline takes 4k+1 frames (9, 13"),
     ("/v1/videos/sync", {**BODY, "size": "20x16"}, "width", "must be a multiple of 16"),
@@ -84,6 +109,9 @@ def test_the_exact_frames_equal_diffusers_and_the_mp4_plays_within_the_stated_ps
     ("/v1/images/generations", {"prompt": "a red fox", "size": "16x16"}, "model", "makes videos"),
     ("/v1/videos/sync", {**BODY, "input_reference": "not base64!"}, "input_reference", "must be a base64 image"),
     ("/v1/videos/sync", {**BODY, "input_reference": REFERENCE_B64}, "input_reference", "takes no reference image"),
+    ("/v1/videos/sync", {**BODY, "loras": [{"name": "nope", "scale": 1.0}]}, "loras.0.name", "nope"),
+    ("/v1/videos/sync", {**BODY, "loras": [{"name": "fast", "scale": 1.0}] * 2}, "loras", "names an adapter twice"),
+    ("/v1/videos/sync", {**BODY, "cache": {"threshold": -1}}, "cache", "must be \"off\" or {\"threshold\": x}"),
 ])
 def test_a_bad_video_request_is_a_400_naming_the_field(wan_stage, path, body, field, message):
     with httpx.Client(base_url=wan_stage.http_url, timeout=60) as http:
