@@ -78,3 +78,11 @@ def phased(steps: int, first: int = 1) -> list[tuple[str, int]]:
     """What a streamed request of ``steps`` steps reports, in order: it enters its encode phase, each denoising step
     (from ``first``) but the last, then its decode phase."""
     return [("encode", 0), *(("denoise", k) for k in range(first, steps)), ("decode", steps)]
+
+
+def run_together(engine, requests) -> dict:
+    """Submit ``requests`` to a threadless engine at once and step it until every one has ended: {id: final}."""
+    streams = {r.request_id: engine.add_request(r) for r in requests}
+    while not all(s.finished for s in streams.values()):
+        assert engine.step()
+    return {rid: s.result(timeout=1) for rid, s in streams.items()}

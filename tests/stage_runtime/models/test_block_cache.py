@@ -16,7 +16,7 @@ import weakref
 
 import numpy as np
 import pytest
-from engine_probes import max_diff, runner_of
+from engine_probes import max_diff, run_together, runner_of
 
 from stage_runtime.config import load_config
 from stage_runtime.engine import DiffusionEngine
@@ -94,13 +94,6 @@ def test_threshold_zero_is_bitwise_no_cache_and_a_huge_one_computes_only_the_for
     assert (huge.metrics["steps_computed"], huge.metrics["steps_skipped"]) == (forced, STEPS - forced)
     assert max_diff(huge.images, plain.images) > 0           # the cache changed something
     assert runner_of(engine).num_cache_states() == 0
-
-
-def run_together(engine, requests) -> dict:
-    streams = {r.request_id: engine.add_request(r) for r in requests}
-    while not all(s.finished for s in streams.values()):
-        assert engine.step()
-    return {rid: s.result(timeout=1) for rid, s in streams.items()}
 
 
 @pytest.mark.parametrize("family", ["dit", "flux"])

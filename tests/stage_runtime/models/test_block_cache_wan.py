@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from engine_probes import max_diff, runner_of
+from engine_probes import max_diff, run_together, runner_of
 from family_checks import Family
 
 from stage_runtime.config import load_config
@@ -45,13 +45,6 @@ def _close_engines():
     for engine in _ENGINES.values():
         engine.close()
     _ENGINES.clear()
-
-
-def run_together(engine, requests) -> dict:
-    streams = {r.request_id: engine.add_request(r) for r in requests}
-    while not all(s.finished for s in streams.values()):
-        assert engine.step()
-    return {rid: s.result(timeout=1) for rid, s in streams.items()}
 
 
 class LastBlocks:

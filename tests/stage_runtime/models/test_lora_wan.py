@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
-from engine_probes import max_diff, runner_of
+from engine_probes import max_diff, run_together, runner_of
 from family_checks import Family, reference_image
 from lora_probes import bare_with_loras, load_pipe, two_expert_file, write_adapter
 
@@ -64,13 +64,6 @@ def _close_engines():
     for engine in _ENGINES.values():
         engine.close()
     _ENGINES.clear()
-
-
-def run_together(engine, requests) -> dict:
-    streams = {r.request_id: engine.add_request(r) for r in requests}
-    while not all(s.finished for s in streams.values()):
-        assert engine.step()
-    return {rid: s.result(timeout=1) for rid, s in streams.items()}
 
 
 def request(kind: str, rid: str, lora: str | None = None, steps: int = STEPS, seed: int = SEED, **kw):
