@@ -80,6 +80,7 @@ class JobRecord(BaseModel):
     owner: str | None = None                       # the replica running it (host-pid), while in progress
     lease_expires_at: float | None = None          # the owner's lease as last renewed
     attempts: int = 0                              # runs started so far
+    requeued_because: str | None = None            # why the last run ended without the job's own fault
     outputs: tuple[str, ...] = ()                  # files of the completed job (the store's OUTPUTS)
 
     def expired(self, now: float) -> bool:
@@ -102,5 +103,6 @@ class JobRecord(BaseModel):
             "prompt": self.prompt, "seconds": self.seconds, "size": self.size, "remixed_from_video_id": None,
             "diffstage": {"phase": self.phase, "step": self.step, "num_steps": self.num_steps,
                           "num_frames": self.num_frames, "fps": self.fps, "seed": self.params.get("seed"),
-                          "owner": self.owner, "attempts": self.attempts},
+                          "owner": self.owner, "attempts": self.attempts,
+                          "requeued_because": self.requeued_because},
         }
