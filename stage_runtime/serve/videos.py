@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import io
 import uuid
 import zipfile
@@ -69,7 +68,7 @@ class VideoOptions(BaseModel):
         text = self.input_reference.split(",", 1)[1] if self.input_reference.startswith("data:") else self.input_reference
         try:
             data = base64.b64decode(text, validate=True)
-        except binascii.Error:
+        except ValueError:                              # binascii.Error, or a character outside ASCII
             raise InvalidRequestError("input_reference", text[:32], "must be a base64 image (or a data: URL)") from None
         return decode_image(data, "input_reference", max_pixels)
 

@@ -83,6 +83,7 @@ def test_the_exact_frames_equal_diffusers_and_the_mp4_plays_within_the_stated_ps
     ("/v1/videos/sync", {**BODY, "fps": 0}, "fps", "greater than or equal to 1"),
     ("/v1/images/generations", {"prompt": "a red fox", "size": "16x16"}, "model", "makes videos"),
     ("/v1/videos/sync", {**BODY, "input_reference": "not base64!"}, "input_reference", "must be a base64 image"),
+    ("/v1/videos/sync", {**BODY, "input_reference": "é"}, "input_reference", "must be a base64 image"),
     ("/v1/videos/sync", {**BODY, "input_reference": REFERENCE_B64}, "input_reference", "takes no reference image"),
 ])
 def test_a_bad_video_request_is_a_400_naming_the_field(wan_stage, path, body, field, message):
