@@ -72,8 +72,8 @@ async def create_job(request: web.Request) -> web.Response:
         raise StageUnavailableError("the stage is starting; the model is not loaded yet")
     checked = service.check(body.video_request("video-create", service.model_info.default_fps, reference))
     record = new_record(body, checked, model_id(service), time.time())
-    files = {} if reference is None else {REFERENCE: encode_png(reference)}
-    await asyncio.to_thread(runner.store.create, record, files)
+    await asyncio.to_thread(lambda: runner.store.create(
+        record, {} if reference is None else {REFERENCE: encode_png(reference)}))
     runner.wake()
     return _answer(runner, record.video())
 
