@@ -130,7 +130,9 @@ def assert_progress_is_the_steps(seen: list) -> None:
     assert steps == sorted(steps) and [v.progress for v in seen] == sorted(v.progress for v in seen)
     for v in seen:
         assert v.progress == progress_of(v.diffstage["phase"], v.diffstage["step"], v.diffstage["num_steps"]), v
-        assert v.status == ("queued" if v.diffstage["phase"] is None and v.diffstage["step"] == 0 else "in_progress")
+        assert v.status == "in_progress" or (v.status, v.diffstage["phase"], v.diffstage["step"]) == ("queued", None, 0)
+    statuses = [v.status for v in seen]
+    assert statuses == sorted(statuses, key=("queued", "in_progress").index), statuses     # queued, then in progress
 
 
 def test_delete_of_a_running_job_stops_it_within_one_step_where_it_runs(clients, stages, store):
