@@ -30,7 +30,7 @@ from stage_runtime.config import JobsConfig
 from stage_runtime.errors import (DiffStageError, EngineDeadError, InvalidRequestError, JobNotFoundError, JobStoreError,
                                   RequestAbortedError)
 from stage_runtime.imageio import decode_image
-from stage_runtime.jobs.lease import Lease, Leases
+from stage_runtime.jobs.lease import SPARE, Lease, Leases
 from stage_runtime.jobs.record import ACTIVE, JobError, JobRecord, progress_of
 from stage_runtime.jobs.store import OUTPUTS, REFERENCE, JobStore
 from stage_runtime.outputs import DiffusionOutput
@@ -89,8 +89,10 @@ class JobRunner:
         while not self._closing:
             try:
                 await self._scan()
-            except (JobStoreError, OSError) as exc:
+            except OSError as exc:                          # JobStoreError too: the store is unreachable
                 log.warning("job store scan failed (retrying in %g s): %s", self.config.scan_interval_s, exc)
+            except Exception:
+                log.exception("job scan failed (retrying in %g s)", self.config.scan_interval_s)
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), self.config.scan_interval_s)
@@ -123,7 +125,12 @@ class JobRunner:
     def _spawn(self, lease: Lease) -> None:
         task = asyncio.get_running_loop().create_task(self._own(lease))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a video job run failed", exc_info=task.exception())
 
     # -- one job --------------------------------------------------------------------------------------------
     async def _own(self, lease: Lease) -> None:
@@ -148,9 +155,17 @@ class JobRunner:
                 self.wake()                                 # room for the next job
 
     async def _renew(self, job: RunningJob) -> None:
+        """Every third of the lease. A store that cannot be reached is tried again while the lease still runs with
+        its spare tenth left; then the lease counts as lost, as it soon is for the other replicas."""
         while True:
             await asyncio.sleep(self.config.lease_s / 3)
-            renewed = await asyncio.to_thread(self.leases.renew, job.lease)
+            try:
+                renewed = await asyncio.to_thread(self.leases.renew, job.lease)
+            except (OSError, ValueError) as exc:
+                log.warning("video job %s: lease not renewed: %s", job.lease.job_id, exc)
+                if time.time() < job.lease.expires_at - SPARE * self.config.lease_s:
+                    continue
+                renewed = None
             if renewed is None:
                 if not job.deleted:
                     job.lost = True
@@ -161,7 +176,8 @@ class JobRunner:
             await self._write(job)
 
     async def _write(self, job: RunningJob, **changes) -> None:
-        """Update the record (the owner alone writes it). A deleted job stops its run at the next step."""
+        """Update the record (the owner alone writes it). A deleted job stops its run at the next step. A write the
+        store refuses is logged and the run goes on: the lease, not the record, says who runs the job."""
         if job.deleted or job.lost:
             return
         async with job.lock:
@@ -172,6 +188,8 @@ class JobRunner:
                 job.deleted = True
                 log.info("video job %s was deleted: stopping it at its next step", job.record.id)
                 self.service.abort([job.record.id])
+            except JobStoreError as exc:
+                log.warning("video job %s: record not written (%s): %s", job.record.id, changes.get("status"), exc)
 
     def _report(self, job: RunningJob, **changes) -> None:
         """The run's phase and step: written as soon as the last write is done, the latest only (the engine never
@@ -183,11 +201,7 @@ class JobRunner:
     async def _flush(self, job: RunningJob) -> None:
         while job.pending is not None:
             changes, job.pending = job.pending, None
-            try:
-                await self._write(job, **changes)
-            except JobStoreError as exc:
-                log.warning("video job %s: progress not written (the next step's write tries again): %s",
-                            job.record.id, exc)
+            await self._write(job, **changes)
 
     async def _settle(self, job: RunningJob) -> None:
         """Progress writes done (dropped when not yet begun): the next write is the last word."""
