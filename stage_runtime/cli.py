@@ -37,6 +37,7 @@ ENGINE_FLAGS = {
     "api_key_file": ("server", "api_key_file"), "max_upload_bytes": ("server", "max_upload_bytes"),
     "max_image_pixels": ("server", "max_image_pixels"),
     "startup_timeout": ("server", "startup_timeout"),
+    "job_store": ("jobs", "store"), "job_retention_s": ("jobs", "retention_s"), "job_lease_s": ("jobs", "lease_s"),
     "cache_mode": ("cache", "mode"), "cache_threshold": ("cache", "threshold"),
     "cache_warmup_steps": ("cache", "warmup_steps"), "cache_final_steps": ("cache", "final_steps"),
     "result_cache_bytes": ("cache", "result_max_bytes"), "prompt_cache_bytes": ("cache", "prompt_max_bytes"),
@@ -248,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-upload-bytes", type=int, help="largest multipart edit body (default 16 MiB; more: 413)")
     srv.add_argument("--max-image-pixels", type=int,
                      help="largest image uploaded or requested, in pixels (default 4096*4096)")
+    srv.add_argument("--job-store", metavar="DIR", help="the folder every replica shares for the /v1/videos job API: "
+                                                        "records, outputs, leases (default: none, the job API is off)")
+    srv.add_argument("--job-retention-s", type=float, help="a finished job's record and files are deleted this "
+                                                           "long after it finished (default 86400)")
+    srv.add_argument("--job-lease-s", type=float, help="a claimed job's lease, renewed every third of it; another "
+                                                       "replica takes a job whose lease expired (default 30)")
     srv.set_defaults(func=cmd_serve)
     gen = sub.add_parser("generate", help="generate one image through the engine")
     add_engine_flags(gen)

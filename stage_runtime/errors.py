@@ -123,6 +123,18 @@ class LoraNotFoundError(RequestError):
     error_type, http_status, outcome = "not_found", 404, None
 
 
+class JobNotFoundError(RequestError):
+    """A ``/v1/videos/{id}`` job the store does not hold: never created, deleted, or expired."""
+
+    error_type, http_status, outcome = "not_found", 404, None
+
+
+class JobNotReadyError(RequestError):
+    """``GET /v1/videos/{id}/content`` of a job that has not completed (queued, in progress or failed)."""
+
+    error_type, http_status, outcome = "video_not_ready", 409, None
+
+
 class RequestFailedError(RequestError):
     error_type, http_status, outcome = "request_failed", 500, "failed"
 
@@ -189,6 +201,18 @@ class StageUnavailableError(DiffStageError, RuntimeError):
     """The stage process is starting or draining: it admits nothing now (another replica may)."""
 
     error_type, http_status, outcome = "stage_unavailable", 503, "unavailable"
+
+
+class JobsNotConfiguredError(DiffStageError):
+    """A ``/v1/videos`` job route on a stage started without ``--job-store``."""
+
+    error_type, http_status = "jobs_not_configured", 404
+
+
+class JobStoreError(DiffStageError, OSError):
+    """The job store's folder could not be read or written (a full disk, a lost volume)."""
+
+    error_type, http_status = "job_store_unavailable", 503
 
 
 class RpcError(DiffStageError, RuntimeError):

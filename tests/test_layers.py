@@ -1,8 +1,9 @@
 """The layer rules of the tree, held as a table and checked by walking every import (``ast``, no dependency).
 
     edge      cli, client, demo, __main__           may import anything of the runtime
-    serve     HTTP + ZMQ stage process               core, engine, fetch (the cache's in-use lock)
+    serve     HTTP + ZMQ stage process               core, engine, fetch (the cache's in-use lock), jobs
     fetch     model delivery (fetch-model, cache)    core                 (never torch / diffusers)
+    jobs      video job store, records, leases       core                 (never torch / diffusers)
     engine    admission, the step, output delivery   core, sched, executor
     executor  ranks, IPC, async output               core, worker, distributed
     worker    device, groups, model runner           core, models, distributed, offload
@@ -45,11 +46,12 @@ RUNTIME_ALLOWED: dict[str, set[str]] = {
     "worker": {"core", "models", "distributed", "offload"},
     "executor": {"core", "worker", "distributed"},
     "engine": {"core", "sched", "executor"},
-    "serve": {"core", "engine", "fetch"},
+    "serve": {"core", "engine", "fetch", "jobs"},
     "fetch": {"core"},
+    "jobs": {"core"},
 }
 HEAVY = ("torch", "diffusers", "transformers")
-TORCH_FREE = {"core", "sched", "fetch"}
+TORCH_FREE = {"core", "sched", "fetch", "jobs"}
 MAX_LINES = 400
 SOURCE_DIRS = ("stage_runtime", "operator", "e2e", "bench", "tests")
 

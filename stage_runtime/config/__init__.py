@@ -16,6 +16,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from stage_runtime.config.jobs import JobsConfig  # noqa: F401 (re-exported)
 from stage_runtime.config.limits import LimitsConfig  # noqa: F401 (re-exported)
 from stage_runtime.config.parallel import ParallelConfig, ParallelDim, RankCoords  # noqa: F401 (re-exported)
 from stage_runtime.errors import ConfigError
@@ -24,7 +25,7 @@ from stage_runtime.lora_spec import LORA_NAME_PATTERN, LoraSpec, StartupLoras  #
 __all__ = [
     "ConfigError", "ExecutionMode", "ParallelDim", "ModelConfig", "OffloadConfig", "OffloadMode", "ParallelConfig",
     "SchedulerConfig", "ServerConfig", "StageConfig", "RankCoords", "load_config", "load_config_file", "read_config_file",
-    "merge_overrides", "CacheConfig", "LimitsConfig", "MAX_CACHE_THRESHOLD", "LoraSpec", "LORA_NAME_PATTERN",
+    "merge_overrides", "CacheConfig", "JobsConfig", "LimitsConfig", "MAX_CACHE_THRESHOLD", "LoraSpec", "LORA_NAME_PATTERN",
 ]
 
 ExecutionMode = Literal["request", "step"]
@@ -185,6 +186,7 @@ class StageConfig(BaseModel):
     offload: OffloadConfig = Field(default_factory=OffloadConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    jobs: JobsConfig = Field(default_factory=JobsConfig)     # the /v1/videos job API (off without a store)
     executor: str | None = None  # "uni" | "mp" | "package.module:ClassName"; None → resolved_executor
     warmup: bool = True
     worker_startup_timeout_s: float = Field(600.0, gt=0, allow_inf_nan=False)  # mp: every rank loaded and ready

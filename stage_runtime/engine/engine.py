@@ -120,6 +120,13 @@ class DiffusionEngine:
             self._lock.notify_all()
         return stream
 
+    def check_request(self, request: DiffusionRequest) -> DiffusionRequest:
+        """What :meth:`add_request` would refuse, refused now (InvalidRequestError naming the field), without
+        queuing anything: the request resolved against the model (a job is checked at create, run later)."""
+        self._check_open()
+        return self.loras.resolve(admit(request, self.model_info, self.scheduler.mode, self.check_family,
+                                        self.max_request_cost, self.prompt_length))
+
     def generate(self, prompt: str, request_id: str | None = None, timeout: float | None = None,
                  reference: Any = None, **sampling: Any) -> DiffusionOutput:
         """Sync convenience: one request (a video when the model makes videos, from ``reference``, a uint8 image,
@@ -137,6 +144,13 @@ class DiffusionEngine:
             self._abort_ids.extend(known)
             self._lock.notify_all()
         return known
+
+    def abort_counted(self, request_ids: list[str]) -> dict[str, int]:
+        """Abort as :meth:`abort`, and say how many denoising steps each in-flight one had done when its abort was
+        registered (after it, a running request finishes at most the step in progress)."""
+        with self._lock:
+            done = {s.request_id: s.step_index for s in self.scheduler.live_states(request_ids)}
+            return {rid: done.get(rid, 0) for rid in self.abort(request_ids)}
 
     def abort_all(self) -> list[str]:
         with self._lock:

@@ -15,6 +15,9 @@ from stage_runtime.errors import (DiffStageError, EngineDeadError, InvalidReques
 from stage_runtime.serve.auth import bearer_auth
 from stage_runtime.serve.bodies import read_json
 from stage_runtime.serve.images import SERVICE, create_edits, create_images
+from stage_runtime.serve.job_runner import JobRunner
+from stage_runtime.serve.jobs_route import JOBS
+from stage_runtime.serve.jobs_route import add_routes as add_job_routes
 from stage_runtime.serve.videos import create_video_sync
 from stage_runtime.serve.loras_route import add_routes as add_lora_routes
 from stage_runtime.serve.metrics import CONTENT_TYPE_LATEST
@@ -103,14 +106,18 @@ async def _openapi(document: dict) -> web.Response:
     return web.json_response(document)
 
 
-def build_app(service: StageService, api_keys: tuple[bytes, ...] = ()) -> web.Application:
-    """The routes; with ``api_keys`` every /v1/* route needs one of them as a Bearer token."""
+def build_app(service: StageService, api_keys: tuple[bytes, ...] = (), jobs: JobRunner | None = None) -> web.Application:
+    """The routes; with ``api_keys`` every /v1/* route needs one of them as a Bearer token. Without ``jobs`` (no
+    ``--job-store``) the /v1/videos job routes answer 404 jobs_not_configured."""
     middlewares = [json_errors] + ([bearer_auth(api_keys)] if api_keys else [])
     app = web.Application(middlewares=middlewares, client_max_size=service.config.server.max_upload_bytes)
     app[SERVICE] = service
+    if jobs is not None:
+        app[JOBS] = jobs
     app.router.add_post("/v1/images/generations", create_images)
     app.router.add_post("/v1/images/edits", create_edits)
     app.router.add_post("/v1/videos/sync", create_video_sync)
+    add_job_routes(app)
     app.router.add_post("/v1/abort", abort)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/v1/requests", requests)

@@ -34,10 +34,10 @@ async def read_json(request: web.Request) -> Any:
         raise InvalidRequestError("body", "<not JSON>", "must be a JSON object") from None
 
 
-async def _form(request: web.Request, max_bytes: int) -> MultiDictProxy:
+async def read_form(request: web.Request, max_bytes: int) -> MultiDictProxy:
     if not request.content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
         raise InvalidRequestError("body", request.content_type or "<none>",
-                                  "must be multipart/form-data (fields and the image files)")
+                                  "must be multipart/form-data (the fields and the files)")
     try:
         return await request.post()
     except web.HTTPRequestEntityTooLarge:
@@ -46,7 +46,7 @@ async def _form(request: web.Request, max_bytes: int) -> MultiDictProxy:
         raise InvalidRequestError("body", "<multipart>", f"not a readable form ({exc})") from None
 
 
-def _file_bytes(value: Any, field: str) -> bytes:
+def file_bytes(value: Any, field: str) -> bytes:
     if not isinstance(value, web.FileField):
         raise InvalidRequestError(field, str(value)[:64], "must be an uploaded file (multipart file part)")
     return value.file.read()
@@ -54,7 +54,7 @@ def _file_bytes(value: Any, field: str) -> bytes:
 
 async def read_edit_form(request: web.Request, max_bytes: int, max_pixels: int) -> tuple[ImageEditRequest, EditInput]:
     """The edit form → its validated fields and the decoded image (+ mask)."""
-    form = await _form(request, max_bytes)
+    form = await read_form(request, max_bytes)
     fields: dict[str, Any] = {}
     images, mask = [], None
     for name in form.keys():
@@ -76,8 +76,8 @@ async def read_edit_form(request: web.Request, max_bytes: int, max_pixels: int) 
     if len(images) > 1:
         raise InvalidRequestError(images[1][0], "<file>", "this model edits one image per request")
     field, upload = images[0]
-    image = decode_image(_file_bytes(upload, field), field, max_pixels)
-    mask_array = None if mask is None else decode_mask(_file_bytes(mask, "mask"), "mask", max_pixels)
+    image = decode_image(file_bytes(upload, field), field, max_pixels)
+    mask_array = None if mask is None else decode_mask(file_bytes(mask, "mask"), "mask", max_pixels)
     if mask_array is not None and mask_array.shape != image.shape[:2]:
         raise InvalidRequestError("mask", f"{mask_array.shape[1]}x{mask_array.shape[0]}",
                                   f"must be the image's size {image.shape[1]}x{image.shape[0]}")

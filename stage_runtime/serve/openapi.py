@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from stage_runtime.errors import (DiffStageError, EngineDeadError, InvalidRequestError, QueueFullError,
                                   RequestAbortedError, RequestFailedError, RequestTooLargeError, StageUnavailableError,
                                   UnauthorizedError)
+from stage_runtime.serve import jobs_route
 from stage_runtime.serve.loras_route import LoraAdapter, LoraList, LoraLoadBody, LoraUnloaded, openapi_paths
 from stage_runtime.serve.schemas import AbortBody, ImageEditRequest, ImageGenerationRequest, StageStats
 from stage_runtime.serve.videos import VideoGenerationRequest
@@ -83,7 +84,8 @@ class HealthStatus(BaseModel):
 
 
 MODELS = (ErrorResponse, ImagesResponse, AbortResult, RequestsList, ModelCard, ModelList, HealthStatus, StageStats,
-          ImageGenerationRequest, VideoGenerationRequest, AbortBody, LoraLoadBody, LoraAdapter, LoraList, LoraUnloaded)
+          ImageGenerationRequest, VideoGenerationRequest, AbortBody, LoraLoadBody, LoraAdapter, LoraList, LoraUnloaded,
+          *jobs_route.OPENAPI_MODELS)
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -120,6 +122,7 @@ def openapi_document(api_keys: bool) -> dict[str, Any]:
         components[model.__name__] = schema
     components["ImageEditForm"] = edit_form_schema()
     components.update(components["ImageEditForm"].pop("$defs", {}))
+    components["VideoJobForm"] = jobs_route.form_schema()
     images_out = {**_json(ImagesResponse), "text/event-stream": {"schema": {"type": "string"}}}
     v1 = (UnauthorizedError,) if api_keys else ()
     image_errors = (InvalidRequestError, RequestAbortedError, RequestTooLargeError, QueueFullError, RequestFailedError,
@@ -147,6 +150,7 @@ def openapi_document(api_keys: bool) -> dict[str, Any]:
             "operationId": "retrieveModel",
             "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
             "responses": _responses(ModelCard, 404, StageUnavailableError, *v1)}},
+        **jobs_route.openapi_paths(_responses, _json, REF, v1),
         **openapi_paths(_responses, _json, v1),
         "/health": {"get": {"operationId": "health", "responses": _responses(HealthStatus, EngineDeadError)}},
         "/ready": {"get": {"operationId": "ready", "responses": _responses(HealthStatus, StageUnavailableError)}},

@@ -28,12 +28,15 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from stage_runtime.config import StageConfig
-from stage_runtime.errors import StartupTimeoutError
+from stage_runtime.errors import ConfigError, JobStoreError, StartupTimeoutError
 from stage_runtime.fetch.cache import hold, release
 from stage_runtime.fetch.archive import folder_bytes
+from stage_runtime.jobs.store import JobStore
 from stage_runtime.serve.app import build_app
 from stage_runtime.serve.auth import load_api_keys
+from stage_runtime.serve.job_runner import JobRunner
 from stage_runtime.serve.metrics import StageMetrics
+from stage_runtime.serve.models_route import model_id
 from stage_runtime.serve.service import StageService
 from stage_runtime.serve.startup import LOADING_WEIGHTS, WARMUP, StartupProgress
 from stage_runtime.serve.termination import (EXIT_DEAD, EXIT_OK, exit_code_for, reason_for,
@@ -88,6 +91,18 @@ class StageDiffusionProc:
         self.termination_log = termination_log_path(config.server.termination_log)
         self._stop: asyncio.Event | None = None
         self._model_lock: int | None = None       # the cache's in-use lock, held until the process ends
+        self.jobs: JobRunner | None = None        # the /v1/videos jobs (--job-store)
+
+    def open_jobs(self) -> JobRunner | None:
+        """The job store checked at startup (exit 2 naming the folder when it cannot be used)."""
+        folder = self.config.jobs.store
+        if folder is None:
+            return None
+        try:
+            store = JobStore(folder).open()
+        except JobStoreError as exc:
+            raise ConfigError(f"--job-store: {exc}") from None
+        return JobRunner(self.service, store, self.config.jobs, model_id(self.service))
 
     def request_stop(self, why: str) -> None:
         if not self._stop.is_set():
@@ -102,7 +117,8 @@ class StageDiffusionProc:
             loop.add_signal_handler(sig, self.request_stop, sig.name)
         server = self.config.server
         keys = load_api_keys(server.api_key_file) if server.api_key_file else ()
-        runner = web.AppRunner(build_app(self.service, keys), handler_cancellation=True, access_log=None,
+        self.jobs = self.open_jobs()
+        runner = web.AppRunner(build_app(self.service, keys, self.jobs), handler_cancellation=True, access_log=None,
                                shutdown_timeout=HTTP_SHUTDOWN_S)
         await runner.setup()
         http_open = True
@@ -150,6 +166,8 @@ class StageDiffusionProc:
 
     async def _serve(self, engine: DiffusionEngine) -> int:
         self.service.attach(engine)
+        if self.jobs is not None:
+            self.jobs.start()
         log.info("ready: %s executor=%s execution_mode=%s", self.config.parallel.describe(),
                  self.config.resolved_executor, engine.config.scheduler.execution_mode)
         stop = asyncio.create_task(self._stop.wait())
@@ -158,6 +176,8 @@ class StageDiffusionProc:
         if not dead.done():
             aborted = await self.service.drain(self.config.server.drain_timeout)
             log.info("drained (%d request(s) aborted at the drain timeout)", len(aborted))
+            if self.jobs is not None:
+                await self.jobs.close()             # its runs ended with the drain (aborted ones requeued)
         stop.cancel()
         dead.cancel()
         if engine.dead_reason is not None:

@@ -22,12 +22,13 @@ _EDGE = ConfigDict(extra="forbid", strict=True, frozen=True)
 _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 
 
-def parse_body(model: type[BaseModel], data: Any) -> Any:
-    """Validate an untrusted JSON body; the first problem becomes an InvalidRequestError naming the field."""
+def parse_body(model: type[BaseModel], data: Any, strict: bool | None = None) -> Any:
+    """Validate an untrusted JSON body; the first problem becomes an InvalidRequestError naming the field.
+    ``strict=False``: a form's text fields, converted to the field's type ("9" → 9; "nine" is still a 400)."""
     if not isinstance(data, dict):
         raise InvalidRequestError("body", type(data).__name__, "must be a JSON object")
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=strict)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         field = ".".join(str(p) for p in err["loc"]) or "body"

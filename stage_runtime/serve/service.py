@@ -113,6 +113,21 @@ class StageService:
         self._idle.clear()
         return stream
 
+    def check(self, request: DiffusionRequest) -> DiffusionRequest:
+        """Everything :meth:`submit` would refuse at admission, refused now (nothing is queued): a job's create.
+        Returns the request resolved against the model (its defaults filled in)."""
+        try:
+            state = self.state
+            if state == "dead":
+                raise EngineDeadError(f"Engine is dead: {self.dead_reason}")
+            if self.engine is None:
+                raise StageUnavailableError("the stage is starting; the model is not loaded yet")
+            return self.engine.check_request(request)
+        except DiffStageError as exc:
+            if exc.outcome is not None:
+                self.metrics.count(exc.outcome)
+            raise
+
     async def outputs(self, stream: RequestStream) -> AsyncIterator[DiffusionOutput]:
         """The request's items in order, the final one last. Leaving early aborts the request.
 
@@ -174,6 +189,11 @@ class StageService:
             answer["message"] = (f"{', '.join(answer['in_step'])}: inside a step; stops at the next step boundary "
                                  f"(its answer, 409 request_aborted, comes then)")
         return answer
+
+    def abort_counted(self, request_ids: list[str]) -> dict[str, int]:
+        """Abort these requests; the denoising steps each in-flight one had done when its abort was registered
+        (it finishes at most the step in progress after that)."""
+        return {} if self.engine is None else self.engine.abort_counted(request_ids)
 
     def collective_rpc(self, method: str, args: tuple, kwargs: dict, timeout: float | None,
                        unique_reply_rank: int | None) -> Any:

@@ -1,4 +1,5 @@
-"""``POST /v1/videos/sync``: one video, generated while the call waits (the job API, ``/v1/videos``, is its own).
+"""``POST /v1/videos/sync``: one video, generated while the call waits (the job API, ``/v1/videos``, is
+``serve.jobs_route``; both take the fields of :class:`VideoOptions` and answer with the helpers here).
 
 The body is JSON (docs/http-api.md): OpenAI's ``prompt``, ``model``, ``size``, ``seconds``, and the video knobs
 every video server takes (``num_frames``, ``fps``, steps, guidance, ``guidance_scale_2``, negative prompt,
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import io
 import uuid
 import zipfile
@@ -45,8 +45,9 @@ from stage_runtime.video_request import Fps, Frames
 from stage_runtime.videoio import encode_mp4
 
 
-class VideoGenerationRequest(BaseModel):
-    """``POST /v1/videos/sync`` (JSON): strict types, unknown fields refused."""
+class VideoOptions(BaseModel):
+    """What a video request says on either video route (``/v1/videos/sync``, ``/v1/videos``): strict types,
+    unknown fields refused."""
 
     model_config = _EDGE
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
@@ -61,10 +62,6 @@ class VideoGenerationRequest(BaseModel):
     negative_prompt: NegativePrompt | None = None
     seed: Seed | None = None
     priority: Priority = 0
-    timeout_s: TimeoutS | None = None
-    request_id: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")
-    response_format: Literal["mp4", "frames"] = "mp4"
-    stream: bool = False                             # server-sent events: the phases, then the answer
     # image-to-video: the first frame's picture, base64 (PNG, JPEG, WebP…; a data: URL is accepted too)
     input_reference: str | None = Field(None, min_length=1)
     cache: CachePolicyField = None                # "off" | {"threshold": x}; None: the stage's cache.mode
@@ -76,11 +73,13 @@ class VideoGenerationRequest(BaseModel):
         text = self.input_reference.split(",", 1)[1] if self.input_reference.startswith("data:") else self.input_reference
         try:
             data = base64.b64decode(text, validate=True)
-        except binascii.Error:
+        except ValueError:                              # binascii.Error, or a character outside ASCII
             raise InvalidRequestError("input_reference", text[:32], "must be a base64 image (or a data: URL)") from None
         return decode_image(data, "input_reference", max_pixels)
 
-    def to_request(self, default_fps: int | None, max_pixels: int = MAX_SIDE * MAX_SIDE) -> DiffusionRequest:
+    def video_request(self, request_id: str, default_fps: int | None, reference: np.ndarray | None,
+                      **sampling: object) -> DiffusionRequest:
+        """The engine's request (``sampling``: the route's own knobs, e.g. ``stream``, ``timeout_s``)."""
         width = height = None
         if self.size is not None:
             match = _SIZE.match(self.size)
@@ -93,14 +92,25 @@ class VideoGenerationRequest(BaseModel):
         frames = self.num_frames
         if frames is None and self.seconds is not None:
             frames = self.seconds * (self.fps or default_fps or 16) + 1
-        sampling = SamplingParams.parse({
+        params = SamplingParams.parse({
             "height": height, "width": width, "num_frames": frames, "fps": self.fps,
             "num_inference_steps": self.num_inference_steps, "guidance_scale": self.guidance_scale,
             "guidance_scale_2": self.guidance_scale_2, "negative_prompt": self.negative_prompt, "seed": self.seed,
-            "priority": self.priority, "timeout_s": self.timeout_s, "stream": self.stream, "cache": self.cache,
-            "loras": tuple(self.loras)})
-        return DiffusionRequest(self.request_id or f"video-{uuid.uuid4().hex}", self.prompt, sampling, video=True,
-                                reference=self.reference(max_pixels))
+            "priority": self.priority, "cache": self.cache, "loras": tuple(self.loras), **sampling})
+        return DiffusionRequest(request_id, self.prompt, params, video=True, reference=reference)
+
+
+class VideoGenerationRequest(VideoOptions):
+    """``POST /v1/videos/sync`` (JSON): the video's fields, and how this call answers."""
+
+    timeout_s: TimeoutS | None = None
+    request_id: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")
+    response_format: Literal["mp4", "frames"] = "mp4"
+    stream: bool = False                             # server-sent events: the phases, then the answer
+
+    def to_request(self, default_fps: int | None, max_pixels: int = MAX_SIDE * MAX_SIDE) -> DiffusionRequest:
+        return self.video_request(self.request_id or f"video-{uuid.uuid4().hex}", default_fps,
+                                  self.reference(max_pixels), timeout_s=self.timeout_s, stream=self.stream)
 
 
 def frames_zip(frames: np.ndarray) -> bytes:

@@ -14,6 +14,7 @@ from engine_probes import phased, progress_of
 
 from stage_runtime.config import load_config
 from stage_runtime.engine import DiffusionEngine
+from stage_runtime.errors import InvalidRequestError
 from stage_runtime.request import DiffusionRequest, RequestStatus, SamplingParams
 
 
@@ -110,3 +111,22 @@ def test_an_abort_between_steps_is_applied_by_the_next_step_and_retires_the_runn
     engine.step()                                       # aborts first, then an empty tick retires the state
     assert stream.get(timeout=0).error_type == "request_aborted"
     assert engine.executor.worker.model_runner.step_states == {} and engine.num_request_states() == 0
+
+
+def test_an_abort_counted_says_the_steps_done_and_the_request_stops_there(step_engine):
+    engine = step_engine
+    stream = engine.add_request(req("counted", 9))
+    engine.step(), engine.step()
+    assert engine.abort_counted(["counted", "unknown"]) == {"counted": 2}
+    engine.step()
+    final = stream.get(timeout=0)
+    assert (final.error_type, final.step_index) == ("request_aborted", 2) and engine.num_request_states() == 0
+
+
+def test_check_request_refuses_what_admission_refuses_and_queues_nothing(step_engine):
+    engine = step_engine
+    resolved = engine.check_request(req("checked", 3))
+    assert (resolved.sampling.height, resolved.sampling.width) == (64, 64) and engine.stats()["waiting"] == 0
+    with pytest.raises(InvalidRequestError) as refused:
+        engine.check_request(req("odd", 3, width=60))
+    assert refused.value.field == "width" and engine.num_request_states() == 0

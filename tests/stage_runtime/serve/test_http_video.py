@@ -14,6 +14,7 @@ import zipfile
 
 import httpx
 import numpy as np
+import openai
 import pytest
 import torch
 from engine_probes import phased
@@ -35,12 +36,12 @@ MP4_PSNR_DB = 27.0       # crf 18 on 16x16 noise-like frames of the random tiny 
 
 
 @contextlib.contextmanager
-def video_stage(model: str, folder, config_text: str = ""):
+def video_stage(model: str, folder, *extra: str, config_text: str = ""):
     """A stage process serving ``model`` in step mode; stopped on the way out (drained: exit 0, no leaks)."""
     config = folder / "stage.yaml"
-    config.write_text("warmup: false\n" + config_text)       # warmup runs the default size (Wan 832x480x1)
+    config.write_text("warmup: false\njobs: {poll_after_ms: 20}\n" + config_text)   # warmup: the default size
     stage = StageProcess(["--model", model, "--config", str(config), "--device", "cpu", "--executor", "uni",
-                          "--execution-mode", "step"], folder / "stage.log")
+                          "--execution-mode", "step", *extra], folder / "stage.log")
     stage.start()
     try:
         yield stage
@@ -60,7 +61,7 @@ def wan_lora(tiny_wan_path, tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def wan_stage(tiny_wan_path, wan_lora, tmp_path_factory):
     loras = f"loras:\n  - name: fast\n    path: {wan_lora}\n"
-    with video_stage(tiny_wan_path, tmp_path_factory.mktemp("wan-stage"), loras) as stage:
+    with video_stage(tiny_wan_path, tmp_path_factory.mktemp("wan-stage"), config_text=loras) as stage:
         yield stage
 
 
@@ -108,6 +109,7 @@ def test_a_request_names_its_lora_adapters_and_its_block_cache_policy(wan_stage,
     ("/v1/videos/sync", {**BODY, "fps": 0}, "fps", "greater than or equal to 1"),
     ("/v1/images/generations", {"prompt": "a red fox", "size": "16x16"}, "model", "makes videos"),
     ("/v1/videos/sync", {**BODY, "input_reference": "not base64!"}, "input_reference", "must be a base64 image"),
+    ("/v1/videos/sync", {**BODY, "input_reference": "é"}, "input_reference", "must be a base64 image"),
     ("/v1/videos/sync", {**BODY, "input_reference": REFERENCE_B64}, "input_reference", "takes no reference image"),
     ("/v1/videos/sync", {**BODY, "loras": [{"name": "nope", "scale": 1.0}]}, "loras.0.name", "nope"),
     ("/v1/videos/sync", {**BODY, "loras": [{"name": "fast", "scale": 1.0}] * 2}, "loras", "names an adapter twice"),
@@ -156,22 +158,34 @@ def test_a_streamed_video_that_fails_ends_with_one_error_event(wan_stage):
 
 def test_ltx2_makes_image_to_video_from_input_reference_and_text_to_video_without(tiny_ltx2_path, tmp_path_factory):
     """One LTX-2 stage: with ``input_reference`` the frames equal LTX2ImageToVideoPipeline's (the same components),
-    without it LTX2Pipeline's; a one-pixel picture is a 400 naming ``input_reference``."""
+    without it LTX2Pipeline's, and so do a video job's whose reference the SDK uploads (``/v1/videos``); a one-pixel
+    picture is a 400 naming ``input_reference`` on both routes."""
     image_row = Family("ltx2", size=64, frames=9, reference=True, pipeline_class="LTX2ImageToVideoPipeline")
     body = {"prompt": "a kite", "size": "64x64", "num_frames": 9, "num_inference_steps": 2, "seed": 4,
             "response_format": "frames"}
     picture = base64.b64encode(encode_png(reference_image(64))).decode()
     thin = base64.b64encode(encode_png(np.zeros((1, 8, 3), np.uint8))).decode()
-    with video_stage(tiny_ltx2_path, tmp_path_factory.mktemp("ltx2-stage")) as stage:
+    folder = tmp_path_factory.mktemp("ltx2-stage")
+    job_fields = {k: body[k] for k in ("num_frames", "num_inference_steps", "seed")}
+    with video_stage(tiny_ltx2_path, folder, "--job-store", str(folder / "jobs")) as stage:
         with httpx.Client(base_url=stage.http_url, timeout=120) as http:
             image = http.post("/v1/videos/sync", json={**body, "input_reference": picture})
             text = http.post("/v1/videos/sync", json=body)
             refused = http.post("/v1/videos/sync", json={**body, "input_reference": thin})
+        with openai.OpenAI(base_url=f"{stage.http_url}/v1", api_key="none", max_retries=0, timeout=120) as client:
+            job = client.videos.create_and_poll(prompt="a kite", size="64x64", extra_body=job_fields,
+                                                input_reference=("kite.png", base64.b64decode(picture), "image/png"))
+            job_frames = zip_frames(client.videos.download_content(job.id, variant="frames").read())
+            with pytest.raises(openai.BadRequestError) as thin_job:
+                client.videos.create(prompt="a kite", size="64x64", extra_body=job_fields,
+                                     input_reference=("thin.png", base64.b64decode(thin), "image/png"))
+    assert job.status == "completed" and thin_job.value.body["param"] == "input_reference", (job, thin_job.value.body)
     assert image.status_code == text.status_code == 200, (image.text[:300], text.text[:300])
     image_frames, text_frames = zip_frames(image.content), zip_frames(text.content)
     image_bare = bare_call(image_row, tiny_ltx2_path, "a kite", 2, 4, 3.0)[0]
     text_bare = bare_call(Family("ltx2", size=64, frames=9), tiny_ltx2_path, "a kite", 2, 4, 3.0)[0]
     assert int(np.abs(image_frames.astype(int) - image_bare).max()) <= 2
+    assert int(np.abs(job_frames.astype(int) - image_bare).max()) <= 2
     assert int(np.abs(text_frames.astype(int) - text_bare).max()) <= 2
     assert int(np.abs(image_frames.astype(int) - text_frames).max()) > 20
     error = refused.json()["error"]

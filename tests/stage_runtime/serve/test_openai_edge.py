@@ -128,3 +128,16 @@ def test_openapi_document_covers_every_route():
     assert "security" not in doc["paths"]["/health"]["get"]
     form = doc["components"]["schemas"]["ImageEditForm"]
     assert form["properties"]["image"]["format"] == "binary" and "strength" in form["properties"]
+
+
+async def test_without_a_job_store_every_job_route_is_a_404_saying_how_to_turn_it_on():
+    from aiohttp.test_utils import TestClient, TestServer
+
+    service = StageService(load_config({"model": {"path": "/m"}}), StageMetrics())
+    async with TestClient(TestServer(build_app(service))) as client:
+        for method, path in (("POST", "/v1/videos"), ("GET", "/v1/videos"), ("GET", "/v1/videos/video_1"),
+                             ("DELETE", "/v1/videos/video_1"), ("GET", "/v1/videos/video_1/content")):
+            answer = await client.request(method, path)
+            error = (await answer.json())["error"]
+            assert answer.status == 404 and error["type"] == "jobs_not_configured", (method, path, error)
+            assert "start it with --job-store DIR" in error["message"]

@@ -1,0 +1,108 @@
+"""A video job's record — the JSON the store keeps — and the OpenAI ``Video`` object it answers as.
+
+The record holds what any replica needs to run the job again (``params``: the create request's fields as
+validated, the seed fixed at create) and what a client polls: ``status``, the phase and step of the run,
+``progress`` from them, the times, the error. ``owner`` and ``lease_expires_at`` say which replica runs it
+(``jobs.lease`` decides; the record only shows it). ``step`` is the last denoising step the owner reported.
+
+Ids are ``video_`` + 12 hex digits of the creation time in milliseconds + 20 random hex digits: they sort
+in creation order, so a list pages by id and a page's ``after`` needs no record to still exist.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Status = Literal["queued", "in_progress", "completed", "failed"]
+ACTIVE: tuple[str, ...] = ("queued", "in_progress")      # the SDK's poll() keeps polling these
+JOB_ID = re.compile(r"^video_[0-9a-f]{32}$")
+# progress: the denoising steps are 0–90 %, the VAE decode starts at 90, writing the MP4, thumbnail and frames
+# at 95, completed is 100
+DENOISE_SHARE, DECODE_AT, MUX_AT = 90, 90, 95
+
+
+def new_job_id(now: float) -> str:
+    return f"video_{int(now * 1000):012x}{secrets.token_hex(10)}"
+
+
+def progress_of(phase: str | None, step: int, num_steps: int) -> int:
+    """0–100 from where the run is: ``encode`` 0, after denoising step k of N ``90·k/N`` (rounded down),
+    ``decode`` 90, ``mux`` (the server writes the outputs) 95."""
+    if phase == "decode":
+        return DECODE_AT
+    if phase == "mux":
+        return MUX_AT
+    if phase == "denoise" and num_steps > 0:
+        return min(DENOISE_SHARE, DENOISE_SHARE * step // num_steps)
+    return 0
+
+
+def seconds_of(num_frames: int, fps: int) -> str:
+    """The clip's length as OpenAI's ``seconds`` string: F frames at ``fps`` last (F - 1) / fps seconds."""
+    value = (num_frames - 1) / fps
+    return str(int(value)) if value == int(value) else f"{value:.3g}"
+
+
+class JobError(BaseModel):
+    """OpenAI's ``VideoCreateError``: a machine-readable ``code`` (our error type) and the message."""
+
+    model_config = ConfigDict(extra="forbid")
+    code: str
+    message: str
+    param: str | None = None
+
+
+class JobRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(pattern=JOB_ID.pattern)
+    model: str                                     # the served model's id; only its replicas run the job
+    prompt: str
+    params: dict[str, Any]                         # the create request's fields (seed fixed), to rebuild it
+    size: str                                      # WIDTHxHEIGHT, resolved against the model
+    num_frames: int
+    fps: int
+    num_steps: int
+    reference: bool = False                        # the job's folder holds reference.png (image-to-video)
+    status: Status = "queued"
+    phase: str | None = None                       # encode | denoise | decode | mux while in progress
+    step: int = 0                                  # denoising steps done, as the owner last reported
+    progress: int = Field(0, ge=0, le=100)
+    created_at: float
+    started_at: float | None = None                # the current run's start
+    completed_at: float | None = None              # when it finished (completed or failed)
+    expires_at: float | None = None                # record and files are deleted then (set when it finishes)
+    error: JobError | None = None
+    owner: str | None = None                       # the replica running it (host-pid), while in progress
+    lease_expires_at: float | None = None          # the owner's lease as last renewed
+    attempts: int = 0                              # runs started so far
+    requeued_because: str | None = None            # why the last run ended without the job's own fault
+    outputs: tuple[str, ...] = ()                  # files of the completed job (the store's OUTPUTS)
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
+
+    @property
+    def seconds(self) -> str:
+        return str(self.params["seconds"]) if self.params.get("seconds") is not None \
+            else seconds_of(self.num_frames, self.fps)
+
+    def video(self) -> dict[str, Any]:
+        """The OpenAI ``Video`` object, with what this stage adds under ``diffstage``."""
+        def stamp(value: float | None) -> int | None:
+            return None if value is None else int(math.floor(value))
+
+        return {
+            "id": self.id, "object": "video", "model": self.model, "status": self.status, "progress": self.progress,
+            "created_at": stamp(self.created_at), "completed_at": stamp(self.completed_at),
+            "expires_at": stamp(self.expires_at), "error": None if self.error is None else self.error.model_dump(),
+            "prompt": self.prompt, "seconds": self.seconds, "size": self.size, "remixed_from_video_id": None,
+            "diffstage": {"phase": self.phase, "step": self.step, "num_steps": self.num_steps,
+                          "num_frames": self.num_frames, "fps": self.fps, "seed": self.params.get("seed"),
+                          "owner": self.owner, "attempts": self.attempts,
+                          "requeued_because": self.requeued_because},
+        }

@@ -1,0 +1,224 @@
+"""One video job's run on this replica (``serve.job_runner`` claims the jobs and starts a :class:`JobRun` each).
+
+The run holds the job's lease, renewing it every third of it (a lost lease stops the run), and runs the job as an
+engine request (``StageService.submit``, id = the job id) that streams its progress: each phase and denoising
+step goes into the record (``phase``, ``step``, ``progress``; only the newest waits while a write is in flight,
+so a slow store never slows the engine). On success the MP4, the thumbnail (the first frame) and the exact
+frames are written beside the record, then the record says ``completed``.
+
+A job deleted while it runs stops at its next step: at once when the DELETE reaches this replica
+(:meth:`JobRun.cancel`), else when the run's next record write finds the job gone. A run ended for a reason not
+the job's own (the drain, a dead engine) puts the job back in the queue for any replica, from step 0,
+``max_attempts`` runs at most; the job's own failure (a failed pipeline call, its deadline) is ``failed`` with
+the error. (Step checkpoints and resuming from them are to come; the record's ``step`` and the lease are their
+seams.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from contextlib import aclosing
+
+from stage_runtime.config import JobsConfig
+from stage_runtime.errors import (DiffStageError, EngineDeadError, InvalidRequestError, JobNotFoundError, JobStoreError,
+                                  RequestAbortedError)
+from stage_runtime.imageio import decode_image
+from stage_runtime.jobs.lease import SPARE, Lease, Leases
+from stage_runtime.jobs.record import JobError, JobRecord, progress_of
+from stage_runtime.jobs.store import OUTPUTS, REFERENCE, JobStore
+from stage_runtime.outputs import DiffusionOutput
+from stage_runtime.request import DiffusionRequest
+from stage_runtime.serve.job_form import VideoJobRequest
+from stage_runtime.serve.service import StageService
+from stage_runtime.serve.videos import frames_zip
+from stage_runtime.videoio import encode_mp4, thumbnail_png
+
+log = logging.getLogger(__name__)
+REQUEUE_ERRORS = {"engine_dead", "engine_closed", "stage_unavailable", "queue_full"}   # not the job's fault
+
+
+class JobRun:
+    def __init__(self, service: StageService, store: JobStore, leases: Leases, config: JobsConfig, lease: Lease,
+                 record: JobRecord, closing: Callable[[], bool]):
+        self.service, self.store, self.leases, self.config = service, store, leases, config
+        self.lease, self.record, self._closing = lease, record, closing
+        self.done = asyncio.Event()
+        self.deleted = False                   # the job left the store: stop, write nothing
+        self.lost = False                      # the lease is lost: another replica may run it now
+        self.backoff = False                   # the engine could not take it now: no immediate rescan
+        self.stopped_at: int | None = None     # the steps done when the run ended
+        self._lock = asyncio.Lock()
+        self._pending: dict | None = None      # the newest progress not yet written
+        self._writer: asyncio.Task | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.lease.job_id
+
+    async def run(self) -> None:
+        """The job, start to end, under its lease; then the lease back (a finished job's stays with its files)."""
+        renewing = asyncio.get_running_loop().create_task(self._renew())
+        try:
+            await self._run()
+        except OSError as exc:                 # JobStoreError too: reading the record's inputs
+            log.error("video job %s: the store failed; its lease is released for a retry: %s", self.job_id, exc)
+        finally:
+            renewing.cancel()
+            self.done.set()
+            if not (self.deleted or self.lost):
+                await asyncio.to_thread(self.leases.release, self.lease)
+
+    async def cancel(self, timeout: float) -> dict[str, int]:
+        """The job was deleted: stop it at its next step and wait until it has stopped. {step_at_delete,
+        stopped_at_step}: the steps done when the abort was registered, and when the run ended."""
+        self.deleted = True
+        at = self.service.abort_counted([self.job_id]).get(self.job_id, self.record.step)
+        try:
+            await asyncio.wait_for(self.done.wait(), timeout)
+        except TimeoutError:
+            log.error("video job %s still running %g s after its delete", self.job_id, timeout)
+        return {"step_at_delete": at, "stopped_at_step": self.stopped_at if self.stopped_at is not None else at}
+
+    # -- the lease and the record ---------------------------------------------------------------------------
+    async def _renew(self) -> None:
+        """Every third of the lease. A store that cannot be reached is tried again while the lease still runs with
+        its spare tenth left; then the lease counts as lost, as it soon is for the other replicas."""
+        while True:
+            await asyncio.sleep(self.config.lease_s / 3)
+            try:
+                renewed = await asyncio.to_thread(self.leases.renew, self.lease)
+            except (OSError, ValueError) as exc:
+                log.warning("video job %s: lease not renewed: %s", self.job_id, exc)
+                if time.time() < self.lease.expires_at - SPARE * self.config.lease_s:
+                    continue
+                renewed = None
+            if renewed is None:
+                if not self.deleted:
+                    self.lost = True
+                    log.warning("video job %s: lease lost; stopping its run here", self.job_id)
+                    self.service.abort([self.job_id])
+                return
+            self.lease = renewed
+            await self._write()
+
+    async def _write(self, **changes) -> None:
+        """Update the record (the owner alone writes it). A deleted job stops its run at the next step. A write the
+        store refuses is logged and the run goes on: the lease, not the record, says who runs the job."""
+        if self.deleted or self.lost:
+            return
+        async with self._lock:
+            self.record = self.record.model_copy(update={**changes, "lease_expires_at": self.lease.expires_at})
+            try:
+                await asyncio.to_thread(self.store.put, self.record)
+            except JobNotFoundError:
+                self.deleted = True
+                log.info("video job %s was deleted: stopping it at its next step", self.job_id)
+                self.service.abort([self.job_id])
+            except JobStoreError as exc:
+                log.warning("video job %s: record not written (%s): %s", self.job_id, changes.get("status"), exc)
+
+    def _report(self, **changes) -> None:
+        """The run's phase and step: written as soon as the last write is done, the newest only."""
+        self._pending = changes
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        while self._pending is not None:
+            changes, self._pending = self._pending, None
+            await self._write(**changes)
+
+    async def _settle(self) -> None:
+        """Progress writes done (dropped when not yet begun): the next write is the last word."""
+        self._pending = None
+        if self._writer is not None:
+            await self._writer
+
+    # -- the run ----------------------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        record = self.record
+        if record.attempts >= self.config.max_attempts:
+            await self._fail_tired(record.requeued_because or "with its replica")
+            return
+        try:
+            stream = self.service.submit(await asyncio.to_thread(self._request, record))
+        except InvalidRequestError as exc:
+            await self._finish("failed", error=JobError(code=exc.error_type, message=str(exc), param=exc.field))
+            return
+        except DiffStageError as exc:            # the engine cannot take it now (full, draining, dead): not a run
+            self.backoff = True
+            log.info("video job %s not started here: %s: %s", record.id, type(exc).__name__, exc)
+            return
+        await self._write(status="in_progress", owner=self.leases.owner, attempts=record.attempts + 1,
+                          started_at=time.time(), phase=None, step=0, progress=0)
+        final = await self._follow(stream)
+        self.stopped_at = final.step_index
+        if self.deleted or self.lost:
+            return
+        if final.error is None:
+            await self._complete(final)
+        elif final.error_type in REQUEUE_ERRORS or (final.error_type == RequestAbortedError.error_type
+                                                    and (self.service.draining or self._closing())):
+            await self._requeue(final.error)
+        else:
+            await self._finish("failed", error=JobError(code=final.error_type or "request_failed", message=final.error))
+
+    def _request(self, record: JobRecord) -> DiffusionRequest:
+        """(A thread.) The engine request of the job: the stored fields, the stored reference picture."""
+        reference = None
+        if record.reference:
+            reference = decode_image(self.store.read_file(record.id, REFERENCE), "input_reference",
+                                     self.service.config.server.max_image_pixels)
+        return VideoJobRequest.stored(record.params).video_request(record.id, record.fps, reference, stream=True)
+
+    async def _follow(self, stream) -> DiffusionOutput:
+        """Consume the request's items to its final one, reporting each phase and step."""
+        async with aclosing(self.service.outputs(stream)) as items:
+            async for item in items:
+                if item.finished:
+                    await self._settle()
+                    return item
+                step, steps = item.step_index or 0, item.num_steps or self.record.num_steps
+                self._report(phase=item.phase, step=step, progress=progress_of(item.phase, step, steps))
+        await self._settle()
+        raise EngineDeadError(f"the stream of video job {self.job_id} ended without its final item")
+
+    async def _complete(self, final: DiffusionOutput) -> None:
+        frames, record = final.images[0], self.record
+        await self._write(phase="mux", step=final.step_index or record.num_steps,
+                          progress=progress_of("mux", record.num_steps, record.num_steps))
+        if self.deleted:
+            return
+        files = await asyncio.to_thread(lambda: {OUTPUTS["video"]: encode_mp4(frames, record.fps),
+                                                 OUTPUTS["thumbnail"]: thumbnail_png(frames),
+                                                 OUTPUTS["frames"]: frames_zip(frames)})
+        try:
+            for name, data in files.items():
+                await asyncio.to_thread(self.store.write_file, record.id, name, data)
+        except JobNotFoundError:
+            self.deleted = True
+            return
+        await self._finish("completed", outputs=tuple(files))
+
+    async def _finish(self, status: str, **changes) -> None:
+        now = time.time()
+        await self._write(status=status, phase=None, owner=None, completed_at=now,
+                          expires_at=now + self.config.retention_s,
+                          progress=100 if status == "completed" else self.record.progress, **changes)
+        log.info("video job %s %s (run %d)", self.job_id, status, self.record.attempts)
+
+    async def _fail_tired(self, why: str) -> None:
+        await self._finish("failed", error=JobError(code="too_many_attempts", message=(
+            f"ran {self.record.attempts} times without finishing (jobs.max_attempts); the last run ended: {why}")))
+
+    async def _requeue(self, why: str) -> None:
+        """Back in the queue for any replica (from step 0), or failed after ``max_attempts`` runs."""
+        if self.record.attempts >= self.config.max_attempts:
+            await self._fail_tired(why)
+            return
+        log.info("video job %s back in the queue (%s)", self.job_id, why)
+        await self._write(status="queued", owner=None, phase=None, step=0, progress=0, started_at=None,
+                          requeued_because=why)

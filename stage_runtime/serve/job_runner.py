@@ -1,0 +1,131 @@
+"""Which jobs of the shared store this replica runs (docs/http-api.md "Video jobs"); each run is a
+``serve.job_run.JobRun``.
+
+Every ``scan_interval_s`` (and at once after a create here or a run here ending) the runner sweeps expired jobs
+and, while the stage is ready, claims the oldest claimable jobs of its model — queued ones, and in-progress ones
+whose owner stopped renewing its lease — until it runs ``max_num_seqs`` of them. A DELETE that reaches this
+replica stops a run here at once (:meth:`JobRunner.cancel`); on shutdown the runner stops claiming and waits for
+its runs, which the drain has let finish or put back in the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+
+from stage_runtime.config import JobsConfig
+from stage_runtime.jobs.lease import Lease, Leases
+from stage_runtime.jobs.record import ACTIVE
+from stage_runtime.jobs.store import JobStore
+from stage_runtime.serve.job_run import JobRun
+from stage_runtime.serve.service import StageService
+
+log = logging.getLogger(__name__)
+CLOSE_WAIT_S = 30.0
+
+
+def replica_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class JobRunner:
+    def __init__(self, service: StageService, store: JobStore, config: JobsConfig, model: str,
+                 owner: str | None = None):
+        self.service, self.store, self.config, self.model = service, store, config, model
+        self.owner = owner or replica_name()
+        self.leases = Leases(store, self.owner, config.lease_s)
+        self.running: dict[str, JobRun] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+        self._closing = False
+
+    def start(self) -> None:
+        self._loop_task = asyncio.get_running_loop().create_task(self._scan_loop())
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def capacity(self) -> int:
+        return self.service.config.scheduler.max_num_seqs
+
+    # -- the scan loop --------------------------------------------------------------------------------------
+    async def _scan_loop(self) -> None:
+        while not self._closing:
+            try:
+                await self._scan()
+            except OSError as exc:                          # JobStoreError too: the store is unreachable
+                log.warning("job store scan failed (retrying in %g s): %s", self.config.scan_interval_s, exc)
+            except Exception:
+                log.exception("job scan failed (retrying in %g s)", self.config.scan_interval_s)
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.config.scan_interval_s)
+            except TimeoutError:
+                pass                                        # the periodic scan
+
+    async def _scan(self) -> None:
+        expired = await asyncio.to_thread(self.store.sweep)
+        if expired:
+            log.info("expired %d video job(s): %s", len(expired), ", ".join(expired))
+        if self._closing or self.service.state != "ready" or len(self._tasks) >= self.capacity:
+            return
+        for lease in await asyncio.to_thread(self._claim, self.capacity - len(self._tasks)):
+            task = asyncio.get_running_loop().create_task(self._own(lease))
+            self._tasks.add(task)
+            task.add_done_callback(self._ended)
+
+    def _claim(self, room: int) -> list[Lease]:
+        """(A thread.) Up to ``room`` leases on the oldest claimable jobs of this model."""
+        claimed, now = [], self.store.clock()
+        for record in self.store.records():
+            if len(claimed) >= room:
+                break
+            if record.model != self.model or record.status not in ACTIVE or record.id in self.running \
+                    or record.expired(now):
+                continue
+            lease = self.leases.claim(record.id)
+            if lease is not None:
+                claimed.append(lease)
+        return claimed
+
+    async def _own(self, lease: Lease) -> None:
+        record = await asyncio.to_thread(self.store.get, lease.job_id)
+        if record is None or record.status not in ACTIVE or record.model != self.model:
+            await asyncio.to_thread(self.leases.release, lease)
+            return
+        run = self.running[lease.job_id] = JobRun(self.service, self.store, self.leases, self.config, lease, record,
+                                                  lambda: self._closing)
+        try:
+            await run.run()
+        finally:
+            self.running.pop(lease.job_id, None)
+            if not run.backoff:
+                self.wake()                                 # room for the next job
+
+    def _ended(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a video job run failed", exc_info=task.exception())
+
+    # -- delete and shutdown ---------------------------------------------------------------------------------
+    async def cancel(self, job_id: str, timeout: float = CLOSE_WAIT_S) -> dict[str, int] | None:
+        """A job deleted from the store: when it runs here, stop it at its next step and wait until it has
+        stopped ({step_at_delete, stopped_at_step}); None when it does not run here."""
+        run = self.running.get(job_id)
+        return None if run is None else await run.cancel(timeout)
+
+    async def close(self) -> None:
+        """Stop claiming; wait for the runs (the drain has let them finish or aborted them: those requeue)."""
+        self._closing = True
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=CLOSE_WAIT_S)
+            if pending:
+                log.error("%d video job run(s) did not end within %g s of the shutdown; their leases expire",
+                          len(pending), CLOSE_WAIT_S)

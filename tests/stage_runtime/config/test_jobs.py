@@ -1,0 +1,33 @@
+"""The ``jobs`` section of the stage config: off without a store, its bounds named, the serve flags onto it."""
+
+from __future__ import annotations
+
+import pytest
+
+from stage_runtime.cli import build_parser, config_from_args
+from stage_runtime.config import ConfigError, load_config
+
+
+def test_the_job_api_is_off_by_default_with_a_day_of_retention_and_a_30_s_lease():
+    jobs = load_config({"model": {"path": "/m"}}).jobs
+    assert (jobs.store, jobs.retention_s, jobs.lease_s, jobs.poll_after_ms, jobs.scan_interval_s, jobs.max_attempts) \
+        == (None, 86400.0, 30.0, 1000, 2.0, 3)
+
+
+@pytest.mark.parametrize(("jobs", "named"), [
+    ({"store": ""}, "jobs.store=''"), ({"retention_s": 0}, "jobs.retention_s=0"), ({"lease_s": 0.1}, "jobs.lease_s=0.1"),
+    ({"poll_after_ms": 1}, "jobs.poll_after_ms=1"), ({"max_attempts": 0}, "jobs.max_attempts=0"),
+    ({"lease_s": 1, "scan_interval_s": 60}, "scan_interval_s=60 must be at most 10 × lease_s"),
+    ({"stor": "/x"}, "unknown field jobs.stor"),
+])
+def test_a_bad_jobs_field_is_named(jobs, named):
+    with pytest.raises(ConfigError) as refused:
+        load_config({"model": {"path": "/m"}, "jobs": jobs})
+    assert named in str(refused.value)
+
+
+def test_the_serve_flags_set_the_store_the_retention_and_the_lease():
+    args = build_parser().parse_args(["serve", "--model", "/m", "--job-store", "/shared/jobs", "--job-retention-s",
+                                      "3600", "--job-lease-s", "10"])
+    jobs = config_from_args(args).jobs
+    assert (jobs.store, jobs.retention_s, jobs.lease_s) == ("/shared/jobs", 3600.0, 10.0)

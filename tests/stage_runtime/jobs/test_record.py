@@ -1,0 +1,39 @@
+"""A job's record as the OpenAI ``Video`` object: progress from the phase and step, seconds from frames and fps,
+time-ordered ids."""
+
+from __future__ import annotations
+
+import pytest
+
+from stage_runtime.jobs.record import JOB_ID, JobRecord, new_job_id, progress_of, seconds_of
+
+
+@pytest.mark.parametrize(("phase", "step", "num_steps", "progress"), [
+    (None, 0, 30, 0), ("encode", 0, 30, 0), ("denoise", 1, 30, 3), ("denoise", 15, 30, 45), ("denoise", 29, 30, 87),
+    ("decode", 30, 30, 90), ("mux", 30, 30, 95), ("denoise", 1, 3, 30), ("denoise", 2, 3, 60)])
+def test_progress_is_the_denoising_steps_done_then_decode_then_mux(phase, step, num_steps, progress):
+    assert progress_of(phase, step, num_steps) == progress
+
+
+def test_seconds_are_the_intervals_between_frames():
+    assert (seconds_of(81, 16), seconds_of(9, 8), seconds_of(9, 16), seconds_of(1, 24)) == ("5", "1", "0.5", "0")
+
+
+def test_ids_sort_in_creation_order_and_match_the_id_rule():
+    ids = [new_job_id(1_700_000_000.0 + k * 0.001) for k in range(50)]
+    assert ids == sorted(ids) and all(JOB_ID.match(i) for i in ids) and len(set(ids)) == 50
+
+
+def test_the_video_object_has_the_openai_fields_and_what_this_stage_adds():
+    record = JobRecord(id=new_job_id(1000.5), model="tiny-wan", prompt="a fox", size="16x16", num_frames=9, fps=8,
+                       num_steps=3, params={"prompt": "a fox", "seed": 7}, created_at=1000.5, status="completed",
+                       progress=100, completed_at=1002.9, expires_at=2002.9, owner=None, attempts=1)
+    video = record.video()
+    assert {k: video[k] for k in ("object", "status", "progress", "created_at", "completed_at", "expires_at",
+                                  "seconds", "size", "model", "error")} == {
+        "object": "video", "status": "completed", "progress": 100, "created_at": 1000, "completed_at": 1002,
+        "expires_at": 2002, "seconds": "1", "size": "16x16", "model": "tiny-wan", "error": None}
+    assert video["diffstage"] == {"phase": None, "step": 0, "num_steps": 3, "num_frames": 9, "fps": 8, "seed": 7,
+                                  "owner": None, "attempts": 1, "requeued_because": None}
+    given = record.model_copy(update={"params": {"seconds": 4}})
+    assert given.video()["seconds"] == "4"
