@@ -79,7 +79,8 @@ def test_a_pipeline_without_callback_on_step_end_still_serves_without_progress(t
     engine = make_engine(tiny_sag_path)
     try:
         items = list(engine.add_request(req("sag", "a cat", 3, 4, stream=True)))
-        assert [i.finished for i in items] == [True]           # no progress events: only the result
+        # no step progress (the call takes no callback), only its phases: encode, decode, then the result
+        assert [(i.phase, i.finished) for i in items] == [("encode", False), ("decode", False), (None, True)]
         pipe = bare_pipeline(tiny_sag_path)
         ref = pipe(prompt=["a cat"], negative_prompt=[""], num_inference_steps=3, guidance_scale=7.5,
                    generator=generators(4, 1), output_type="np").images
