@@ -24,6 +24,9 @@ CONTROL_RPCS: dict[str, str] = {
                  "answers its summary or {error} when the file does not fit",
     "unload_lora": "(name) → {name, unloaded}; a rank answers whether it held the adapter",
     "list_loras": "the resident adapters (the engine's view); a rank answers its own summaries",
+    # Step checkpoints (step mode): run between ticks, written by the leader of the replica holding the request
+    "checkpoint_request": "(request_id, path) → the leader holding the request's step state writes it to path: "
+                          "{path, step, total_steps, bytes, seconds}, or {error}; None from every other rank",
 }
 
 

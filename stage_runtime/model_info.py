@@ -57,6 +57,9 @@ class ModelInfo:
     # An image-to-video family's reference image (``input_reference``): "required", "optional" (with one the
     # video starts from it, without one it is text-to-video: LTX-2), or None (a reference is a 400).
     reference: str | None = None
+    # The loaded model's identity (classes, configs, a sample of the denoiser's weights; set by the model runner):
+    # a step checkpoint resumes only on a model of the same fingerprint (stage_runtime.checkpoint).
+    fingerprint: str | None = None
 
     @property
     def video(self) -> bool:

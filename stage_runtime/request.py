@@ -233,6 +233,9 @@ class DiffusionRequest:
     seed_given: bool | None = None                # the client chose the seed (None: decided at creation)
     # The SHA-256 (16 hex) of each adapter in sampling.loras, recorded at admission (engine.lora_table)
     lora_digests: tuple[str, ...] = ()
+    # A step checkpoint (stage_runtime.checkpoint) this request continues from instead of starting at step 0
+    # (step mode; the job runner's, never an HTTP field): admission checks it was made for this model and request
+    resume_from: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -242,6 +245,8 @@ class DiffusionRequest:
         if len(self.prompt) > MAX_PROMPT_CHARS:
             raise InvalidRequestError("prompt", f"<{len(self.prompt)} chars>",
                                       f"longer than {MAX_PROMPT_CHARS} characters")
+        if self.resume_from is not None and (not isinstance(self.resume_from, str) or not self.resume_from):
+            raise InvalidRequestError("resume_from", self.resume_from, "must be the path of a step checkpoint")
         if self.seed_given is None:
             self.seed_given = self.sampling.seed is not None
         if self.sampling.seed is None:

@@ -32,10 +32,13 @@ def check_execution_mode(config: StageConfig, info: ModelInfo) -> None:
 
 
 def check_request_mode(request: DiffusionRequest, execution_mode: ExecutionMode) -> None:
-    """Previews are step-mode output: a 400 naming the field in request mode."""
+    """Previews and step checkpoints are step mode's: a 400 naming the field in request mode."""
     if request.sampling.preview_every is not None and execution_mode != "step":
         raise InvalidRequestError("preview_every", request.sampling.preview_every,
                                   "previews need execution_mode=step (or streaming_output)")
+    if request.resume_from is not None and execution_mode != "step":
+        raise InvalidRequestError("resume_from", request.resume_from,
+                                  "resuming from a step checkpoint needs execution_mode=step")
 
 
 def family_check(info: ModelInfo) -> FamilyCheck:

@@ -15,6 +15,7 @@ import time
 import uuid
 from typing import Any
 
+from stage_runtime.checkpoint import check_resume
 from stage_runtime.config import StageConfig
 from stage_runtime.engine.admission import admit, check_execution_mode, family_check
 from stage_runtime.engine.limits import max_request_cost
@@ -102,9 +103,7 @@ class DiffusionEngine:
     def add_request(self, request: DiffusionRequest) -> RequestStream:
         """Admit one request (resolved against the model once); its outputs arrive on the returned stream."""
         self._check_open()
-        resolved = admit(request, self.model_info, self.scheduler.mode, self.check_family, self.max_request_cost,
-                         self.prompt_length)
-        resolved = self.loras.resolve(resolved)       # an unknown adapter: 400 here; each file's digest recorded
+        resolved = self._resolve(request)
         key, hit = self.result_cache.lookup(resolved)
         with self._lock:
             self._check_open()
@@ -124,8 +123,16 @@ class DiffusionEngine:
         """What :meth:`add_request` would refuse, refused now (InvalidRequestError naming the field), without
         queuing anything: the request resolved against the model (a job is checked at create, run later)."""
         self._check_open()
-        return self.loras.resolve(admit(request, self.model_info, self.scheduler.mode, self.check_family,
-                                        self.max_request_cost, self.prompt_length))
+        return self._resolve(request)
+
+    def _resolve(self, request: DiffusionRequest) -> DiffusionRequest:
+        """Admission (engine.admission), the adapters resolved (an unknown one: 400; each file's digest recorded),
+        and a checkpoint to resume from checked against the model and the request (400 naming resume_from)."""
+        resolved = self.loras.resolve(admit(request, self.model_info, self.scheduler.mode, self.check_family,
+                                            self.max_request_cost, self.prompt_length))
+        if resolved.resume_from is not None:
+            check_resume(resolved, self.model_info)
+        return resolved
 
     def generate(self, prompt: str, request_id: str | None = None, timeout: float | None = None,
                  reference: Any = None, **sampling: Any) -> DiffusionOutput:

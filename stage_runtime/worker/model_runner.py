@@ -27,7 +27,8 @@ import torch
 
 from stage_runtime.config import StageConfig
 from stage_runtime.errors import InvalidRequestError, WorkerFatalError
-from stage_runtime.models import block_cache, prompt_cache
+from stage_runtime.checkpoint import read_manifest
+from stage_runtime.models import block_cache, prompt_cache, step_checkpoint
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.models.lora.manager import build_lora_manager
@@ -61,7 +62,7 @@ class DiffusionModelRunner:
         if self.config.limits.decode_tile_side is not None:
             self.adapter.bound_decode(self.config.limits.decode_tile_side)
         self.model_info = dataclasses.replace(self.adapter.info(), block_cache_refusal=block_cache.block_cache_refusal(
-            self.adapter, self.config))
+            self.adapter, self.config), fingerprint=step_checkpoint.model_fingerprint(self.adapter))
         self.offloader = build_offloader(self.config.offload, self.adapter, self.device)
         self.prompt_cache = prompt_cache.install(self.adapter.pipe, self.config.cache.prompt_max_bytes)
         self.adapter.loras = build_lora_manager(self.adapter, self.config, self.device)   # startup adapters
@@ -169,23 +170,45 @@ class DiffusionModelRunner:
         with torch.inference_mode(), self._lora_guard(in_call):
             for new in sched_out.scheduled_new_reqs:
                 try:
-                    self._assert_admitted(new.request)
-                    report_phase(self.progress_hook, [new.request_id], 0, new.request.num_steps, "encode")
-                    with self._adapters(new.request):
-                        state = self.adapter.prepare_encode(new.request)
-                    state.cache = self._new_cache(new.request)
-                    self.step_states[new.request_id] = state
+                    self._prepare(new.request)
                 except Exception as exc:
                     out.outputs[new.request_id] = self._step_error(new.request_id, exc)   # (re-raises fatal)
             states = []
             for rid in sched_out.scheduled_request_ids:
-                if rid in self.step_states:
+                if rid in self.step_states and self.step_states[rid].finished:    # resumed denoised: decode only
+                    out.outputs[rid] = self._advanced(self.step_states[rid])
+                elif rid in self.step_states:
                     states.append(self.step_states[rid])
                 elif rid not in out.outputs:
                     out.outputs[rid] = RunnerOutput(rid, error=f"No step state for request {rid}")
             if states:
                 out.outputs.update(self._tick(states))
         return out
+
+    def _prepare(self, request: DiffusionRequest) -> None:
+        """A new request's step state: encoded from scratch, then laid over with its checkpoint when it resumes."""
+        self._assert_admitted(request)
+        start = 0 if request.resume_from is None else int(read_manifest(request.resume_from)["step"])
+        report_phase(self.progress_hook, [request.request_id], start, request.num_steps, "encode")
+        with self._adapters(request):
+            state = self.adapter.prepare_encode(request)
+        state.cache = self._new_cache(request)
+        if request.resume_from is not None:
+            state = step_checkpoint.restore(state, self.model_info)
+        self.step_states[request.request_id] = state
+
+    def checkpoint(self, request_id: str, path: str) -> dict | None:
+        """Write the request's step state, as it is between ticks, to ``path`` (models.step_checkpoint): {"path",
+        "step", "total_steps", "bytes", "seconds"}; {"error"} when the file cannot be written; None when this
+        rank holds no state of the request (not prepared yet, or ended)."""
+        state = self.step_states.get(request_id)
+        if state is None:
+            return None
+        try:
+            return step_checkpoint.save(state, path, self.model_info)
+        except OSError as exc:
+            log.warning("checkpoint of %s to %s failed: %s", request_id, path, exc)
+            return {"error": f"checkpoint of {request_id} to {path}: {exc.strerror or exc}"}
 
     def _tick(self, states: list[StepRequestState]) -> dict[str, RunnerOutput]:
         try:
@@ -202,23 +225,32 @@ class DiffusionModelRunner:
             return results
         results = {}
         for state, pred in zip(states, preds, strict=True):
-            rid = state.request_id
             try:
                 self.adapter.noise_step(state, pred)
-                if state.finished:
-                    report_phase(self.progress_hook, [rid], state.step_index, state.request.num_steps, "decode")
-                    images = self.adapter.post_decode(state)
-                elif state.request.preview_at(state.step_index):
-                    images = self.adapter.post_decode(state)          # a preview (preview_every, partial_images)
-                else:
-                    images = None
-                results[rid] = RunnerOutput(rid, images=images, step_index=state.step_index, finished=state.finished,
-                                            cache=None if state.cache is None else state.cache.counts())
-                if state.finished:
-                    del self.step_states[rid]
             except Exception as exc:
-                results[rid] = self._step_error(rid, exc)
+                results[state.request_id] = self._step_error(state.request_id, exc)
+                continue
+            results[state.request_id] = self._advanced(state)
         return results
+
+    def _advanced(self, state: StepRequestState) -> RunnerOutput:
+        """The output of a state that just took a step: decoded when it is done (or a preview is due)."""
+        rid = state.request_id
+        try:
+            if state.finished:
+                report_phase(self.progress_hook, [rid], state.step_index, state.request.num_steps, "decode")
+                images = self.adapter.post_decode(state)
+            elif state.request.preview_at(state.step_index):
+                images = self.adapter.post_decode(state)          # a preview (preview_every, partial_images)
+            else:
+                images = None
+            result = RunnerOutput(rid, images=images, step_index=state.step_index, finished=state.finished,
+                                  cache=None if state.cache is None else state.cache.counts())
+            if state.finished:
+                del self.step_states[rid]
+            return result
+        except Exception as exc:
+            return self._step_error(rid, exc)
 
     def _adapters(self, *requests: DiffusionRequest):
         """The prompt cache's key gets the LoRA adapters of the requests being encoded, where a text encoder is

@@ -97,6 +97,13 @@ class DiffusionWorker:
         stats = {"mode": "none"} if self.model_runner is None else self.model_runner.offload_stats()
         return {"rank": self.rank, **stats}
 
+    def checkpoint_request(self, request_id: str, path: str) -> dict | None:
+        """The request's step state to ``path`` (stage_runtime.checkpoint), by its replica's leader alone: every
+        rank of a replica holds the same state, and one writer keeps the file whole."""
+        if not self.groups.is_replica_leader or self.model_runner is None:
+            return None
+        return self.model_runner.checkpoint(request_id, path)
+
     # LoRA: the rank's half (the engine's LoraTable decides names, pinning and max_loras).
     def load_lora(self, name: str, path: str, pinned: bool = False) -> dict:
         """Read, check and hold an adapter; its summary, or ``{"error"}`` naming the adapter and key."""
