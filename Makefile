@@ -73,6 +73,7 @@ bench: $(STAMP)
 	$(PY) bench/video_encode.py
 	$(PY) bench/video_families.py --mixed
 	$(PY) bench/video_decode.py
+	$(PY) bench/checkpoint_cost.py
 
 # Tier 5, opt-in: a kind cluster with fake GPU capacity, the images loaded, the same scenario as the local
 # e2e, then the cluster deleted. Without Docker or kind it says why and exits 0.

@@ -38,6 +38,7 @@ ENGINE_FLAGS = {
     "max_image_pixels": ("server", "max_image_pixels"),
     "startup_timeout": ("server", "startup_timeout"),
     "job_store": ("jobs", "store"), "job_retention_s": ("jobs", "retention_s"), "job_lease_s": ("jobs", "lease_s"),
+    "job_checkpoint_every_steps": ("jobs", "checkpoint_every_steps"),
     "cache_mode": ("cache", "mode"), "cache_threshold": ("cache", "threshold"),
     "cache_warmup_steps": ("cache", "warmup_steps"), "cache_final_steps": ("cache", "final_steps"),
     "result_cache_bytes": ("cache", "result_max_bytes"), "prompt_cache_bytes": ("cache", "prompt_max_bytes"),
@@ -255,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "long after it finished (default 86400)")
     srv.add_argument("--job-lease-s", type=float, help="a claimed job's lease, renewed every third of it; another "
                                                        "replica takes a job whose lease expired (default 30)")
+    srv.add_argument("--job-checkpoint-every-steps", type=int,
+                     help="a running job's step checkpoint is written after every this many denoising steps; a "
+                          "replica that takes the job over resumes from it (default 5; 0: only at a drain)")
     srv.set_defaults(func=cmd_serve)
     gen = sub.add_parser("generate", help="generate one image through the engine")
     add_engine_flags(gen)

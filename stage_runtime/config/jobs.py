@@ -4,7 +4,8 @@
 their output files and the leases that say which replica runs which job. Without it the ``/v1/videos`` job routes
 answer 404 ``jobs_not_configured``. The timings are the lease's (how long a replica may stop renewing before
 another one takes its job), the retention of a finished job (its record and files go together), the poll
-interval the answers suggest to clients, and how often a replica looks for work in the store.
+interval the answers suggest to clients, how often a replica looks for work in the store, and how often a running
+job's step checkpoint is written.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ class JobsConfig(BaseModel):
     # A job whose run ended for a reason not its own (drain, dead engine, a lost lease) runs again, at most
     # this many runs in all; then it fails.
     max_attempts: int = Field(3, ge=1, le=100)
+    # While a job denoises, its owner writes its step checkpoint (jobs/<id>/checkpoint.safetensors) after every
+    # this many steps; a replica that takes the job over resumes from it. 0: only when the replica drains.
+    checkpoint_every_steps: int = Field(5, ge=0, le=10_000)
 
     @model_validator(mode="after")
     def _scan_within_lease(self) -> JobsConfig:

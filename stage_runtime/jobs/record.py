@@ -3,7 +3,8 @@
 The record holds what any replica needs to run the job again (``params``: the create request's fields as
 validated, the seed fixed at create) and what a client polls: ``status``, the phase and step of the run,
 ``progress`` from them, the times, the error. ``owner`` and ``lease_expires_at`` say which replica runs it
-(``jobs.lease`` decides; the record only shows it). ``step`` is the last denoising step the owner reported.
+(``jobs.lease`` decides; the record only shows it). ``step`` is the last denoising step the owner reported;
+``checkpoint_step`` the step of the job's newest step checkpoint, ``resumed_from_step`` where the run started.
 
 Ids are ``video_`` + 12 hex digits of the creation time in milliseconds + 20 random hex digits: they sort
 in creation order, so a list pages by id and a page's ``after`` needs no record to still exist.
@@ -81,6 +82,8 @@ class JobRecord(BaseModel):
     lease_expires_at: float | None = None          # the owner's lease as last renewed
     attempts: int = 0                              # runs started so far
     requeued_because: str | None = None            # why the last run ended without the job's own fault
+    checkpoint_step: int | None = None             # the step of the job's newest checkpoint (store: CHECKPOINT)
+    resumed_from_step: int | None = None           # the current (or last) run started from a checkpoint at this step
     outputs: tuple[str, ...] = ()                  # files of the completed job (the store's OUTPUTS)
 
     def expired(self, now: float) -> bool:
@@ -104,5 +107,6 @@ class JobRecord(BaseModel):
             "diffstage": {"phase": self.phase, "step": self.step, "num_steps": self.num_steps,
                           "num_frames": self.num_frames, "fps": self.fps, "seed": self.params.get("seed"),
                           "owner": self.owner, "attempts": self.attempts,
-                          "requeued_because": self.requeued_because},
+                          "requeued_because": self.requeued_because, "checkpoint_step": self.checkpoint_step,
+                          "resumed_from_step": self.resumed_from_step},
         }

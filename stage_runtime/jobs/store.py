@@ -6,6 +6,7 @@
     DIR/jobs/<id>/video.mp4         the outputs, once completed: the MP4 (H.264), the first frame as a PNG,
     DIR/jobs/<id>/thumbnail.png         and the exact frames as a zip of PNGs
     DIR/jobs/<id>/frames.zip
+    DIR/jobs/<id>/checkpoint.safetensors   the newest step checkpoint while the job runs (stage_runtime.checkpoint)
     DIR/incoming/<id>.<random>/     a job being created: written whole, then renamed into jobs/
     DIR/trash/<id>.<random>/        a deleted or expired job: renamed here whole, then removed
 
@@ -32,7 +33,7 @@ from stage_runtime.errors import JobNotFoundError, JobStoreError
 from stage_runtime.jobs.record import JOB_ID, JobRecord
 
 log = logging.getLogger(__name__)
-RECORD, REFERENCE = "job.json", "reference.png"
+RECORD, REFERENCE, CHECKPOINT = "job.json", "reference.png", "checkpoint.safetensors"
 OUTPUTS = {"video": "video.mp4", "thumbnail": "thumbnail.png", "frames": "frames.zip"}   # variant → file
 INCOMING_STALE_S = 3600.0          # a create that never finished (its process died) is removed after this
 TRASH_STALE_S = 60.0               # a trashed folder its deleter did not finish removing
@@ -120,6 +121,15 @@ class JobStore:
             raise JobNotFoundError(f"video job {job_id} was deleted") from None
         except OSError as exc:
             raise JobStoreError(f"job store: cannot write {name} of {job_id}: {exc.strerror or exc}") from None
+
+    def remove_file(self, job_id: str, name: str) -> None:
+        """The file gone (it was not there, or the job was deleted: nothing to do)."""
+        try:
+            (self.folder(job_id) / name).unlink(missing_ok=True)
+        except (FileNotFoundError, JobNotFoundError):
+            return
+        except OSError as exc:
+            raise JobStoreError(f"job store: cannot remove {name} of {job_id}: {exc.strerror or exc}") from None
 
     def read_file(self, job_id: str, name: str) -> bytes:
         try:

@@ -6,29 +6,37 @@ step goes into the record (``phase``, ``step``, ``progress``; only the newest wa
 so a slow store never slows the engine). On success the MP4, the thumbnail (the first frame) and the exact
 frames are written beside the record, then the record says ``completed``.
 
+While it denoises, the run has the engine write the job's step checkpoint (``checkpoint_request``, between two
+ticks; ``jobs/<id>/checkpoint.safetensors``, replaced whole) after every ``checkpoint_every_steps`` steps, and the
+record says its step (``checkpoint_step``). A run of a job that has a checkpoint starts from it (the engine request
+carries ``resume_from``; ``resumed_from_step`` in the record); one the engine refuses (another model, another
+request) is left aside and the job runs from step 0. A completed job's checkpoint is removed.
+
 A job deleted while it runs stops at its next step: at once when the DELETE reaches this replica
-(:meth:`JobRun.cancel`), else when the run's next record write finds the job gone. A run ended for a reason not
-the job's own (the drain, a dead engine) puts the job back in the queue for any replica, from step 0,
-``max_attempts`` runs at most; the job's own failure (a failed pipeline call, its deadline) is ``failed`` with
-the error. (Step checkpoints and resuming from them are to come; the record's ``step`` and the lease are their
-seams.)
+(:meth:`JobRun.cancel`), else when the run's next record write finds the job gone. A draining replica hands its
+runs off (:meth:`JobRun.hand_off`: a checkpoint now, the request stopped, the job back in the queue at that step,
+the lease released). A run ended for another reason not the job's own (the drain timeout, a dead engine) puts the
+job back in the queue at its newest checkpoint, ``max_attempts`` runs at most; the job's own failure (a failed
+pipeline call, its deadline) is ``failed`` with the error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from contextlib import aclosing
 
+from stage_runtime.checkpoint import read_manifest
 from stage_runtime.config import JobsConfig
 from stage_runtime.errors import (DiffStageError, EngineDeadError, InvalidRequestError, JobNotFoundError, JobStoreError,
                                   RequestAbortedError)
 from stage_runtime.imageio import decode_image
 from stage_runtime.jobs.lease import SPARE, Lease, Leases
 from stage_runtime.jobs.record import JobError, JobRecord, progress_of
-from stage_runtime.jobs.store import OUTPUTS, REFERENCE, JobStore
+from stage_runtime.jobs.store import CHECKPOINT, OUTPUTS, REFERENCE, JobStore
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import DiffusionRequest
 from stage_runtime.serve.job_form import VideoJobRequest
@@ -38,6 +46,7 @@ from stage_runtime.videoio import encode_mp4, thumbnail_png
 
 log = logging.getLogger(__name__)
 REQUEUE_ERRORS = {"engine_dead", "engine_closed", "stage_unavailable", "queue_full"}   # not the job's fault
+CHECKPOINT_TIMEOUT_S = 300.0           # one checkpoint RPC: it waits for the tick in progress, then writes
 
 
 class JobRun:
@@ -50,6 +59,10 @@ class JobRun:
         self.lost = False                      # the lease is lost: another replica may run it now
         self.backoff = False                   # the engine could not take it now: no immediate rescan
         self.stopped_at: int | None = None     # the steps done when the run ended
+        self.checkpoint_step = record.checkpoint_step    # the step of the job's newest checkpoint
+        self.resumed_from: int | None = None   # the checkpoint's step this run started from
+        self.handing_off = False               # the replica drains: the run stops at a checkpoint, the job requeues
+        self._checkpointing: asyncio.Task | None = None
         self._lock = asyncio.Lock()
         self._pending: dict | None = None      # the newest progress not yet written
         self._writer: asyncio.Task | None = None
@@ -67,9 +80,11 @@ class JobRun:
             log.error("video job %s: the store failed; its lease is released for a retry: %s", self.job_id, exc)
         finally:
             renewing.cancel()
-            self.done.set()
-            if not (self.deleted or self.lost):
-                await asyncio.to_thread(self.leases.release, self.lease)
+            try:
+                if not (self.deleted or self.lost):
+                    await asyncio.to_thread(self.leases.release, self.lease)
+            finally:
+                self.done.set()                # (after the release: a hand-off returns with the lease free)
 
     async def cancel(self, timeout: float) -> dict[str, int]:
         """The job was deleted: stop it at its next step and wait until it has stopped. {step_at_delete,
@@ -110,7 +125,8 @@ class JobRun:
         if self.deleted or self.lost:
             return
         async with self._lock:
-            self.record = self.record.model_copy(update={**changes, "lease_expires_at": self.lease.expires_at})
+            self.record = self.record.model_copy(update={**changes, "lease_expires_at": self.lease.expires_at,
+                                                         "checkpoint_step": self.checkpoint_step})
             try:
                 await asyncio.to_thread(self.store.put, self.record)
             except JobNotFoundError:
@@ -144,7 +160,7 @@ class JobRun:
             await self._fail_tired(record.requeued_because or "with its replica")
             return
         try:
-            stream = self.service.submit(await asyncio.to_thread(self._request, record))
+            stream = self._submit(await asyncio.to_thread(self._request, record))
         except InvalidRequestError as exc:
             await self._finish("failed", error=JobError(code=exc.error_type, message=str(exc), param=exc.field))
             return
@@ -152,14 +168,21 @@ class JobRun:
             self.backoff = True
             log.info("video job %s not started here: %s: %s", record.id, type(exc).__name__, exc)
             return
+        start = self.resumed_from or 0
         await self._write(status="in_progress", owner=self.leases.owner, attempts=record.attempts + 1,
-                          started_at=time.time(), phase=None, step=0, progress=0)
+                          started_at=time.time(), phase=None, step=start, resumed_from_step=self.resumed_from,
+                          progress=progress_of("denoise", start, record.num_steps))
         final = await self._follow(stream)
         self.stopped_at = final.step_index
+        if self._checkpointing is not None:
+            await asyncio.gather(self._checkpointing, return_exceptions=True)
         if self.deleted or self.lost:
             return
         if final.error is None:
             await self._complete(final)
+        elif final.error_type == RequestAbortedError.error_type and self.handing_off:
+            await self._requeue(f"handed off by {self.leases.owner} as it drained, at the checkpoint of step "
+                                f"{self.checkpoint_step or 0}")
         elif final.error_type in REQUEUE_ERRORS or (final.error_type == RequestAbortedError.error_type
                                                     and (self.service.draining or self._closing())):
             await self._requeue(final.error)
@@ -172,7 +195,72 @@ class JobRun:
         if record.reference:
             reference = decode_image(self.store.read_file(record.id, REFERENCE), "input_reference",
                                      self.service.config.server.max_image_pixels)
-        return VideoJobRequest.stored(record.params).video_request(record.id, record.fps, reference, stream=True)
+        request = VideoJobRequest.stored(record.params).video_request(record.id, record.fps, reference, stream=True)
+        path = str(self.store.folder(record.id) / CHECKPOINT)
+        try:
+            self.resumed_from = self.checkpoint_step = int(read_manifest(path)["step"])
+        except InvalidRequestError as exc:
+            if "no such checkpoint" not in exc.reason:
+                log.warning("video job %s: its checkpoint is not usable; it runs from step 0: %s", record.id, exc)
+            self.resumed_from = self.checkpoint_step = None
+            return request
+        return dataclasses.replace(request, resume_from=path)
+
+    def _submit(self, request: DiffusionRequest):
+        """The job's engine request admitted; one whose checkpoint the engine refuses (another model, another
+        request) runs from step 0."""
+        try:
+            return self.service.submit(request)
+        except InvalidRequestError as exc:
+            if request.resume_from is None or exc.field != "resume_from":
+                raise
+            log.warning("video job %s: the engine refuses its checkpoint; it runs from step 0: %s", self.job_id, exc)
+            self.resumed_from = self.checkpoint_step = None
+            return self.service.submit(dataclasses.replace(request, resume_from=None))
+
+    # -- checkpoints ------------------------------------------------------------------------------------------
+    def _due(self, phase: str | None, step: int) -> None:
+        """After a denoising step: a checkpoint when ``checkpoint_every_steps`` have passed since the newest one."""
+        every = self.config.checkpoint_every_steps
+        if (not every or phase != "denoise" or step >= self.record.num_steps or self.handing_off
+                or step - (self.checkpoint_step or 0) < every
+                or (self._checkpointing is not None and not self._checkpointing.done())):
+            return
+        self._checkpointing = asyncio.get_running_loop().create_task(self.checkpoint())
+
+    async def checkpoint(self) -> int | None:
+        """The job's step state to its checkpoint file, at the engine's next tick boundary: the step saved, or None
+        (no state to save: not started or already ended; the file could not be written: logged)."""
+        path = str(self.store.folder(self.job_id) / CHECKPOINT)
+        try:
+            replies = await asyncio.to_thread(self.service.collective_rpc, "checkpoint_request", (self.job_id, path),
+                                              {}, CHECKPOINT_TIMEOUT_S, None)
+        except DiffStageError as exc:
+            log.warning("video job %s: no checkpoint: %s", self.job_id, exc)
+            return None
+        saved = next((reply for reply in replies if reply), None)
+        if saved is None or self.deleted or self.lost:
+            return None
+        if "error" in saved:
+            log.warning("video job %s: no checkpoint: %s", self.job_id, saved["error"])
+            return None
+        self.checkpoint_step = int(saved["step"])
+        log.info("video job %s: checkpoint at step %d (%d bytes, %.3f s)", self.job_id, saved["step"], saved["bytes"],
+                 saved["seconds"])
+        return self.checkpoint_step
+
+    async def hand_off(self, timeout: float) -> None:
+        """The replica drains: a checkpoint now, the run stopped, the job back in the queue at the checkpoint's step
+        and the lease released (another replica resumes it)."""
+        self.handing_off = True
+        if self._checkpointing is not None:
+            await asyncio.gather(self._checkpointing, return_exceptions=True)
+        await self.checkpoint()
+        self.service.abort([self.job_id])
+        try:
+            await asyncio.wait_for(self.done.wait(), timeout)
+        except TimeoutError:
+            log.error("video job %s still running %g s after its hand-off", self.job_id, timeout)
 
     async def _follow(self, stream) -> DiffusionOutput:
         """Consume the request's items to its final one, reporting each phase and step."""
@@ -183,6 +271,7 @@ class JobRun:
                     return item
                 step, steps = item.step_index or 0, item.num_steps or self.record.num_steps
                 self._report(phase=item.phase, step=step, progress=progress_of(item.phase, step, steps))
+                self._due(item.phase, step)
         await self._settle()
         raise EngineDeadError(f"the stream of video job {self.job_id} ended without its final item")
 
@@ -204,6 +293,12 @@ class JobRun:
         await self._finish("completed", outputs=tuple(files))
 
     async def _finish(self, status: str, **changes) -> None:
+        """The job's end: its checkpoint removed (nothing resumes a finished job), the record's last word."""
+        try:
+            await asyncio.to_thread(self.store.remove_file, self.job_id, CHECKPOINT)
+            self.checkpoint_step = None
+        except JobStoreError as exc:
+            log.warning("video job %s: its checkpoint stays until the job expires: %s", self.job_id, exc)
         now = time.time()
         await self._write(status=status, phase=None, owner=None, completed_at=now,
                           expires_at=now + self.config.retention_s,
@@ -215,10 +310,11 @@ class JobRun:
             f"ran {self.record.attempts} times without finishing (jobs.max_attempts); the last run ended: {why}")))
 
     async def _requeue(self, why: str) -> None:
-        """Back in the queue for any replica (from step 0), or failed after ``max_attempts`` runs."""
+        """Back in the queue for any replica (at its newest checkpoint), or failed after ``max_attempts`` runs."""
         if self.record.attempts >= self.config.max_attempts:
             await self._fail_tired(why)
             return
-        log.info("video job %s back in the queue (%s)", self.job_id, why)
-        await self._write(status="queued", owner=None, phase=None, step=0, progress=0, started_at=None,
-                          requeued_because=why)
+        step = self.checkpoint_step or 0
+        log.info("video job %s back in the queue at step %d (%s)", self.job_id, step, why)
+        await self._write(status="queued", owner=None, phase=None, step=step, started_at=None, requeued_because=why,
+                          progress=progress_of("denoise", step, self.record.num_steps))

@@ -4,8 +4,10 @@
 Every ``scan_interval_s`` (and at once after a create here or a run here ending) the runner sweeps expired jobs
 and, while the stage is ready, claims the oldest claimable jobs of its model — queued ones, and in-progress ones
 whose owner stopped renewing its lease — until it runs ``max_num_seqs`` of them. A DELETE that reaches this
-replica stops a run here at once (:meth:`JobRunner.cancel`); on shutdown the runner stops claiming and waits for
-its runs, which the drain has let finish or put back in the queue.
+replica stops a run here at once (:meth:`JobRunner.cancel`). When the replica drains, the runner stops claiming
+and hands every run off (:meth:`JobRunner.hand_off`: each checkpoints, stops and goes back in the queue with its
+lease released, for another replica to resume) before the drain waits for the other requests; on shutdown it waits
+for what is left of its runs.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ class JobRunner:
 
     async def _own(self, lease: Lease) -> None:
         record = await asyncio.to_thread(self.store.get, lease.job_id)
-        if record is None or record.status not in ACTIVE or record.model != self.model:
+        if record is None or record.status not in ACTIVE or record.model != self.model or self._closing:
             await asyncio.to_thread(self.leases.release, lease)
             return
         run = self.running[lease.job_id] = JobRun(self.service, self.store, self.leases, self.config, lease, record,
@@ -117,6 +119,19 @@ class JobRunner:
         stopped ({step_at_delete, stopped_at_step}); None when it does not run here."""
         run = self.running.get(job_id)
         return None if run is None else await run.cancel(timeout)
+
+    async def hand_off(self, timeout: float = CLOSE_WAIT_S) -> list[str]:
+        """The replica drains: stop claiming; every run here checkpoints, stops and puts its job back in the queue at
+        that step with its lease released. Returns the ids handed off."""
+        self._closing = True
+        runs = list(self.running.values())
+        for run, outcome in zip(runs, await asyncio.gather(*(run.hand_off(timeout) for run in runs),
+                                                           return_exceptions=True), strict=True):
+            if isinstance(outcome, BaseException):
+                log.error("video job %s: hand-off failed", run.job_id, exc_info=outcome)
+        if runs:
+            log.info("handed off %d video job(s) at the drain: %s", len(runs), ", ".join(r.job_id for r in runs))
+        return [run.job_id for run in runs]
 
     async def close(self) -> None:
         """Stop claiming; wait for the runs (the drain has let them finish or aborted them: those requeue)."""

@@ -174,10 +174,12 @@ class StageDiffusionProc:
         dead = asyncio.create_task(self._watch_death(engine))
         await asyncio.wait({stop, dead}, return_when=asyncio.FIRST_COMPLETED)
         if not dead.done():
+            if self.jobs is not None:
+                await self.jobs.hand_off()          # its runs checkpoint and go back to the queue for another replica
             aborted = await self.service.drain(self.config.server.drain_timeout)
             log.info("drained (%d request(s) aborted at the drain timeout)", len(aborted))
             if self.jobs is not None:
-                await self.jobs.close()             # its runs ended with the drain (aborted ones requeued)
+                await self.jobs.close()             # its runs were handed off before the drain
         stop.cancel()
         dead.cancel()
         if engine.dead_reason is not None:

@@ -8,15 +8,16 @@ from stage_runtime.cli import build_parser, config_from_args
 from stage_runtime.config import ConfigError, load_config
 
 
-def test_the_job_api_is_off_by_default_with_a_day_of_retention_and_a_30_s_lease():
+def test_the_job_api_is_off_by_default_with_a_day_of_retention_a_30_s_lease_and_a_checkpoint_every_5_steps():
     jobs = load_config({"model": {"path": "/m"}}).jobs
-    assert (jobs.store, jobs.retention_s, jobs.lease_s, jobs.poll_after_ms, jobs.scan_interval_s, jobs.max_attempts) \
-        == (None, 86400.0, 30.0, 1000, 2.0, 3)
+    assert (jobs.store, jobs.retention_s, jobs.lease_s, jobs.poll_after_ms, jobs.scan_interval_s, jobs.max_attempts,
+            jobs.checkpoint_every_steps) == (None, 86400.0, 30.0, 1000, 2.0, 3, 5)
 
 
 @pytest.mark.parametrize(("jobs", "named"), [
     ({"store": ""}, "jobs.store=''"), ({"retention_s": 0}, "jobs.retention_s=0"), ({"lease_s": 0.1}, "jobs.lease_s=0.1"),
     ({"poll_after_ms": 1}, "jobs.poll_after_ms=1"), ({"max_attempts": 0}, "jobs.max_attempts=0"),
+    ({"checkpoint_every_steps": -1}, "jobs.checkpoint_every_steps=-1"),
     ({"lease_s": 1, "scan_interval_s": 60}, "scan_interval_s=60 must be at most 10 × lease_s"),
     ({"stor": "/x"}, "unknown field jobs.stor"),
 ])
@@ -26,8 +27,8 @@ def test_a_bad_jobs_field_is_named(jobs, named):
     assert named in str(refused.value)
 
 
-def test_the_serve_flags_set_the_store_the_retention_and_the_lease():
+def test_the_serve_flags_set_the_store_the_retention_the_lease_and_the_checkpoint_interval():
     args = build_parser().parse_args(["serve", "--model", "/m", "--job-store", "/shared/jobs", "--job-retention-s",
-                                      "3600", "--job-lease-s", "10"])
+                                      "3600", "--job-lease-s", "10", "--job-checkpoint-every-steps", "0"])
     jobs = config_from_args(args).jobs
-    assert (jobs.store, jobs.retention_s, jobs.lease_s) == ("/shared/jobs", 3600.0, 10.0)
+    assert (jobs.store, jobs.retention_s, jobs.lease_s, jobs.checkpoint_every_steps) == ("/shared/jobs", 3600.0, 10.0, 0)

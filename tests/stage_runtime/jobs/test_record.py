@@ -34,6 +34,7 @@ def test_the_video_object_has_the_openai_fields_and_what_this_stage_adds():
         "object": "video", "status": "completed", "progress": 100, "created_at": 1000, "completed_at": 1002,
         "expires_at": 2002, "seconds": "1", "size": "16x16", "model": "tiny-wan", "error": None}
     assert video["diffstage"] == {"phase": None, "step": 0, "num_steps": 3, "num_frames": 9, "fps": 8, "seed": 7,
-                                  "owner": None, "attempts": 1, "requeued_because": None}
+                                  "owner": None, "attempts": 1, "requeued_because": None, "checkpoint_step": None,
+                                  "resumed_from_step": None}
     given = record.model_copy(update={"params": {"seconds": 4}})
     assert given.video()["seconds"] == "4"

@@ -1,25 +1,35 @@
 """The job runner in process, on a real engine (the tiny Wan, step mode) and a real store: a job whose owner stopped
-renewing is taken over and run from step 0; a drain puts a running job back in the queue with its lease free; a
-lost lease stops the run and its writes; a job out of attempts fails saying so."""
+renewing is taken over and run from step 0, or from the checkpoint its owner wrote (another engine: the same frames,
+bitwise); a running job checkpoints every few steps; a drain hands a running job off at a checkpoint (back in the
+queue, lease free) and another replica resumes it there; a lost lease stops the run and its writes; a job out of
+attempts fails saying so."""
 
 from __future__ import annotations
 
+import io
+import os
 import time
+import zipfile
 
+import numpy as np
 import pytest
+from engine_probes import threadless
+from PIL import Image
 from support.waiting import async_wait_until
 
 from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
 from stage_runtime.jobs.lease import Leases
 from stage_runtime.jobs.record import JobRecord, new_job_id
-from stage_runtime.jobs.store import OUTPUTS, JobStore
+from stage_runtime.jobs.store import CHECKPOINT, OUTPUTS, JobStore
+from stage_runtime.serve.job_form import VideoJobRequest
 from stage_runtime.serve.job_runner import JobRunner
 from stage_runtime.serve.metrics import StageMetrics
 from stage_runtime.serve.service import StageService
 from stage_runtime.videoio import decode_mp4
 
-JOBS = {"lease_s": 1.5, "scan_interval_s": 0.1, "max_attempts": 3}
+JOBS = {"lease_s": 1.5, "scan_interval_s": 0.1, "max_attempts": 3, "checkpoint_every_steps": 3}
+FINISHED = {"job.json", "lease-00000001.json", "lease-00000002.json", *OUTPUTS.values()}   # no checkpoint, no temp
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +49,17 @@ def engine(config):
 async def runner(engine, config, tmp_path):
     service = StageService(config, StageMetrics())
     service.attach(engine)
-    runner = JobRunner(service, JobStore(tmp_path / "store").open(), config.jobs, "tiny-wan")
+    runner = JobRunner(service, JobStore(tmp_path / "store").open(), config.jobs, "tiny-wan", owner="replica-a")
     runner.start()
     yield runner
     await runner.close()
     assert engine.requests_snapshot() == []
+
+
+def stored_frames(store: JobStore, job_id: str) -> np.ndarray:
+    with zipfile.ZipFile(io.BytesIO(store.read_file(job_id, OUTPUTS["frames"]))) as archive:
+        return np.stack([np.asarray(Image.open(io.BytesIO(archive.read(n))).convert("RGB"))
+                         for n in sorted(archive.namelist())])
 
 
 def job(store: JobStore, steps: int, **fields) -> JobRecord:
@@ -72,15 +88,69 @@ async def test_a_job_whose_owner_stopped_renewing_is_taken_over_and_run_from_ste
     assert frames.shape == (9, 16, 16, 3) and fps == 8
 
 
-async def test_a_drain_puts_a_running_job_back_in_the_queue_with_its_lease_free(runner):
+async def test_a_taken_over_job_resumes_from_its_owners_checkpoint_to_the_same_frames(runner, tiny_wan_path):
+    """The owner (another engine, threadless: one tick a step) wrote the job's checkpoint at step 4 and died; the
+    replica that takes the job over runs steps 5–8 only, and the frames equal the owner's uninterrupted run's."""
+    store = runner.store
+    orphan = job(store, 8, status="in_progress", owner="gone-1", attempts=1, step=5, phase="denoise",
+                 checkpoint_step=4)
+    owner = threadless(tiny_wan_path)
+    try:
+        request = VideoJobRequest.stored(orphan.params).video_request(orphan.id, orphan.fps, None)
+        stream = owner.add_request(request)
+        for _ in range(4):
+            owner.step()
+        [saved] = owner.collective_rpc("checkpoint_request", (orphan.id, str(store.folder(orphan.id) / CHECKPOINT)))
+        while not stream.finished:
+            owner.step()
+        uninterrupted = stream.result(timeout=0).images[0]
+    finally:
+        owner.close()
+    assert saved["step"] == 4
+    dead = Leases(store, "gone-1", 1.5, clock=lambda: time.time() - 10).claim(orphan.id)
+    assert dead is not None and runner.leases.free(orphan.id)
+    done = await record_where(store, orphan.id, "the orphan completed", lambda r: r.status == "completed")
+    assert (done.resumed_from_step, done.attempts, done.step, done.video()["diffstage"]["resumed_from_step"]) == (
+        4, 2, 8, 4)
+    assert np.array_equal(stored_frames(store, orphan.id), uninterrupted)          # bitwise
+    assert set(os.listdir(store.folder(orphan.id))) == FINISHED and done.checkpoint_step is None
+
+
+async def test_a_drain_hands_a_running_job_off_at_a_checkpoint_and_another_replica_resumes_it(runner, config):
+    store, service = runner.store, runner.service
+    steps = 60
+    handed = job(store, steps)
+    running = await record_where(store, handed.id, "a checkpoint written", lambda r: (r.checkpoint_step or 0) >= 3)
+    assert (running.status, running.owner, running.attempts) == ("in_progress", runner.owner, 1)
+    assert await runner.hand_off() == [handed.id]
+    back = store.get(handed.id)
+    at = back.checkpoint_step
+    assert (back.status, back.owner, back.step, back.attempts, back.error) == ("queued", None, at, 1, None)
+    assert 3 <= at < steps and f"at the checkpoint of step {at}" in back.requeued_because
+    assert runner.leases.free(handed.id) and runner.leases.current(handed.id).expires_at == 0.0     # released
+    assert await service.drain(0.0) == []                              # nothing of the job left to wait for
+    other_service = StageService(config, StageMetrics())           # replica B (the same engine stands in for its)
+    other_service.attach(service.engine)
+    other = JobRunner(other_service, store, config.jobs, "tiny-wan", owner="replica-b")
+    other.start()
+    try:
+        done = await record_where(store, handed.id, "the job completed", lambda r: r.status == "completed")
+    finally:
+        await other.close()
+    assert (done.resumed_from_step, done.attempts, done.step) == (at, 2, steps)
+    assert set(os.listdir(store.folder(handed.id))) == FINISHED
+
+
+async def test_a_drain_timeout_puts_a_running_job_back_at_its_newest_checkpoint(runner):
     store, service = runner.store, runner.service
     long = job(store, 999)
-    running = await record_where(store, long.id, "the job running", lambda r: r.step >= 2)
+    running = await record_where(store, long.id, "a checkpoint written", lambda r: (r.checkpoint_step or 0) >= 3)
     assert (running.status, running.owner, running.attempts) == ("in_progress", runner.owner, 1)
     assert await service.drain(0.0) == [long.id]
     await runner.close()
     back = store.get(long.id)
-    assert (back.status, back.owner, back.step, back.progress, back.attempts) == ("queued", None, 0, 0, 1)
+    assert (back.status, back.owner, back.step, back.attempts) == ("queued", None, back.checkpoint_step, 1)
+    assert back.checkpoint_step >= 3 and (store.folder(long.id) / CHECKPOINT).is_file()
     assert "drain timeout" in back.requeued_because and back.error is None
     assert runner.leases.free(long.id) and runner.leases.current(long.id).expires_at == 0.0     # released
 

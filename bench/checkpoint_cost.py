@@ -1,0 +1,163 @@
+"""Step checkpoints: what one costs (time and bytes) and what resuming from one costs against not stopping.
+
+Per tiny video kind (and SD for an image family) one in-process engine (uni executor, step mode, no busy-loop
+thread: each ``step()`` is one tick, each ``checkpoint_request`` runs between two ticks, as the engine runs it)
+measures, ``--runs`` times:
+
+    tick            one denoising step of the request alone (the ticks between the first and the last); the first
+                    tick (the prompt's encode and step 1) apart: a resume encodes from scratch too
+    checkpoint      ``checkpoint_request`` after every step: the rank's own time (pack, serialize, write, fsync,
+                    rename) and the RPC's wall time, and the file's bytes, split by the state's fields
+    uninterrupted   the request from admission to its frames
+    resumed         a request with ``resume_from`` = the checkpoint of step ``steps // 2``: from admission to its
+                    frames (encode from scratch, the checkpoint laid over, the other half of the steps, decode),
+                    against the uninterrupted run's ticks over the same steps and decode (``the same half``)
+
+and whether the resumed frames equal the uninterrupted ones bitwise. Each line: median, min–max, number of
+samples; what it ran on. ``--dir`` puts the files on the folder of your job store (NFS, CephFS) to measure it.
+
+    .venv/bin/python bench/checkpoint_cost.py [--runs 3] [--steps 8] [--size 32] [--frames 9] [--kind wan]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stats import machine, spread  # noqa: E402
+
+KINDS = ("wan", "wan22", "sd")
+
+
+def field_bytes(path: str) -> dict[str, int]:
+    """The checkpoint's tensor bytes per top-level field of the step state (from its header alone)."""
+    with open(path, "rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    sizes = {name: end - start for name, entry in header.items() if name != "__metadata__"
+             for start, end in [entry["data_offsets"]]}
+    tree = json.loads(header["__metadata__"]["diffstage"])["state"]
+
+    def names(node) -> list[str]:
+        if isinstance(node, dict):
+            own = [node[k] for k in ("tensor", "ndarray", "generator") if k in node]
+            return own + [n for v in node.values() if isinstance(v, (dict, list)) for n in names(v)]
+        if isinstance(node, list):
+            return [n for v in node for n in names(v)]
+        return []
+
+    return {field: sum(sizes[n] for n in names(node)) for field, node in tree.items()}
+
+
+def request(kind: str, rid: str, args, resume_from: str | None = None):
+    from stage_runtime.request import DiffusionRequest, SamplingParams
+
+    video = kind != "sd"
+    side = args.size if video else max(args.size, 64)
+    sampling = SamplingParams(num_inference_steps=args.steps, seed=7, height=side, width=side,
+                              **({"num_frames": args.frames} if video else {}))
+    return DiffusionRequest(rid, "a red car on a bridge", sampling, video=video, resume_from=resume_from)
+
+
+def timed_run(engine, req, each_tick=None) -> tuple[float, list[float], object]:
+    """(seconds from admission to the final output, each tick's seconds, the output)."""
+    started = time.perf_counter()
+    stream = engine.add_request(req)
+    ticks = []
+    while not stream.finished:
+        t0 = time.perf_counter()
+        engine.step()
+        ticks.append(time.perf_counter() - t0)
+        if each_tick is not None and not stream.finished:
+            each_tick()
+    return time.perf_counter() - started, ticks, stream.result(timeout=0)
+
+
+def bench_kind(kind: str, args, root: str, folder: str) -> None:
+    import numpy as np
+
+    from stage_runtime.config import load_config
+    from stage_runtime.engine import DiffusionEngine
+    from stage_runtime.models.tiny import make_tiny_model
+
+    path = make_tiny_model(f"{root}/{kind}", kind=kind, seed=0)
+    engine = DiffusionEngine(load_config({"model": {"path": str(path)}, "device": "cpu", "warmup": False,
+                                          "scheduler": {"execution_mode": "step", "max_num_seqs": 1}}))
+    half = args.steps // 2
+    series: dict[str, list[float]] = {k: [] for k in ("tick", "first", "ckpt_rank", "ckpt_rpc", "full", "resumed",
+                                                      "same_half")}
+    sizes, split, equal = [], {}, True
+    try:
+        timed_run(engine, request(kind, "warm", args))                          # first-call costs out of the way
+        for run in range(args.runs):
+            ckpt = os.path.join(folder, f"{kind}-{run}.safetensors")
+            at_half = os.path.join(folder, f"{kind}-{run}-half.safetensors")
+            rid = f"full-{run}"
+
+            def save() -> None:
+                t0 = time.perf_counter()
+                [saved] = engine.collective_rpc("checkpoint_request", (rid, ckpt))
+                series["ckpt_rpc"].append(time.perf_counter() - t0)
+                series["ckpt_rank"].append(saved["seconds"])
+                sizes.append(saved["bytes"])
+                if saved["step"] == half:
+                    os.replace(ckpt, at_half)
+
+            _, _, with_ckpt = timed_run(engine, request(kind, rid, args), save)
+            full_s, ticks, full = timed_run(engine, request(kind, f"plain-{run}", args))
+            series["full"].append(full_s)
+            series["tick"] += ticks[1:-1]
+            series["first"].append(ticks[0])
+            series["same_half"].append(sum(ticks[half:]))
+            resumed_s, _, resumed = timed_run(engine, request(kind, f"resumed-{run}", args, resume_from=at_half))
+            series["resumed"].append(resumed_s)
+            equal &= bool(np.array_equal(resumed.images, full.images) and np.array_equal(with_ckpt.images, full.images))
+            split = field_bytes(at_half)
+            for name in (ckpt, at_half):
+                if os.path.exists(name):
+                    os.unlink(name)
+    finally:
+        engine.close()
+    shape = f"{args.size}x{args.size}x{args.frames}" if kind != "sd" else f"{max(args.size, 64)}² image"
+    print(f"\n{kind} ({shape}, {args.steps} steps, {args.runs} runs)")
+    print(f"  tick (one step)          {spread(series['tick'])}")
+    print(f"  first tick (encode + 1)  {spread(series['first'])}")
+    print(f"  checkpoint, rank         {spread(series['ckpt_rank'])}")
+    print(f"  checkpoint, RPC wall     {spread(series['ckpt_rpc'])}")
+    print(f"  checkpoint bytes         {spread(sizes, unit='KiB', scale=1 / 1024, digits=1)}; by field: "
+          + ", ".join(f"{k} {v / 1024:.1f} KiB" for k, v in split.items() if v))
+    print(f"  uninterrupted            {spread(series['full'])}")
+    print(f"  resumed at step {half:<3}      {spread(series['resumed'])}")
+    print(f"  the same {args.steps - half} steps + decode   {spread(series['same_half'])}  "
+          f"(uninterrupted ticks: the resume's own cost is the difference)")
+    print(f"  resumed frames equal the uninterrupted ones bitwise: {equal}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--size", type=int, default=32)
+    parser.add_argument("--frames", type=int, default=9)
+    parser.add_argument("--kind", choices=KINDS, action="append", help="repeatable; default: all")
+    parser.add_argument("--dir", help="where the checkpoints are written (default: a temp folder)")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as root:
+        folder = args.dir or root
+        for kind in args.kind or KINDS:
+            bench_kind(kind, args, root, folder)
+    print(f"\n{machine()}")
+
+
+if __name__ == "__main__":
+    main()
