@@ -236,6 +236,9 @@ class DiffusionRequest:
     # A step checkpoint (stage_runtime.checkpoint) this request continues from instead of starting at step 0
     # (step mode; the job runner's, never an HTTP field): admission checks it was made for this model and request
     resume_from: str | None = None
+    # Where the rank writes the request's step checkpoint once it is denoised, before it decodes (a job's decode
+    # retry resumes from it and only decodes)
+    save_denoised_to: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -245,8 +248,10 @@ class DiffusionRequest:
         if len(self.prompt) > MAX_PROMPT_CHARS:
             raise InvalidRequestError("prompt", f"<{len(self.prompt)} chars>",
                                       f"longer than {MAX_PROMPT_CHARS} characters")
-        if self.resume_from is not None and (not isinstance(self.resume_from, str) or not self.resume_from):
-            raise InvalidRequestError("resume_from", self.resume_from, "must be the path of a step checkpoint")
+        for name in ("resume_from", "save_denoised_to"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidRequestError(name, value, "must be the path of a step checkpoint")
         if self.seed_given is None:
             self.seed_given = self.sampling.seed is not None
         if self.sampling.seed is None:

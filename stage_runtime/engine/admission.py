@@ -36,9 +36,9 @@ def check_request_mode(request: DiffusionRequest, execution_mode: ExecutionMode)
     if request.sampling.preview_every is not None and execution_mode != "step":
         raise InvalidRequestError("preview_every", request.sampling.preview_every,
                                   "previews need execution_mode=step (or streaming_output)")
-    if request.resume_from is not None and execution_mode != "step":
-        raise InvalidRequestError("resume_from", request.resume_from,
-                                  "resuming from a step checkpoint needs execution_mode=step")
+    for name in ("resume_from", "save_denoised_to"):
+        if getattr(request, name) is not None and execution_mode != "step":
+            raise InvalidRequestError(name, getattr(request, name), "step checkpoints need execution_mode=step")
 
 
 def family_check(info: ModelInfo) -> FamilyCheck:

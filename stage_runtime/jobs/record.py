@@ -84,6 +84,7 @@ class JobRecord(BaseModel):
     requeued_because: str | None = None            # why the last run ended without the job's own fault
     checkpoint_step: int | None = None             # the step of the job's newest checkpoint (store: CHECKPOINT)
     resumed_from_step: int | None = None           # the current (or last) run started from a checkpoint at this step
+    decode_retries: int = 0                        # decodes run again from the denoised state after a failed one
     outputs: tuple[str, ...] = ()                  # files of the completed job (the store's OUTPUTS)
 
     def expired(self, now: float) -> bool:
@@ -108,5 +109,5 @@ class JobRecord(BaseModel):
                           "num_frames": self.num_frames, "fps": self.fps, "seed": self.params.get("seed"),
                           "owner": self.owner, "attempts": self.attempts,
                           "requeued_because": self.requeued_because, "checkpoint_step": self.checkpoint_step,
-                          "resumed_from_step": self.resumed_from_step},
+                          "resumed_from_step": self.resumed_from_step, "decode_retries": self.decode_retries},
         }

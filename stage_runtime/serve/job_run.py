@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import aclosing
+from typing import TYPE_CHECKING
 
 from stage_runtime.checkpoint import read_manifest
 from stage_runtime.config import JobsConfig
@@ -43,6 +44,9 @@ from stage_runtime.serve.job_form import VideoJobRequest
 from stage_runtime.serve.service import StageService
 from stage_runtime.serve.videos import frames_zip
 from stage_runtime.videoio import encode_mp4, thumbnail_png
+
+if TYPE_CHECKING:
+    from stage_runtime.engine import RequestStream
 
 log = logging.getLogger(__name__)
 REQUEUE_ERRORS = {"engine_dead", "engine_closed", "stage_unavailable", "queue_full"}   # not the job's fault
@@ -62,6 +66,7 @@ class JobRun:
         self.checkpoint_step = record.checkpoint_step    # the step of the job's newest checkpoint
         self.resumed_from: int | None = None   # the checkpoint's step this run started from
         self.handing_off = False               # the replica drains: the run stops at a checkpoint, the job requeues
+        self.phase: str | None = None          # the engine request's phase, as last reported
         self._checkpointing: asyncio.Task | None = None
         self._lock = asyncio.Lock()
         self._pending: dict | None = None      # the newest progress not yet written
@@ -160,7 +165,8 @@ class JobRun:
             await self._fail_tired(record.requeued_because or "with its replica")
             return
         try:
-            stream = self._submit(await asyncio.to_thread(self._request, record))
+            request = await asyncio.to_thread(self._request, record)
+            stream, request = self._submit(request)
         except InvalidRequestError as exc:
             await self._finish("failed", error=JobError(code=exc.error_type, message=str(exc), param=exc.field))
             return
@@ -173,6 +179,8 @@ class JobRun:
                           started_at=time.time(), phase=None, step=start, resumed_from_step=self.resumed_from,
                           progress=progress_of("denoise", start, record.num_steps))
         final = await self._follow(stream)
+        if self._decode_failed(final) and await asyncio.to_thread(self._denoised_saved):
+            final = await self._retry_decode(request, final)
         self.stopped_at = final.step_index
         if self._checkpointing is not None:
             await asyncio.gather(self._checkpointing, return_exceptions=True)
@@ -195,8 +203,10 @@ class JobRun:
         if record.reference:
             reference = decode_image(self.store.read_file(record.id, REFERENCE), "input_reference",
                                      self.service.config.server.max_image_pixels)
-        request = VideoJobRequest.stored(record.params).video_request(record.id, record.fps, reference, stream=True)
-        path = str(self.store.folder(record.id) / CHECKPOINT)
+        request = dataclasses.replace(
+            VideoJobRequest.stored(record.params).video_request(record.id, record.fps, reference, stream=True),
+            save_denoised_to=self.checkpoint_path)
+        path = self.checkpoint_path
         try:
             self.resumed_from = self.checkpoint_step = int(read_manifest(path)["step"])
         except InvalidRequestError as exc:
@@ -206,17 +216,22 @@ class JobRun:
             return request
         return dataclasses.replace(request, resume_from=path)
 
-    def _submit(self, request: DiffusionRequest):
-        """The job's engine request admitted; one whose checkpoint the engine refuses (another model, another
-        request) runs from step 0."""
+    def _submit(self, request: DiffusionRequest) -> tuple[RequestStream, DiffusionRequest]:
+        """The job's engine request admitted (its stream, the request); one whose checkpoint the engine refuses
+        (another model, another request) runs from step 0."""
         try:
-            return self.service.submit(request)
+            return self.service.submit(request), request
         except InvalidRequestError as exc:
             if request.resume_from is None or exc.field != "resume_from":
                 raise
             log.warning("video job %s: the engine refuses its checkpoint; it runs from step 0: %s", self.job_id, exc)
             self.resumed_from = self.checkpoint_step = None
-            return self.service.submit(dataclasses.replace(request, resume_from=None))
+            request = dataclasses.replace(request, resume_from=None)
+            return self.service.submit(request), request
+
+    @property
+    def checkpoint_path(self) -> str:
+        return str(self.store.folder(self.job_id) / CHECKPOINT)
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def _due(self, phase: str | None, step: int) -> None:
@@ -231,7 +246,7 @@ class JobRun:
     async def checkpoint(self) -> int | None:
         """The job's step state to its checkpoint file, at the engine's next tick boundary: the step saved, or None
         (no state to save: not started or already ended; the file could not be written: logged)."""
-        path = str(self.store.folder(self.job_id) / CHECKPOINT)
+        path = self.checkpoint_path
         try:
             replies = await asyncio.to_thread(self.service.collective_rpc, "checkpoint_request", (self.job_id, path),
                                               {}, CHECKPOINT_TIMEOUT_S, None)
@@ -248,6 +263,33 @@ class JobRun:
         log.info("video job %s: checkpoint at step %d (%d bytes, %.3f s)", self.job_id, saved["step"], saved["bytes"],
                  saved["seconds"])
         return self.checkpoint_step
+
+    def _decode_failed(self, final: DiffusionOutput) -> bool:
+        return (final.error is not None and self.phase == "decode" and not (self.deleted or self.lost or self.handing_off)
+                and final.error_type not in REQUEUE_ERRORS and final.error_type != RequestAbortedError.error_type)
+
+    def _denoised_saved(self) -> bool:
+        """(A thread.) Whether the job's checkpoint is its denoised state (the rank saves it before decoding)."""
+        try:
+            return int(read_manifest(self.checkpoint_path)["step"]) >= self.record.num_steps
+        except InvalidRequestError:
+            return False
+
+    async def _retry_decode(self, request: DiffusionRequest, failed: DiffusionOutput) -> DiffusionOutput:
+        """The decode failed after a full denoise: decode once more from the denoised state (no step runs again)."""
+        log.warning("video job %s: its decode failed (%s); decoding again from its denoised state", self.job_id,
+                    failed.error)
+        self.checkpoint_step = self.record.num_steps
+        await self._write(decode_retries=self.record.decode_retries + 1)
+        try:
+            stream = self.service.submit(dataclasses.replace(request, resume_from=self.checkpoint_path))
+        except DiffStageError as exc:
+            log.warning("video job %s: the decode retry was not admitted: %s", self.job_id, exc)
+            return failed
+        final = await self._follow(stream)
+        if final.error is not None:
+            final.error = f"{final.error} (its decode failed twice; first: {failed.error})"
+        return final
 
     async def hand_off(self, timeout: float) -> None:
         """The replica drains: a checkpoint now, the run stopped, the job back in the queue at the checkpoint's step
@@ -269,7 +311,7 @@ class JobRun:
                 if item.finished:
                     await self._settle()
                     return item
-                step, steps = item.step_index or 0, item.num_steps or self.record.num_steps
+                step, steps, self.phase = item.step_index or 0, item.num_steps or self.record.num_steps, item.phase
                 self._report(phase=item.phase, step=step, progress=progress_of(item.phase, step, steps))
                 self._due(item.phase, step)
         await self._settle()

@@ -55,6 +55,7 @@ class DiffusionModelRunner:
         self.parked: dict[str, int] = {}      # preempted request id → its bytes on the host (0: left in place)
         self.offloader = None                                  # weight residency owner (offload mode != none)
         self.prompt_cache = None                               # cache.prompt_max_bytes > 0 and a text encoder
+        self.writes_checkpoints = True        # this rank writes its replica's step checkpoints (the worker says)
 
     def load_model(self) -> ModelInfo:
         adapter_cls = resolve_adapter_class(self.config.model)
@@ -200,15 +201,26 @@ class DiffusionModelRunner:
     def checkpoint(self, request_id: str, path: str) -> dict | None:
         """Write the request's step state, as it is between ticks, to ``path`` (models.step_checkpoint): {"path",
         "step", "total_steps", "bytes", "seconds"}; {"error"} when the file cannot be written; None when this
-        rank holds no state of the request (not prepared yet, or ended)."""
+        rank holds no state of the request (not prepared yet, or ended) or is not its replica's writer."""
         state = self.step_states.get(request_id)
-        if state is None:
+        if state is None or not self.writes_checkpoints:
             return None
         try:
             return step_checkpoint.save(state, path, self.model_info)
         except OSError as exc:
             log.warning("checkpoint of %s to %s failed: %s", request_id, path, exc)
             return {"error": f"checkpoint of {request_id} to {path}: {exc.strerror or exc}"}
+
+    def _save_denoised(self, state: StepRequestState) -> None:
+        """The denoised state to ``request.save_denoised_to`` before the decode (a failed write is logged: the
+        request goes on)."""
+        path = state.request.save_denoised_to
+        if path is None or not self.writes_checkpoints:
+            return
+        try:
+            step_checkpoint.save(state, path, self.model_info)
+        except OSError as exc:
+            log.warning("denoised checkpoint of %s to %s failed: %s", state.request_id, path, exc)
 
     def _tick(self, states: list[StepRequestState]) -> dict[str, RunnerOutput]:
         try:
@@ -230,11 +242,14 @@ class DiffusionModelRunner:
             except Exception as exc:
                 results[state.request_id] = self._step_error(state.request_id, exc)
                 continue
+            if state.finished:
+                self._save_denoised(state)
             results[state.request_id] = self._advanced(state)
         return results
 
     def _advanced(self, state: StepRequestState) -> RunnerOutput:
-        """The output of a state that just took a step: decoded when it is done (or a preview is due)."""
+        """The output of a state that just took a step (or resumed denoised): decoded when it is done (or a preview
+        is due)."""
         rid = state.request_id
         try:
             if state.finished:

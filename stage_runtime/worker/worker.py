@@ -58,6 +58,7 @@ class DiffusionWorker:
             self.groups = init_distributed(parallel, self.rank, self.init_method, self.device,
                                            self.config.collective_timeout_s)
         self.model_runner = DiffusionModelRunner(self.config, self.device, progress_hook=self.progress_hook)
+        self.model_runner.writes_checkpoints = self.groups.is_replica_leader     # one writer per replica
 
     def load_model(self) -> ModelInfo:
         info = self.model_runner.load_model()
@@ -98,9 +99,9 @@ class DiffusionWorker:
         return {"rank": self.rank, **stats}
 
     def checkpoint_request(self, request_id: str, path: str) -> dict | None:
-        """The request's step state to ``path`` (stage_runtime.checkpoint), by its replica's leader alone: every
-        rank of a replica holds the same state, and one writer keeps the file whole."""
-        if not self.groups.is_replica_leader or self.model_runner is None:
+        """The request's step state to ``path`` (stage_runtime.checkpoint), by its replica's leader alone (the runner's
+        ``writes_checkpoints``): every rank of a replica holds the same state, and one writer keeps the file whole."""
+        if self.model_runner is None:
             return None
         return self.model_runner.checkpoint(request_id, path)
 

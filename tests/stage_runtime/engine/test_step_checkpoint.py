@@ -1,8 +1,9 @@
 """Step checkpoints: a running request's step state written between ticks (the ``checkpoint_request`` control RPC),
 and a request carrying ``resume_from`` that continues from it to the very frames of the uninterrupted run — the tiny
 Wan 2.2 (two experts, UniPC's multistep state) on another engine, as a replica that takes a job over; SD (DDIM, its
-generator in the step's kwargs) on the same one. Threadless engines: each ``step()`` is one tick. A checkpoint of
-another model, another shape or another request is refused at admission naming ``resume_from``."""
+generator in the step's kwargs) on the same one; a request's denoised state saved before its decode, and a resume
+from it that only decodes. Threadless engines: each ``step()`` is one tick. A checkpoint of another model, another
+shape or another request is refused at admission naming ``resume_from``."""
 
 from __future__ import annotations
 
@@ -72,6 +73,19 @@ def test_a_video_resumed_on_another_engine_continues_at_its_step_to_the_same_fra
     assert out.ok and out.step_index == STEPS and calls[0] == STEPS - AT       # the saved steps are not recomputed
     assert progress_of(items) == [("encode", AT), *(("denoise", k) for k in range(AT + 1, STEPS)), ("decode", STEPS)]
     assert np.array_equal(out.images, uninterrupted)                            # bitwise
+    assert_nothing_left(wan22)
+
+
+def test_a_request_saves_its_denoised_state_before_decoding_and_a_resume_from_it_only_decodes(wan22, wan22_saved,
+                                                                                             tmp_path):
+    _, uninterrupted = wan22_saved
+    path = str(tmp_path / "denoised.safetensors")
+    request = dataclasses.replace(WAN22.request("D", "a red car", STEPS, 7), save_denoised_to=path)
+    assert np.array_equal(run_to_end(wan22, wan22.add_request(request)).images, uninterrupted)
+    assert os.listdir(tmp_path) == ["denoised.safetensors"]
+    calls = count_denoiser_calls(wan22)
+    out = run_to_end(wan22, wan22.add_request(resumed(WAN22, "E", path)))
+    assert out.step_index == STEPS and calls[0] == 0 and np.array_equal(out.images, uninterrupted)   # decode only
     assert_nothing_left(wan22)
 
 

@@ -35,6 +35,6 @@ def test_the_video_object_has_the_openai_fields_and_what_this_stage_adds():
         "expires_at": 2002, "seconds": "1", "size": "16x16", "model": "tiny-wan", "error": None}
     assert video["diffstage"] == {"phase": None, "step": 0, "num_steps": 3, "num_frames": 9, "fps": 8, "seed": 7,
                                   "owner": None, "attempts": 1, "requeued_because": None, "checkpoint_step": None,
-                                  "resumed_from_step": None}
+                                  "resumed_from_step": None, "decode_retries": 0}
     given = record.model_copy(update={"params": {"seconds": 4}})
     assert given.video()["seconds"] == "4"

@@ -1,8 +1,8 @@
 """The job runner in process, on a real engine (the tiny Wan, step mode) and a real store: a job whose owner stopped
 renewing is taken over and run from step 0, or from the checkpoint its owner wrote (another engine: the same frames,
 bitwise); a running job checkpoints every few steps; a drain hands a running job off at a checkpoint (back in the
-queue, lease free) and another replica resumes it there; a lost lease stops the run and its writes; a job out of
-attempts fails saying so."""
+queue, lease free) and another replica resumes it there; a decode that fails after the denoise runs again from the
+denoised state alone; a lost lease stops the run and its writes; a job out of attempts fails saying so."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from engine_probes import threadless
+from engine_probes import count_denoiser_calls, threadless
 from PIL import Image
 from support.waiting import async_wait_until
 
@@ -153,6 +153,27 @@ async def test_a_drain_timeout_puts_a_running_job_back_at_its_newest_checkpoint(
     assert back.checkpoint_step >= 3 and (store.folder(long.id) / CHECKPOINT).is_file()
     assert "drain timeout" in back.requeued_because and back.error is None
     assert runner.leases.free(long.id) and runner.leases.current(long.id).expires_at == 0.0     # released
+
+
+async def test_a_decode_that_fails_after_the_denoise_is_retried_from_the_denoised_state_alone(runner):
+    """The VAE fails its first decode (as an out-of-memory would): the job decodes again from the state the rank saved
+    before decoding, and no denoising step runs twice."""
+    store, model = runner.store, runner.service.engine.executor.worker.model_runner
+    calls, decodes = count_denoiser_calls(runner.service.engine), []
+
+    def first_decode_fails(module, args):
+        decodes.append(len(decodes))
+        if len(decodes) == 1:
+            raise RuntimeError("CUDA out of memory (injected into the VAE's first decode)")
+
+    hook = model.adapter.pipe.vae.post_quant_conv.register_forward_pre_hook(first_decode_fails)
+    try:
+        retried = job(store, 3)
+        done = await record_where(store, retried.id, "the job completed", lambda r: r.status == "completed")
+    finally:
+        hook.remove()
+    assert (done.decode_retries, done.attempts, done.step, len(decodes), calls[0]) == (1, 1, 3, 2, 3)
+    assert set(os.listdir(store.folder(retried.id))) == FINISHED - {"lease-00000002.json"}
 
 
 async def test_a_lost_lease_stops_the_run_and_its_writes(runner):
