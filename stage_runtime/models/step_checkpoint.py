@@ -17,7 +17,8 @@ How a value is packed (a JSON tree beside the file's tensors) and laid back over
     torch.Generator                   {"generator": name, "device": type}: its state, set into the fresh one
     torch.dtype, torch.device         {"dtype": name}, {"device": name}
     list, tuple                       {"list": [...]}, {"tuple": [...]}
-    dict                              {"dict": [[key, value], ...]} (keys None, bool, int, float or str)
+    dict                              {"dict": [[key, value], ...]} (keys None, bool, int, float, str, or tuples
+                                      of them: {"tuple": [...]})
     dataclass instance                {"fields": {name: value}} (a frozen one is rebuilt with ``replace``)
     other object                      {"attrs": {name: value}}: its attributes (a noise scheduler, a guider), set
                                       on the fresh object; its frozen config is the model's (in the fingerprint)
@@ -100,9 +101,10 @@ def pack(value: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
         return {"list": items} if isinstance(value, list) else {"tuple": items}
     if isinstance(value, dict):
         for key in value:
-            if not isinstance(key, PRIMITIVE):
+            if not (isinstance(key, PRIMITIVE) or isinstance(key, tuple) and all(isinstance(k, PRIMITIVE) for k in key)):
                 raise CheckpointError(f"{where}: a dict key of type {type(key).__name__} cannot be checkpointed")
-        return {"dict": [[k, pack(v, tensors, f"{where}[{k!r}]")] for k, v in value.items()]}
+        return {"dict": [[{"tuple": list(k)} if isinstance(k, tuple) else k, pack(v, tensors, f"{where}[{k!r}]")]
+                         for k, v in value.items()]}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {"fields": {f.name: pack(getattr(value, f.name), tensors, f"{where}.{f.name}")
                            for f in dataclasses.fields(value)}}
@@ -136,8 +138,11 @@ def unpack(fresh: Any, packed: Any, tensors: dict[str, torch.Tensor], device: to
         out = [unpack(old, v, tensors, device, f"{where}[{i}]") for i, (old, v) in enumerate(zip(olds, items))]
         return out if "list" in packed else tuple(out)
     if "dict" in packed:
-        olds = fresh if isinstance(fresh, dict) else {}
-        return {k: unpack(olds.get(k), v, tensors, device, f"{where}[{k!r}]") for k, v in packed["dict"]}
+        olds, out = fresh if isinstance(fresh, dict) else {}, {}
+        for key, v in packed["dict"]:
+            key = tuple(key["tuple"]) if isinstance(key, dict) else key
+            out[key] = unpack(olds.get(key), v, tensors, device, f"{where}[{key!r}]")
+        return out
     if fresh is None:
         raise CheckpointError(f"{where}: the checkpoint holds an object here; the freshly prepared state none")
     if "fields" in packed:

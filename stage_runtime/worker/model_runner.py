@@ -207,9 +207,9 @@ class DiffusionModelRunner:
             return None
         try:
             return step_checkpoint.save(state, path, self.model_info)
-        except OSError as exc:
+        except (OSError, step_checkpoint.CheckpointError) as exc:
             log.warning("checkpoint of %s to %s failed: %s", request_id, path, exc)
-            return {"error": f"checkpoint of {request_id} to {path}: {exc.strerror or exc}"}
+            return {"error": f"checkpoint of {request_id} to {path}: {getattr(exc, 'strerror', None) or exc}"}
 
     def _save_denoised(self, state: StepRequestState) -> None:
         """The denoised state to ``request.save_denoised_to`` before the decode (a failed write is logged: the
@@ -219,7 +219,7 @@ class DiffusionModelRunner:
             return
         try:
             step_checkpoint.save(state, path, self.model_info)
-        except OSError as exc:
+        except (OSError, step_checkpoint.CheckpointError) as exc:
             log.warning("denoised checkpoint of %s to %s failed: %s", state.request_id, path, exc)
 
     def _tick(self, states: list[StepRequestState]) -> dict[str, RunnerOutput]:

@@ -15,11 +15,14 @@ import pytest
 from engine_probes import assert_nothing_left, count_denoiser_calls, progress_of, threadless
 from family_checks import Family
 
+from stage_runtime.config import load_config
+from stage_runtime.engine import DiffusionEngine
 from stage_runtime.errors import InvalidRequestError
 
 WAN22 = Family("wan22", size=16, frames=9)
+WAN = Family("wan", size=16, frames=9)
 SD = Family("sd")
-STEPS, AT = 6, 3
+STEPS, AT = 8, 3
 
 
 def run_to_end(engine, stream):
@@ -103,6 +106,22 @@ def test_an_image_request_resumes_to_the_same_image_on_the_same_engine(tiny_sd_p
         [failed] = engine.collective_rpc("checkpoint_request", ("C", missing))
         assert "C" in failed["error"] and missing in failed["error"]
         assert sorted(os.listdir(tmp_path)) == ["sd.safetensors"]
+    finally:
+        engine.close()
+
+
+def test_a_video_with_the_block_cache_resumes_with_its_residuals(tiny_wan_path, tmp_path):
+    """The block cache's state (per expert and CFG half: tuple-keyed residuals, its counters) is in the checkpoint:
+    the resumed run skips the same steps and makes the same frames."""
+    engine = DiffusionEngine(load_config({"model": {"path": tiny_wan_path}, "device": "cpu", "warmup": False,
+                                          "scheduler": {"execution_mode": "step", "max_num_seqs": 1},
+                                          "cache": {"mode": "block", "threshold": 0.3}}))
+    try:
+        path = str(tmp_path / "cached.safetensors")
+        full = checkpointed(engine, WAN, path, at=4)
+        out = run_to_end(engine, engine.add_request(resumed(WAN, "B", path)))
+        assert full.metrics["steps_skipped"] > 0 and out.metrics["steps_skipped"] == full.metrics["steps_skipped"]
+        assert np.array_equal(out.images, full.images)
     finally:
         engine.close()
 
