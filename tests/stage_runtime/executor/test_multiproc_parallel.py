@@ -1,10 +1,14 @@
 """Parallel ranks through the whole engine: CFG parallel and Ulysses (2 gloo ranks each) give the
-single-rank image for the same seed; data parallel runs two requests at once on different ranks."""
+single-rank image for the same seed; data parallel runs two requests at once on different ranks; a step checkpoint
+of two CFG ranks is written by their leader alone and resumed on both."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 
+import numpy as np
 import pytest
 
 from engine_probes import max_diff, phased, progress_of, wait_until
@@ -82,6 +86,32 @@ def test_data_parallel_runs_two_requests_at_once_on_different_ranks(tiny_sd_path
     assert {c["pid"] for c in calls} == pids and len(pids) == 2
     first, second = sorted(calls, key=lambda c: c["start"])
     assert second["start"] < first["end"], "the two DP ranks did not run concurrently"
+
+
+def test_a_step_checkpoint_of_two_cfg_ranks_is_written_by_the_leader_and_both_ranks_resume_from_it(tiny_dit_path,
+                                                                                                     tmp_path):
+    """The engine without its thread (each ``step()`` one tick): the leader alone writes the state after step 3, and a
+    request resuming from it on both ranks makes the uninterrupted run's image, bitwise."""
+    path = str(tmp_path / "c.safetensors")
+    eng = DiffusionEngine(load_config({"model": {"path": tiny_dit_path}, "device": "cpu", "executor": "mp",
+                                       "warmup": False, "parallel": {"cfg_parallel_size": 2},
+                                       "scheduler": {"execution_mode": "step", "max_num_seqs": 1}}))
+    try:
+        stream = eng.add_request(req("a", "207", 6, 1))
+        for _ in range(3):
+            eng.step()
+        saved, other = eng.collective_rpc("checkpoint_request", ("a", path))
+        assert saved["step"] == 3 and other is None and os.listdir(tmp_path) == ["c.safetensors"]
+        while not stream.finished:
+            eng.step()
+        resumed = eng.add_request(dataclasses.replace(req("b", "207", 6, 1), resume_from=path))
+        while not resumed.finished:
+            eng.step()
+        assert np.array_equal(resumed.result(0).images, stream.result(0).images)
+        assert eng.collective_rpc("num_request_states") == [0, 0]
+    finally:
+        eng.close()
+    assert_released(eng)
 
 
 def test_ulysses_degree_that_does_not_divide_the_heads_is_rejected_at_load(tiny_sd_path):
