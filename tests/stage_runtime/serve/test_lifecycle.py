@@ -1,6 +1,6 @@
-"""The stage process's lifecycle as a real process: SIGTERM drain (exit 0), fail closed on worker death
-(exit 3 within 2 s, WorkerDied in the termination log), startup errors (exit 2). Each test spawns its
-own stage and checks that it leaves no process and no /dev/shm segment behind."""
+"""The stage process's lifecycle as a real process: SIGTERM drain (exit 0; a running video job handed off at a
+checkpoint), fail closed on worker death (exit 3 within 2 s, WorkerDied in the termination log), startup errors
+(exit 2). Each test spawns its own stage and checks that it leaves no process and no /dev/shm segment behind."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ import pytest
 from serve_probes import LONG_STEPS, decode_png, wait_running, wait_until
 from stage_process import StageProcess
 
+from stage_runtime.checkpoint import read_manifest
 from stage_runtime.client import StageClient
 from stage_runtime.errors import EngineDeadError
+from stage_runtime.jobs.lease import Leases
+from stage_runtime.jobs.store import CHECKPOINT, JobStore
 
 
 @pytest.fixture
@@ -61,6 +64,36 @@ async def test_sigterm_finishes_running_work_aborts_the_rest_at_the_timeout_and_
     assert stage.wait(30) == 0, stage.log[-3000:]
     assert "drained (1 request(s) aborted" in stage.log
     assert not stage.termination_log.exists()
+    stage.assert_no_leaks()
+
+
+async def test_sigterm_hands_a_running_video_job_off_at_a_checkpoint_without_waiting_out_the_drain(spawn, tiny_wan_path,
+                                                                                                 tmp_path):
+    """A replica with a job store, its rank a worker process: SIGTERM while a 999-step job runs. The job is written to
+    its checkpoint, put back in the queue at that step with its lease released, and the process exits 0 long before
+    its 600 s drain timeout."""
+    store = tmp_path / "store"
+    stage = spawn(["--model", tiny_wan_path, "--served-name", "tiny-wan", "--execution-mode", "step", "--executor",
+                   "mp", "--job-store", str(store), "--job-checkpoint-every-steps", "2", "--drain-timeout", "600"])
+    async with httpx.AsyncClient(base_url=stage.http_url, timeout=60) as http:
+        created = await http.post("/v1/videos", json={"prompt": "a fox", "size": "16x16", "num_frames": 9,
+                                                       "num_inference_steps": 999})
+        assert created.status_code == 200, created.text
+        job = created.json()["id"]
+
+        async def checkpointed() -> bool:
+            return ((await http.get(f"/v1/videos/{job}")).json()["diffstage"]["checkpoint_step"] or 0) >= 2
+
+        await wait_until(checkpointed, timeout=60, what="a checkpoint of the running job")
+        started = time.monotonic()
+        stage.signal(signal.SIGTERM)
+        assert stage.wait(60) == 0, stage.log[-3000:]
+    assert time.monotonic() - started < 60 and "handed off 1 video job(s) at the drain" in stage.log
+    record = JobStore(store).get(job)
+    assert (record.status, record.owner, record.attempts) == ("queued", None, 1)
+    assert 2 <= record.checkpoint_step == record.step < 999 and "as it drained" in record.requeued_because
+    assert read_manifest(str(store / "jobs" / job / CHECKPOINT))["step"] == record.checkpoint_step
+    assert Leases(JobStore(store), "other", 30).free(job)
     stage.assert_no_leaks()
 
 
