@@ -101,7 +101,8 @@ def pack(value: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
         return {"list": items} if isinstance(value, list) else {"tuple": items}
     if isinstance(value, dict):
         for key in value:
-            if not (isinstance(key, PRIMITIVE) or isinstance(key, tuple) and all(isinstance(k, PRIMITIVE) for k in key)):
+            parts = key if isinstance(key, tuple) else (key,)
+            if not all(isinstance(k, PRIMITIVE) for k in parts):
                 raise CheckpointError(f"{where}: a dict key of type {type(key).__name__} cannot be checkpointed")
         return {"dict": [[{"tuple": list(k)} if isinstance(k, tuple) else k, pack(v, tensors, f"{where}[{k!r}]")]
                          for k, v in value.items()]}

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from contextlib import aclosing
@@ -206,15 +207,15 @@ class JobRun:
         request = dataclasses.replace(
             VideoJobRequest.stored(record.params).video_request(record.id, record.fps, reference, stream=True),
             save_denoised_to=self.checkpoint_path)
-        path = self.checkpoint_path
-        try:
-            self.resumed_from = self.checkpoint_step = int(read_manifest(path)["step"])
-        except InvalidRequestError as exc:
-            if "no such checkpoint" not in exc.reason:
-                log.warning("video job %s: its checkpoint is not usable; it runs from step 0: %s", record.id, exc)
-            self.resumed_from = self.checkpoint_step = None
+        self.resumed_from = self.checkpoint_step = None
+        if not os.path.exists(self.checkpoint_path):
             return request
-        return dataclasses.replace(request, resume_from=path)
+        try:
+            self.resumed_from = self.checkpoint_step = int(read_manifest(self.checkpoint_path)["step"])
+        except InvalidRequestError as exc:
+            log.warning("video job %s: its checkpoint is not usable; it runs from step 0: %s", record.id, exc)
+            return request
+        return dataclasses.replace(request, resume_from=self.checkpoint_path)
 
     def _submit(self, request: DiffusionRequest) -> tuple[RequestStream, DiffusionRequest]:
         """The job's engine request admitted (its stream, the request); one whose checkpoint the engine refuses
@@ -265,7 +266,8 @@ class JobRun:
         return self.checkpoint_step
 
     def _decode_failed(self, final: DiffusionOutput) -> bool:
-        return (final.error is not None and self.phase == "decode" and not (self.deleted or self.lost or self.handing_off)
+        stopped = self.deleted or self.lost or self.handing_off
+        return (final.error is not None and self.phase == "decode" and not stopped
                 and final.error_type not in REQUEUE_ERRORS and final.error_type != RequestAbortedError.error_type)
 
     def _denoised_saved(self) -> bool:

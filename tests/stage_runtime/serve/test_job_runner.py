@@ -56,6 +56,12 @@ async def runner(engine, config, tmp_path):
     assert engine.requests_snapshot() == []
 
 
+async def files_left(runner: JobRunner, job_id: str) -> set[str]:
+    """The job's folder once its run here has ended (its lease released after the record's last word)."""
+    await async_wait_until(lambda: job_id not in runner.running, timeout=30, what=f"the run of {job_id} ended")
+    return set(os.listdir(runner.store.folder(job_id)))
+
+
 def stored_frames(store: JobStore, job_id: str) -> np.ndarray:
     with zipfile.ZipFile(io.BytesIO(store.read_file(job_id, OUTPUTS["frames"]))) as archive:
         return np.stack([np.asarray(Image.open(io.BytesIO(archive.read(n))).convert("RGB"))
@@ -113,7 +119,7 @@ async def test_a_taken_over_job_resumes_from_its_owners_checkpoint_to_the_same_f
     assert (done.resumed_from_step, done.attempts, done.step, done.video()["diffstage"]["resumed_from_step"]) == (
         4, 2, 8, 4)
     assert np.array_equal(stored_frames(store, orphan.id), uninterrupted)          # bitwise
-    assert set(os.listdir(store.folder(orphan.id))) == FINISHED and done.checkpoint_step is None
+    assert await files_left(runner, orphan.id) == FINISHED and done.checkpoint_step is None
 
 
 async def test_a_drain_hands_a_running_job_off_at_a_checkpoint_and_another_replica_resumes_it(runner, config):
@@ -173,7 +179,7 @@ async def test_a_decode_that_fails_after_the_denoise_is_retried_from_the_denoise
     finally:
         hook.remove()
     assert (done.decode_retries, done.attempts, done.step, len(decodes), calls[0]) == (1, 1, 3, 2, 3)
-    assert set(os.listdir(store.folder(retried.id))) == FINISHED - {"lease-00000002.json"}
+    assert await files_left(runner, retried.id) == FINISHED - {"lease-00000002.json"}
 
 
 async def test_a_lost_lease_stops_the_run_and_its_writes(runner):
