@@ -1,4 +1,5 @@
-"""StepRequestState: one request's denoising state in step mode. Runner-owned; never crosses a process."""
+"""StepRequestState: one request's denoising state in step mode. Runner-owned; never crosses a process (a step
+checkpoint is a copy of it in a file: models.step_checkpoint)."""
 
 from __future__ import annotations
 
