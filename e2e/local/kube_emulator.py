@@ -56,6 +56,7 @@ BUILTINS = [  # resource, kind, namespaced, subresources, short names
     ('v1/services', 'Service', True, ('status',), ('svc',)),
     ('v1/configmaps', 'ConfigMap', True, (), ('cm',)),
     ('v1/secrets', 'Secret', True, (), ()),
+    ('v1/persistentvolumeclaims', 'PersistentVolumeClaim', True, ('status',), ('pvc',)),
     ('v1/events', 'Event', True, (), ('ev',)),
     ('networking.k8s.io/v1/networkpolicies', 'NetworkPolicy', True, (), ('netpol',)),
     ('coordination.k8s.io/v1/leases', 'Lease', True, (), ()),

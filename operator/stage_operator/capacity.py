@@ -11,8 +11,12 @@ from stage_operator.api.spec import Resources
 
 @dataclass(frozen=True)
 class Fit:
+    """Whether new pods may be created; when not, the Accepted=False reason and what Progressing waits for."""
+
     ok: bool
     message: str = ""
+    reason: str = "InsufficientGPUCapacity"
+    waiting: str = "waiting for a node that fits"
 
 
 def _quantity(value: Any) -> int:

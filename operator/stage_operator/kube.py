@@ -1,7 +1,7 @@
 """The one module that talks to the Kubernetes API (the official client's transport and auth, plain JSON).
 
 Reads: the stage, its pods (by label), its Service, ConfigMap, PodDisruptionBudget and NetworkPolicy, the
-nodes, the auth Secret (spec.auth.secretRef, by name). Writes: `apply(stage, plan)`
+job store's PersistentVolumeClaim (spec.jobs.claimName, by name), the nodes, the auth Secret (spec.auth.secretRef, by name). Writes: `apply(stage, plan)`
 in the plan's order (deletes, creates, patches, status, events), and nothing else. Every write is a JSON
 merge patch or a create/delete by name.
 """
@@ -27,7 +27,8 @@ from stage_operator.stage import Stage
 log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"
 IMAGE_VOLUMES_SINCE = (1, 35)  # the ImageVolume feature gate is on by default from here
-_CORE_PLURALS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Secret": "secrets"}
+_CORE_PLURALS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Secret": "secrets",
+                 "PersistentVolumeClaim": "persistentvolumeclaims"}
 _PATHS = {"PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
           "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies")}
 QUOTA_REFUSAL = "exceeded quota"  # the ResourceQuota admission plugin's 403 message: `exceeded quota: NAME, ...`
@@ -118,8 +119,11 @@ class Kube:
         configmap = self.request("GET", self.core_path("ConfigMap", stage.namespace, configmap_name(stage)))
         pdb = self.request("GET", self.core_path("PodDisruptionBudget", stage.namespace, pdb_name(stage)))
         policy = self.request("GET", self.core_path("NetworkPolicy", stage.namespace, network_policy_name(stage)))
+        jobs = stage.spec.jobs if stage.spec is not None else None
+        claim = self.request("GET", self.core_path("PersistentVolumeClaim", stage.namespace, jobs.claim_name)) \
+            if jobs is not None else None
         return Observed(pods=owned, service=service, configmap=configmap, pdb=pdb, nodes=nodes, now=now,
-                        network_policy=policy)
+                        network_policy=policy, jobs_claim=claim)
 
     def read_api_key(self, namespace: str, name: str, key: str) -> str | None:
         """The first key in the stage's auth Secret (RBAC: `get` on secrets in that namespace); None when

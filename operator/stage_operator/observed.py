@@ -163,6 +163,7 @@ class Observed:
     pdb: Mapping[str, Any] | None = None  # the stage's PodDisruptionBudget
     network_policy: Mapping[str, Any] | None = None  # the stage's NetworkPolicy
     nodes: Sequence[Mapping[str, Any]] | None = None
+    jobs_claim: Mapping[str, Any] | None = None  # spec.jobs.claimName's PersistentVolumeClaim (None: not found)
     now: str = "1970-01-01T00:00:00Z"  # for lastTransitionTime
     at: float | None = None  # the same moment in epoch seconds (sub-second), for deadlines; default: `now`
     health: Mapping[str, PodHealth] = field(default_factory=dict)

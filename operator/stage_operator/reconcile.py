@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from stage_operator import autoscale, capacity, drain, lora_sync, report, restarts, rollback, rollout, scaledown
+from stage_operator import (autoscale, capacity, drain, jobs_store, lora_sync, report, restarts, rollback, rollout,
+                            scaledown)
 from stage_operator.api.meta import LABEL_SERVING
 from stage_operator.builders.children import build_configmap, build_service
 from stage_operator.builders.disruption import build_pdb, pdb_name
@@ -70,7 +71,8 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
     events: list[tuple[str, str, str]] = []
     requeue = None
     if spec is not None:
-        fit = capacity.check(spec.resources, observed.nodes)
+        fit = jobs_store.check(spec.jobs, observed.jobs_claim, stage.namespace)
+        fit = capacity.check(spec.resources, observed.nodes) if fit.ok else fit  # no claim: no pod, GPUs or not
         desired, autoscaling = spec.replicas, None
         if spec.autoscaling.mode == "Operator":  # the operator's own decision instead of spec.replicas
             desired, autoscaling, event = autoscale.decide(spec, stage.status.get("autoscaling"),
@@ -96,7 +98,7 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
         extras = report.Extras(members, rs, observed.health, observed.abort, autoscaling, target.status, target.failed,
                                quota_refused=observed.quota_refused)
         requeue = _soonest(scaled.requeue_after, decisions.drains.requeue_after, rs.requeue_after,
-                           target.requeue_after)
+                           target.requeue_after, jobs_store.RECHECK_SECONDS if fit.reason == jobs_store.MISSING else None)
         applied = (observed.lora_sync.applied if observed.lora_sync is not None
                    else lora_sync.applied(stage.status, spec.loras))
         if fit.ok or observed.configmap is not None:   # new replicas start with the LoRA list applied everywhere

@@ -176,12 +176,12 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
                 conditions.condition("Progressing", False, "InvalidSpec", "")]
     else:
         new.append(conditions.condition("Accepted", True, "TopologyValid", stage.spec.topology().describe())
-                   if fit.ok else conditions.condition("Accepted", False, "InsufficientGPUCapacity", fit.message))
+                   if fit.ok else conditions.condition("Accepted", False, fit.reason, fit.message))
         new.append(conditions.condition("Stalled", True, *stalled) if stalled else
                    conditions.condition("Stalled", False, "NotStalled", ""))
         progressing = _progressing(extras.members, pods, desired_hash, decisions,
                                    extras.quota_refused) if fit.ok else \
-            conditions.condition("Progressing", False, "InsufficientGPUCapacity", "waiting for a node that fits")
+            conditions.condition("Progressing", False, fit.reason, fit.waiting)
         if extras.rollout_failed and progressing["reason"] == "Complete":  # halted: the old revision serves
             progressing = conditions.condition("Progressing", False, *extras.rollout_failed)
         new.append(progressing)

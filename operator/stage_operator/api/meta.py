@@ -32,6 +32,7 @@ MODEL_IMAGE_DIR = "/opt/diffstage/model-image"  # source.image as an image volum
 MODEL_CACHE_DIR = "/var/cache/diffstage"  # the node-local cache (model.cache) in the fetch and stage containers
 AUTH_DIR = "/etc/diffstage-auth"  # spec.auth.secretRef, mounted read-only
 API_KEY_FILE = f"{AUTH_DIR}/api-keys"
+JOBS_DIR = "/var/lib/diffstage/jobs"  # spec.jobs.claimName, mounted read-write: the stage's jobs.store
 DEFAULT_IMAGE = "diffstage/runtime:0.1.0"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 

@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from stage_operator.api.base import ApiModel, cel
 from stage_operator.api.engine import Engine
+from stage_operator.api.jobs import Jobs
 from stage_operator.api.meta import DEFAULT_GPU_RESOURCE, DEFAULT_IMAGE
 from stage_operator.api.model import ModelSource
 from stage_operator.api.pod import Auth, NetworkPolicy, PodTemplate
@@ -267,6 +268,7 @@ class StageSpec(ApiModel):
     rollout: Rollout = Field(default_factory=Rollout)
     disruption: Disruption = Field(default_factory=Disruption)
     auth: Auth | None = None
+    jobs: Jobs | None = None  # None: the job API is off; the wire form (hence the digest) of other stages is unchanged
     network_policy: NetworkPolicy = Field(default_factory=NetworkPolicy)
     # None (not []) when unset: the spec's wire form, hence its rollout digest, is unchanged for stages without it
     loras: list[LoraAdapter] | None = Field(None, max_length=64, description=(

@@ -7,8 +7,8 @@ import hashlib
 import json
 from typing import Any
 
-from stage_operator.api.meta import (API_KEY_FILE, AUTH_DIR, CONFIG_DIR, HTTP_PORT, LABEL_REPLICA, LABEL_SERVING,
-                                     LABEL_TEMPLATE_HASH, TERMINATION_LOG, ZMQ_PORT)
+from stage_operator.api.meta import (API_KEY_FILE, AUTH_DIR, CONFIG_DIR, HTTP_PORT, JOBS_DIR, LABEL_REPLICA,
+                                     LABEL_SERVING, LABEL_TEMPLATE_HASH, TERMINATION_LOG, ZMQ_PORT)
 from stage_operator.api.spec import StageSpec
 from stage_operator.builders.children import build_configmap, configmap_name, owned_metadata, stage_labels
 from stage_operator.builders.model_delivery import model_delivery
@@ -59,6 +59,18 @@ def _auth(spec: StageSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return [volume], [{"name": "api-keys", "mountPath": AUTH_DIR, "readOnly": True}]
 
 
+JOBS_VOLUME = "jobs-store"
+
+
+def _jobs(spec: StageSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """spec.jobs.claimName, mounted read-write at JOBS_DIR (the stage config's jobs.store): a claim, never a
+    hostPath, so the restricted Pod Security level admits it; fsGroup makes its files the stage user's."""
+    if spec.jobs is None:
+        return [], []
+    volume = {"name": JOBS_VOLUME, "persistentVolumeClaim": {"claimName": spec.jobs.claim_name}}
+    return [volume], [{"name": JOBS_VOLUME, "mountPath": JOBS_DIR}]
+
+
 def _probe(path: str, settings: dict[str, int]) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http"}, **settings}
 
@@ -92,6 +104,9 @@ def build_pod_spec(stage: Stage, image_volumes: bool = False) -> dict[str, Any]:
     auth_volumes, auth_mounts = _auth(spec)
     volumes += auth_volumes
     mounts += auth_mounts
+    jobs_volumes, jobs_mounts = _jobs(spec)
+    volumes += jobs_volumes
+    mounts += jobs_mounts
     env = [{"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "DIFFSTAGE_STAGE", "value": stage.name},
            {"name": "DIFFSTAGE_REPLICA",
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_REPLICA}']"}}}]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from stage_operator.api.meta import API_KEY_FILE, CONFIG_DIR, CONFIG_FILE, HTTP_PORT, TERMINATION_LOG, ZMQ_PORT
+from stage_operator.api.meta import (API_KEY_FILE, CONFIG_DIR, CONFIG_FILE, HTTP_PORT, JOBS_DIR, TERMINATION_LOG,
+                                     ZMQ_PORT)
 from stage_operator.api.spec import StageSpec
 from stage_operator.builders.model_delivery import model_delivery
 
@@ -22,6 +23,16 @@ def device(spec: StageSpec) -> str:
 
 def executor(spec: StageSpec) -> str:
     return spec.engine.executor or ("uni" if spec.topology().world_size == 1 else "mp")
+
+
+def jobs_config(spec: StageSpec) -> dict[str, Any]:
+    """The stage's `jobs:` section (stage_runtime.config.JobsConfig's names): the claim's mount is the store.
+    {} without spec.jobs: the stage config of a stage without jobs is what it was (no rollout on upgrade)."""
+    if spec.jobs is None:
+        return {}
+    j = spec.jobs
+    return {"jobs": {"store": JOBS_DIR, "checkpoint_every_steps": j.checkpoint_every_steps,
+                     "retention_s": float(j.retention_seconds), "lease_s": float(j.lease_seconds)}}
 
 
 def stage_config(spec: StageSpec, stage_name: str, loras: Any = None) -> dict[str, Any]:
@@ -48,7 +59,7 @@ def stage_config(spec: StageSpec, stage_name: str, loras: Any = None) -> dict[st
     if spec.max_loras:
         loras["max_loras"] = spec.max_loras
     return {"model": model, "device": device(spec), "executor": executor(spec), "scheduler": scheduler, **loras,
-            "cache": cache, "limits": limits,
+            "cache": cache, "limits": limits, **jobs_config(spec),
             "parallel": {"tensor_parallel_size": p.tensor_parallel_size, "ulysses_degree": p.ulysses_degree,
                          "ring_degree": p.ring_degree, "cfg_parallel_size": p.cfg_parallel_size,
                          "data_parallel_size": p.data_parallel_size, "pipeline_parallel_size": p.pipeline_parallel_size,
