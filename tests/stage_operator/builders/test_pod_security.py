@@ -30,6 +30,7 @@ SPECS = {
     'uri-cache-pvc': {'model': {'source': {'uri': URI}, 'cache': {'pvc': {'claimName': 'c'}, 'maxBytes': 10}}},
     'image-copied': {'model': {'source': {'image': {'reference': 'reg/m:1'}}, 'imageVolume': 'never'}},
     'auth': {'auth': {'secretRef': {'name': 'keys'}}},
+    'jobs': {'jobs': {'claimName': 'video-jobs'}},
     'template': {'podTemplate': {'labels': {'kueue.x-k8s.io/queue-name': 'q'}, 'schedulerName': 'volcano',
                                  'runtimeClassName': 'nvidia', 'volumes': [{'name': 'x', 'emptyDir': {}}],
                                  'resourceClaims': [{'name': 'gpu', 'resourceClaimTemplateName': 'gpus'}]}},
