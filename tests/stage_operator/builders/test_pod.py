@@ -271,3 +271,15 @@ def test_the_complete_template_validates_against_the_kubernetes_schemas(version)
                networkPolicy={'httpFrom': [{'namespaceSelector': {'matchLabels': {'team': 'web'}}}]})
     for obj in (build_pod(st, 0), build_network_policy(st)):
         kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_spec_jobs_mounts_the_claim_read_write_where_the_stage_config_puts_the_store():
+    pod = build_pod(stage(jobs={'claimName': 'video-jobs'}), 0)
+    volumes = {v['name']: v for v in pod['spec']['volumes']}
+    assert volumes['jobs-store'] == {'name': 'jobs-store', 'persistentVolumeClaim': {'claimName': 'video-jobs'}}
+    mounts = [m for m in container(pod)['volumeMounts'] if m['name'] == 'jobs-store']
+    store = load_config(yaml.safe_load(build_configmap(stage(jobs={'claimName': 'video-jobs'}))['data']['stage.yaml']))
+    assert mounts == [{'name': 'jobs-store', 'mountPath': store.jobs.store}], 'read-write, at the configured store'
+    assert pod['spec']['securityContext']['fsGroup'] == 65532, 'the claim is writable by the stage user'
+    plain = build_pod(stage(), 0)
+    assert 'jobs-store' not in {v['name'] for v in plain['spec']['volumes']}

@@ -61,3 +61,14 @@ def test_engine_cache_scheduling_policy_and_limits_become_the_stage_config_witho
     defaults = load_config(yaml.safe_load(build_configmap(stage())['data']['stage.yaml']))
     assert (defaults.scheduler.scheduling_policy, defaults.cache.mode, defaults.limits) == \
         ('fcfs', 'none', load_config({'model': {'path': '/m'}}).limits)      # the runtime's own defaults
+
+
+def test_spec_jobs_becomes_the_stage_jobs_config_on_the_claims_mount():
+    jobs = {'claimName': 'video-jobs', 'checkpointEverySteps': 3, 'retentionSeconds': 7200, 'leaseSeconds': 12}
+    config = load_config(yaml.safe_load(build_configmap(stage(jobs=jobs))['data']['stage.yaml']))
+    assert (config.jobs.store, config.jobs.checkpoint_every_steps, config.jobs.retention_s, config.jobs.lease_s) == \
+        ('/var/lib/diffstage/jobs', 3, 7200.0, 12.0)
+    assert load_config(yaml.safe_load(build_configmap(stage())['data']['stage.yaml'])).jobs.store is None
+    assert 'jobs' not in yaml.safe_load(build_configmap(stage())['data']['stage.yaml']), 'unchanged without jobs'
+    assert template_hash(stage(jobs=jobs)) != template_hash(stage())
+    assert template_hash(stage(jobs={**jobs, 'leaseSeconds': 13})) != template_hash(stage(jobs=jobs)), 'rolls'
