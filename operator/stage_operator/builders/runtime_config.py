@@ -90,4 +90,6 @@ def serve_command(spec: StageSpec, stage_name: str) -> list[str]:
             "--startup-timeout", str(spec.startup_timeout_seconds), "--termination-log", TERMINATION_LOG]
     if spec.auth is not None:  # the Secret's key, mounted by builders.pod
         cmd += ["--api-key-file", API_KEY_FILE]
+    if spec.jobs is not None:  # the claim's mount (builders.pod); a flag, so a runner that maps mounts rewrites it
+        cmd += ["--job-store", JOBS_DIR]
     return cmd + list(spec.engine.extra_args)

@@ -88,6 +88,7 @@ def test_serve_command_from_the_spec(spec, expected):
     {'model': {'path': '/models/dit', 'dtype': 'bfloat16'}, 'parallel': {'ulyssesDegree': 2, 'ringDegree': 2},
      'resources': {'gpusPerPod': 4}, 'engine': {'executionMode': 'request', 'maxNumSeqs': 8, 'maxWaiting': 32}},
     {'engine': {'streaming': True, 'executionMode': 'step'}},
+    {'jobs': {'claimName': 'video-jobs', 'leaseSeconds': 12}},
 ])
 def test_command_and_configmap_parse_with_the_runtime_cli(spec, tmp_path):
     """The runtime's own parser and config loader accept what the operator generates, and agree."""
@@ -100,7 +101,9 @@ def test_command_and_configmap_parse_with_the_runtime_cli(spec, tmp_path):
     add_engine_flags(parser)
     args, serve_only = parser.parse_known_args(cmd[2:])
     assert serve_only[::2] == ['--host', '--http-port', '--zmq-port', '--drain-timeout', '--startup-timeout',
-                              '--termination-log']
+                              '--termination-log'] + (['--job-store'] if 'jobs' in spec else [])
+    if 'jobs' in spec:  # a serve flag too (a runner that maps mounts rewrites it), the same folder as the config's
+        assert serve_only[-1] == from_configmap.jobs.store and from_configmap.jobs.lease_s == 12.0
     args.config = str(tmp_path / 'stage.yaml')
     from_flags = config_from_args(args)
     assert from_flags == from_configmap
