@@ -1,9 +1,9 @@
 """The one module that talks to the Kubernetes API (the official client's transport and auth, plain JSON).
 
 Reads: the stage, its pods (by label), its Service, ConfigMap, PodDisruptionBudget and NetworkPolicy, the
-job store's PersistentVolumeClaim (spec.jobs.claimName, by name), the nodes, the auth Secret (spec.auth.secretRef, by name). Writes: `apply(stage, plan)`
-in the plan's order (deletes, creates, patches, status, events), and nothing else. Every write is a JSON
-merge patch or a create/delete by name.
+job store's PersistentVolumeClaim (spec.jobs.claimName, by name), the nodes, the auth Secret (spec.auth.secretRef,
+by name). Writes: `apply(stage, plan)` in the plan's order (deletes, creates, patches, status, events), and nothing
+else. Every write is a JSON merge patch or a create/delete by name.
 """
 
 from __future__ import annotations

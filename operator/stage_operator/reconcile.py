@@ -98,7 +98,8 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
         extras = report.Extras(members, rs, observed.health, observed.abort, autoscaling, target.status, target.failed,
                                quota_refused=observed.quota_refused)
         requeue = _soonest(scaled.requeue_after, decisions.drains.requeue_after, rs.requeue_after,
-                           target.requeue_after, jobs_store.RECHECK_SECONDS if fit.reason == jobs_store.MISSING else None)
+                           target.requeue_after,
+                           jobs_store.RECHECK_SECONDS if fit.reason == jobs_store.MISSING else None)
         applied = (observed.lora_sync.applied if observed.lora_sync is not None
                    else lora_sync.applied(stage.status, spec.loras))
         if fit.ok or observed.configmap is not None:   # new replicas start with the LoRA list applied everywhere

@@ -30,5 +30,6 @@ def test_a_missing_claim_is_reported_then_the_pods_come_once_it_exists(cluster, 
         pods = wait_for(lambda: len(cluster.pods('vids')) == 2 and cluster.pods('vids'),
                         timeout=RECHECK_SECONDS + 20, what='the pods once the claim exists')
         for pod in pods.values():
-            assert {'name': 'jobs-store', 'persistentVolumeClaim': {'claimName': 'video-jobs'}} in pod['spec']['volumes']
+            volume = {'name': 'jobs-store', 'persistentVolumeClaim': {'claimName': 'video-jobs'}}
+            assert volume in pod['spec']['volumes']
         assert wait_for(lambda: cluster.condition('vids', 'Accepted').get('status') == 'True', what='Accepted')

@@ -48,7 +48,8 @@ def test_bounds_are_admitted_at_the_edges_and_refused_past_them_by_the_crd_and_t
             StageSpec.model_validate(obj['spec'])
 
 
-@pytest.mark.parametrize('jobs', [{}, {'claimName': ''}, {'claimName': 'Video_Jobs'}, {'claimName': 'j', 'bucket': 'b'}],
+@pytest.mark.parametrize('jobs', [{}, {'claimName': ''}, {'claimName': 'Video_Jobs'},
+                                  {'claimName': 'j', 'bucket': 'b'}],
                          ids=['missing', 'empty', 'not-a-dns-name', 'unknown-field'])
 def test_a_bad_claim_is_refused_naming_the_field(jobs):
     obj = with_jobs(jobs)
