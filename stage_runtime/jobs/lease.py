@@ -26,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stage_runtime.errors import JobNotFoundError
-from stage_runtime.jobs.store import JobStore, write_atomic
+from stage_runtime.atomic_file import write_atomic
+from stage_runtime.jobs.store import JobStore
 
 LEASE_FILE = re.compile(r"^lease-(\d{8})\.json$")
 SPARE = 0.1              # of the lease: the owner stops renewing this long before it ends

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from stage_runtime.atomic_file import write_atomic
 from stage_runtime.errors import JobNotFoundError, JobStoreError
 from stage_runtime.jobs.record import JOB_ID, JobRecord
 
@@ -37,21 +38,6 @@ RECORD, REFERENCE, CHECKPOINT = "job.json", "reference.png", "checkpoint.safeten
 OUTPUTS = {"video": "video.mp4", "thumbnail": "thumbnail.png", "frames": "frames.zip"}   # variant → file
 INCOMING_STALE_S = 3600.0          # a create that never finished (its process died) is removed after this
 TRASH_STALE_S = 60.0               # a trashed folder its deleter did not finish removing
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """``data`` at ``path``, all or nothing: a temp file beside it, synced, then renamed over it.
-    FileNotFoundError when the folder is gone."""
-    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        with open(temp, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
 
 
 class JobStore:

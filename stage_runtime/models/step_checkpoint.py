@@ -33,8 +33,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
-import secrets
 import time
 import types
 from typing import Any
@@ -44,6 +42,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as serialize
 
+from stage_runtime.atomic_file import write_atomic
 from stage_runtime.checkpoint import FIELD, FORMAT, MANIFEST_KEY, check_manifest, parse_manifest, request_identity
 from stage_runtime.errors import InvalidRequestError
 from stage_runtime.model_info import ModelInfo
@@ -172,21 +171,8 @@ def save(state: StepRequestState, path: str, info: ModelInfo) -> dict[str, Any]:
     manifest = {"format": FORMAT, "model": info.fingerprint, "pipeline_class": info.pipeline_class,
                 "request_id": state.request_id, "request": request_identity(state.request), "step": state.step_index,
                 "total_steps": state.total_steps, "saved_at": time.time(), "state": tree}
-    folder, name = os.path.split(os.path.abspath(path))
-    temp = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
     data = serialize(tensors, metadata={MANIFEST_KEY: json.dumps(manifest)})
-    try:
-        with open(temp, "xb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_atomic(path, data)
     return {"path": path, "step": state.step_index, "total_steps": state.total_steps, "bytes": len(data),
             "seconds": time.perf_counter() - started}
 
