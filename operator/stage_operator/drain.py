@@ -3,8 +3,10 @@ mode, a spec change, the stage's deletion. No request is lost to it:
 
 1. **retire**: a pod with no work (not running, failed, or without a pod IP) is deleted at once; a running one is fenced
    (label serving=false: out of the Service at once; annotations `draining-since` and `drain-reason`);
-2. **finish**: a fenced pod is deleted once a probe taken after the fence sees nothing in flight, or it turns
-   unhealthy (a dead engine serves nobody), or `drainTimeoutSeconds` pass (reason DrainTimeout).
+2. **finish**: a fenced pod is deleted once a probe taken after the fence sees nothing in flight but its video jobs
+   (deleted, the stage checkpoints each, releases its lease and another replica resumes it: a long video never
+   holds a drain), or it turns unhealthy (a dead engine serves nobody), or `drainTimeoutSeconds` pass (reason
+   DrainTimeout).
 
 The pod's own `preStop` and `terminationGracePeriodSeconds` (builders/pod.py) cover what the operator does not
 start: an eviction or a `kubectl delete pod` still lets the stage finish what it holds.
@@ -70,6 +72,8 @@ def retire(pods: Iterable[PodView], health: Mapping[str, PodHealth], reason: str
         out.patch.append((pod.name, fence(now, reason)))
         h = health.get(pod.uid)
         busy = f" with {h.in_flight} in flight" if h is not None and h.in_flight is not None else ""
+        if h is not None and h.jobs_here:
+            busy += f" ({h.jobs_here} video job(s): handed off to another replica when it stops)"
         out.events.append(("Normal", "DrainingReplica",
                            f"fenced {pod.name}{busy} for {WHY.get(reason, reason)}{detail}; deleted once idle "
                            f"(at most {drain_timeout:g}s)"))
@@ -82,8 +86,9 @@ def finish(draining: Iterable[PodView], health: Mapping[str, PodHealth], drain_t
     for pod in draining:
         if pod.terminating:
             continue
-        h = health.get(pod.uid)
-        idle = h is not None and h.checked_at > pod.draining_since and h.in_flight == 0
+        h = health.get(pod.uid)    # its video jobs do not hold it: stopped, it hands them to another replica
+        idle = h is not None and h.checked_at > pod.draining_since and h.in_flight is not None \
+            and h.in_flight <= h.jobs_here
         deadline = pod.draining_since + drain_timeout
         if not has_work(pod) or idle or (h is not None and h.health == "Unhealthy"):
             out.delete.append((pod.name, pod.drain_reason))

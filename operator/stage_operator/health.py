@@ -21,6 +21,7 @@ class ProbeResult:
     running: int | None = None
     startup: dict | None = None  # /v1/stats.startup: {phase, phases: {name: seconds}, model_bytes}
     loras: tuple[str, ...] | None = None  # names from /v1/loras (None: not asked or not answered)
+    jobs: dict | None = None  # /v1/stats.jobs: {here, queued, in_progress, completed, failed} (a stage with a store)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,13 @@ class PodHealth:
     running: int | None = None
     startup: dict | None = None  # what the stage said of its startup (phase while loading, durations after)
     loras: tuple[str, ...] | None = None  # the LoRA adapters the stage has loaded (its /v1/loras)
+    jobs: dict | None = None  # the video jobs it runs (here) and the store's by status, at its last scan
+
+    @property
+    def jobs_here(self) -> int:
+        """The video jobs the pod runs: they hand off to another replica when it stops (SIGTERM), so a drain need
+        not wait for them."""
+        return int((self.jobs or {}).get("here") or 0)
 
     @property
     def loading_phase(self) -> str | None:
@@ -68,9 +76,10 @@ class HealthBook:
             new = PodHealth("Unhealthy" if result.dead else "Healthy", result.at, 0, True, result.dead or "",
                             result.state, result.waiting, result.running,
                             result.startup if result.startup is not None else (old.startup if old else None),
-                            result.loras if result.loras is not None else (old.loras if old else None))
+                            result.loras if result.loras is not None else (old.loras if old else None),
+                            result.jobs)
         self._pods[uid] = new
-        shown = ("health", "failures", "waiting", "running", "state", "loading_phase", "loras")
+        shown = ("health", "failures", "waiting", "running", "state", "loading_phase", "loras", "jobs")
         changed = old is None or any(getattr(old, k) != getattr(new, k) for k in shown)
         return new, changed
 

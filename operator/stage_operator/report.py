@@ -98,7 +98,23 @@ def _replica_status(pod: PodView, desired_hash: str | None, record: ReplicaRecor
             out["waiting"], out["running"] = health.waiting, health.running
         if health.loras is not None:
             out["loras"] = list(health.loras)
+        if health.jobs is not None:
+            out["jobs"] = health.jobs_here
     return out
+
+
+def _jobs_status(pods: dict[int, PodView], health: Mapping[str, PodHealth],
+                 previous: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """status.jobs: the counts the lowest-numbered running pod reported at its last probe (every replica counts the
+    same store; one source keeps the status from flapping between replicas' scans), else the last status's (no
+    replica runs now)."""
+    seen = [(p.index, h.jobs) for p in pods.values() if p.running and not p.terminating
+            and (h := health.get(p.uid)) is not None and h.jobs is not None]
+    if not seen:
+        return dict(previous) if previous else None
+    jobs = min(seen, key=lambda seen: seen[0])[1]
+    return {"queued": jobs["queued"], "inProgress": jobs["in_progress"], "completed": jobs["completed"],
+            "failed": jobs["failed"]}
 
 
 def _failure_line(name: str, f: Mapping[str, Any]) -> str:
@@ -215,6 +231,8 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
     if stage.spec is not None:
         status["topology"] = _topology(stage)
         status["model"] = _model_status(stage, pods, desired_hash, extras.health)
+        if stage.spec.jobs is not None:
+            status["jobs"] = _jobs_status(pods, extras.health, previous.get("jobs"))
     for key, value in (("abort", extras.abort), ("autoscaling", extras.autoscaling), ("rollout", extras.rollout)):
         if value is not None or key in previous:
             status[key] = value if value is not None else previous[key]

@@ -53,11 +53,16 @@ async def probe(session: aiohttp.ClientSession, base: str, timeout: float, api_k
             stats = await _json(response)
         startup = stats.get("startup")
         loras = await _lora_names(session, base, limit, api_key) if stats.get("state") == "ready" else None
+        jobs = stats.get("jobs")
         return ProbeResult(at, state=stats.get("state"), waiting=int(stats.get("waiting", 0)),
                            running=int(stats.get("running", 0)), startup=startup if isinstance(startup, dict) else None,
-                           loras=loras)
+                           loras=loras, jobs=_job_counts(jobs) if isinstance(jobs, dict) else None)
     except _ERRORS as exc:
         return ProbeResult(at, error=_why(exc))
+
+
+def _job_counts(jobs: dict[str, Any]) -> dict[str, int]:
+    return {k: int(jobs.get(k) or 0) for k in ("here", "queued", "in_progress", "completed", "failed")}
 
 
 async def _lora_names(session: aiohttp.ClientSession, base: str, limit: aiohttp.ClientTimeout,

@@ -171,23 +171,30 @@ class DiffusionEngine:
 
     # -- control RPC -----------------------------------------------------------------------------------
     def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
-                       timeout: float | None = None, unique_reply_rank: int | None = None) -> Any:
+                       timeout: float | None = None, unique_reply_rank: int | None = None,
+                       abort_with: tuple[str, ...] = ()) -> Any:
         """A declared control RPC (``stage_runtime.control``) on the busy-loop thread, ordered with waves;
         direct before the loop starts. An undeclared name, a failed rank or a timeout: RpcError. The LoRA
-        RPCs go through the engine's adapter table (engine.lora_table), which then tells every rank."""
+        RPCs go through the engine's adapter table (engine.lora_table), which then tells every rank.
+        ``abort_with``: requests aborted at the tick boundary the RPC runs at (before their runner state is
+        freed), so no step runs between the two: a job's hand-off checkpoints its last step and stops there."""
         if method in LORA_RPCS:
             self._check_open()
             return self.loras.control(method, tuple(args), kwargs or {})
-        return self.rank_rpc(method, args, kwargs, timeout, unique_reply_rank)
+        return self.rank_rpc(method, args, kwargs, timeout, unique_reply_rank, abort_with)
 
     def rank_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None, timeout: float | None = None,
-                 unique_reply_rank: int | None = None) -> Any:
+                 unique_reply_rank: int | None = None, abort_with: tuple[str, ...] = ()) -> Any:
         self._check_open()
         if self._thread is None:
             with self._rpc_lock:
-                return self.executor.collective_rpc(method, args, kwargs, timeout, unique_reply_rank)
-        with self._lock:
+                try:
+                    return self.executor.collective_rpc(method, args, kwargs, timeout, unique_reply_rank)
+                finally:
+                    self.abort(list(abort_with))
+        with self._lock:                 # one _schedule() takes both: the aborts, then the RPC before any execute
             future = self._rpcs.submit(method, args, kwargs, unique_reply_rank)
+            self.abort(list(abort_with))
             self._lock.notify_all()
         return self._rpcs.wait(future, method, timeout)
 

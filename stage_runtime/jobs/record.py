@@ -5,6 +5,11 @@ validated, the seed fixed at create) and what a client polls: ``status``, the ph
 ``progress`` from them, the times, the error. ``owner`` and ``lease_expires_at`` say which replica runs it
 (``jobs.lease`` decides; the record only shows it). ``step`` is the last denoising step the owner reported;
 ``checkpoint_step`` the step of the job's newest step checkpoint, ``resumed_from_step`` where the run started.
+``runs`` is the job's history, one :class:`RunEntry` a run: who ran it, from which step to which, and how it ended
+(a run whose owner vanished is closed by the next owner, ``lease_expired`` at the last step it reported).
+
+A record is read leniently (unknown fields are ignored): in a rolling upgrade an older replica still reads what a
+newer one wrote.
 
 Ids are ``video_`` + 12 hex digits of the creation time in milliseconds + 20 random hex digits: they sort
 in creation order, so a list pages by id and a page's ``after`` needs no record to still exist.
@@ -20,11 +25,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Status = Literal["queued", "in_progress", "completed", "failed"]
+STATUSES: tuple[str, ...] = ("queued", "in_progress", "completed", "failed")
 ACTIVE: tuple[str, ...] = ("queued", "in_progress")      # the SDK's poll() keeps polling these
 JOB_ID = re.compile(r"^video_[0-9a-f]{32}$")
 # progress: the denoising steps are 0–90 %, the VAE decode starts at 90, writing the MP4, thumbnail and frames
 # at 95, completed is 100
 DENOISE_SHARE, DECODE_AT, MUX_AT = 90, 90, 95
+MAX_RUNS = 20                                            # the history keeps the newest runs
+# How a run ended: the job's own end, or back in the queue (handed_off: the replica drained and gave it away at a
+# checkpoint; requeued: its engine died or the drain timed out), or its owner vanished (lease_expired).
+OUTCOMES = ("completed", "failed", "handed_off", "requeued", "lease_expired")
 
 
 def new_job_id(now: float) -> str:
@@ -52,14 +62,31 @@ def seconds_of(num_frames: int, fps: int) -> str:
 class JobError(BaseModel):
     """OpenAI's ``VideoCreateError``: a machine-readable ``code`` (our error type) and the message."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
     code: str
     message: str
     param: str | None = None
 
 
+class RunEntry(BaseModel):
+    """One run of the job: its owner, when it started and from which step (the checkpoint it resumed, else 0),
+    and once it ended: when, at which step (the steps whose state survives it: a hand-off's checkpoint, the last
+    step reported before a lost lease) and how (``OUTCOMES``)."""
+
+    model_config = ConfigDict(extra="ignore")
+    owner: str
+    started_at: float
+    from_step: int = 0
+    ended_at: float | None = None
+    to_step: int | None = None
+    outcome: str | None = None
+
+    def closed(self, outcome: str, to_step: int, at: float) -> RunEntry:
+        return self.model_copy(update={"outcome": outcome, "to_step": to_step, "ended_at": at})
+
+
 class JobRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
     id: str = Field(pattern=JOB_ID.pattern)
     model: str                                     # the served model's id; only its replicas run the job
     prompt: str
@@ -81,11 +108,30 @@ class JobRecord(BaseModel):
     owner: str | None = None                       # the replica running it (host-pid), while in progress
     lease_expires_at: float | None = None          # the owner's lease as last renewed
     attempts: int = 0                              # runs started so far
+    handoffs: int = 0                              # runs a draining replica handed off (not failures)
     requeued_because: str | None = None            # why the last run ended without the job's own fault
     checkpoint_step: int | None = None             # the step of the job's newest checkpoint (store: CHECKPOINT)
     resumed_from_step: int | None = None           # the current (or last) run started from a checkpoint at this step
     decode_retries: int = 0                        # decodes run again from the denoised state after a failed one
     outputs: tuple[str, ...] = ()                  # files of the completed job (the store's OUTPUTS)
+    runs: tuple[RunEntry, ...] = ()                # the history, oldest first (the newest MAX_RUNS)
+
+    @property
+    def failed_attempts(self) -> int:
+        """The runs that count against ``jobs.max_attempts``: every run but those handed off at a drain."""
+        return self.attempts - self.handoffs
+
+    def with_run_ended(self, outcome: str, to_step: int, at: float) -> tuple[RunEntry, ...]:
+        """The history with its open run (the newest, not yet ended) closed."""
+        if not self.runs or self.runs[-1].ended_at is not None:
+            return self.runs
+        return (*self.runs[:-1], self.runs[-1].closed(outcome, to_step, at))
+
+    def with_run_started(self, owner: str, from_step: int, at: float) -> tuple[RunEntry, ...]:
+        """The history with a run beginning now; a run left open (its owner vanished: the lease expired) is closed
+        at the last step it reported."""
+        runs = self.with_run_ended("lease_expired", self.step, at)
+        return (*runs, RunEntry(owner=owner, started_at=at, from_step=from_step))[-MAX_RUNS:]
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and self.expires_at <= now
@@ -107,7 +153,8 @@ class JobRecord(BaseModel):
             "prompt": self.prompt, "seconds": self.seconds, "size": self.size, "remixed_from_video_id": None,
             "diffstage": {"phase": self.phase, "step": self.step, "num_steps": self.num_steps,
                           "num_frames": self.num_frames, "fps": self.fps, "seed": self.params.get("seed"),
-                          "owner": self.owner, "attempts": self.attempts,
+                          "owner": self.owner, "attempts": self.attempts, "handoffs": self.handoffs,
                           "requeued_because": self.requeued_because, "checkpoint_step": self.checkpoint_step,
-                          "resumed_from_step": self.resumed_from_step, "decode_retries": self.decode_retries},
+                          "resumed_from_step": self.resumed_from_step, "decode_retries": self.decode_retries,
+                          "runs": [run.model_dump() for run in self.runs]},
         }

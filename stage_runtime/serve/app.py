@@ -60,8 +60,14 @@ async def abort(request: web.Request) -> web.Response:
     return web.json_response(request.app[SERVICE].abort(body.request_ids, all=body.all))
 
 
+def stage_stats(app: web.Application) -> dict:
+    """``/v1/stats``: the service's, and ``jobs`` when the stage keeps video jobs (``--job-store``)."""
+    jobs = app.get(JOBS)
+    return {**app[SERVICE].stats(), **({"jobs": jobs.stats()} if jobs is not None else {})}
+
+
 async def stats(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].stats())
+    return web.json_response(stage_stats(request.app))
 
 
 async def requests(request: web.Request) -> web.Response:
@@ -99,7 +105,8 @@ async def metrics(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     if service.engine is not None:
         service.metrics.observe_loras(service.engine.loras.metrics())
-    return web.Response(body=service.metrics.render(service.stats()), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=service.metrics.render(stage_stats(request.app)),
+                        headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def _openapi(document: dict) -> web.Response:

@@ -161,8 +161,10 @@ class JobRun:
 
     # -- the run ----------------------------------------------------------------------------------------------
     async def _run(self) -> None:
-        record = self.record
-        if record.attempts >= self.config.max_attempts:
+        now = time.time()             # a run its owner left open (killed, partitioned) ended when its lease expired
+        record = self.record = self.record.model_copy(
+            update={"runs": self.record.with_run_ended("lease_expired", self.record.step, now)})
+        if record.failed_attempts >= self.config.max_attempts:
             await self._fail_tired(record.requeued_because or "with its replica")
             return
         try:
@@ -175,10 +177,11 @@ class JobRun:
             self.backoff = True
             log.info("video job %s not started here: %s: %s", record.id, type(exc).__name__, exc)
             return
-        start = self.resumed_from or 0
+        start, now = self.resumed_from or 0, time.time()
         await self._write(status="in_progress", owner=self.leases.owner, attempts=record.attempts + 1,
-                          started_at=time.time(), phase=None, step=start, resumed_from_step=self.resumed_from,
-                          progress=progress_of("denoise", start, record.num_steps))
+                          started_at=now, phase=None, step=start, resumed_from_step=self.resumed_from,
+                          progress=progress_of("denoise", start, record.num_steps),
+                          runs=record.with_run_started(self.leases.owner, start, now))
         final = await self._follow(stream)
         if self._decode_failed(final) and await asyncio.to_thread(self._denoised_saved):
             final = await self._retry_decode(request, final)
@@ -191,7 +194,7 @@ class JobRun:
             await self._complete(final)
         elif final.error_type == RequestAbortedError.error_type and self.handing_off:
             await self._requeue(f"handed off by {self.leases.owner} as it drained, at the checkpoint of step "
-                                f"{self.checkpoint_step or 0}")
+                                f"{self.checkpoint_step or 0}", handed_off=True)
         elif final.error_type in REQUEUE_ERRORS or (final.error_type == RequestAbortedError.error_type
                                                     and (self.service.draining or self._closing())):
             await self._requeue(final.error)
@@ -244,13 +247,14 @@ class JobRun:
             return
         self._checkpointing = asyncio.get_running_loop().create_task(self.checkpoint())
 
-    async def checkpoint(self) -> int | None:
+    async def checkpoint(self, then_stop: bool = False) -> int | None:
         """The job's step state to its checkpoint file, at the engine's next tick boundary: the step saved, or None
-        (no state to save: not started or already ended; the file could not be written: logged)."""
+        (no state to save: not started or already ended; the file could not be written: logged). ``then_stop``: the
+        request is aborted at that same boundary (no step runs after the one saved)."""
         path = self.checkpoint_path
         try:
             replies = await asyncio.to_thread(self.service.collective_rpc, "checkpoint_request", (self.job_id, path),
-                                              {}, CHECKPOINT_TIMEOUT_S, None)
+                                              {}, CHECKPOINT_TIMEOUT_S, None, (self.job_id,) if then_stop else ())
         except DiffStageError as exc:
             log.warning("video job %s: no checkpoint: %s", self.job_id, exc)
             return None
@@ -299,8 +303,10 @@ class JobRun:
         self.handing_off = True
         if self._checkpointing is not None:
             await asyncio.gather(self._checkpointing, return_exceptions=True)
-        await self.checkpoint()
-        self.service.abort([self.job_id])
+        # the run's end waits for this checkpoint (its step is where the job goes back in the queue)
+        self._checkpointing = asyncio.get_running_loop().create_task(self.checkpoint(then_stop=True))
+        await asyncio.gather(self._checkpointing, return_exceptions=True)
+        self.service.abort([self.job_id])        # (when no checkpoint could be taken: stop it all the same)
         try:
             await asyncio.wait_for(self.done.wait(), timeout)
         except TimeoutError:
@@ -344,21 +350,28 @@ class JobRun:
         except JobStoreError as exc:
             log.warning("video job %s: its checkpoint stays until the job expires: %s", self.job_id, exc)
         now = time.time()
+        to_step = self.record.num_steps if status == "completed" else \
+            self.stopped_at if self.stopped_at is not None else self.record.step
         await self._write(status=status, phase=None, owner=None, completed_at=now,
                           expires_at=now + self.config.retention_s,
-                          progress=100 if status == "completed" else self.record.progress, **changes)
+                          progress=100 if status == "completed" else self.record.progress,
+                          runs=self.record.with_run_ended(status, to_step, now), **changes)
         log.info("video job %s %s (run %d)", self.job_id, status, self.record.attempts)
 
     async def _fail_tired(self, why: str) -> None:
         await self._finish("failed", error=JobError(code="too_many_attempts", message=(
             f"ran {self.record.attempts} times without finishing (jobs.max_attempts); the last run ended: {why}")))
 
-    async def _requeue(self, why: str) -> None:
-        """Back in the queue for any replica (at its newest checkpoint), or failed after ``max_attempts`` runs."""
-        if self.record.attempts >= self.config.max_attempts:
+    async def _requeue(self, why: str, handed_off: bool = False) -> None:
+        """Back in the queue for any replica (at its newest checkpoint), or failed after ``max_attempts`` runs that
+        were not hand-offs (a drain handing a job over is no failure of it)."""
+        handoffs = self.record.handoffs + handed_off
+        if self.record.attempts - handoffs >= self.config.max_attempts:
             await self._fail_tired(why)
             return
         step = self.checkpoint_step or 0
         log.info("video job %s back in the queue at step %d (%s)", self.job_id, step, why)
         await self._write(status="queued", owner=None, phase=None, step=step, started_at=None, requeued_because=why,
-                          progress=progress_of("denoise", step, self.record.num_steps))
+                          progress=progress_of("denoise", step, self.record.num_steps), handoffs=handoffs,
+                          runs=self.record.with_run_ended("handed_off" if handed_off else "requeued", step,
+                                                          time.time()))

@@ -19,7 +19,7 @@ import socket
 
 from stage_runtime.config import JobsConfig
 from stage_runtime.jobs.lease import Lease, Leases
-from stage_runtime.jobs.record import ACTIVE
+from stage_runtime.jobs.record import ACTIVE, STATUSES
 from stage_runtime.jobs.store import JobStore
 from stage_runtime.serve.job_run import JobRun
 from stage_runtime.serve.service import StageService
@@ -39,6 +39,7 @@ class JobRunner:
         self.owner = owner or replica_name()
         self.leases = Leases(store, self.owner, config.lease_s)
         self.running: dict[str, JobRun] = {}
+        self.counts: dict[str, int] = dict.fromkeys(STATUSES, 0)       # the model's jobs by status, at the last scan
         self._tasks: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
@@ -73,26 +74,34 @@ class JobRunner:
         expired = await asyncio.to_thread(self.store.sweep)
         if expired:
             log.info("expired %d video job(s): %s", len(expired), ", ".join(expired))
-        if self._closing or self.service.state != "ready" or len(self._tasks) >= self.capacity:
-            return
-        for lease in await asyncio.to_thread(self._claim, self.capacity - len(self._tasks)):
+        taking = not self._closing and self.service.state == "ready"
+        room = max(0, self.capacity - len(self._tasks)) if taking else 0
+        for lease in await asyncio.to_thread(self._claim, room):
             task = asyncio.get_running_loop().create_task(self._own(lease))
             self._tasks.add(task)
             task.add_done_callback(self._ended)
 
     def _claim(self, room: int) -> list[Lease]:
-        """(A thread.) Up to ``room`` leases on the oldest claimable jobs of this model."""
+        """(A thread.) Up to ``room`` leases on the oldest claimable jobs of this model; the model's jobs counted
+        by status on the way (``counts``)."""
         claimed, now = [], self.store.clock()
+        counts = dict.fromkeys(STATUSES, 0)
         for record in self.store.records():
-            if len(claimed) >= room:
-                break
-            if record.model != self.model or record.status not in ACTIVE or record.id in self.running \
-                    or record.expired(now):
+            if record.model != self.model or record.expired(now):
+                continue
+            counts[record.status] += 1
+            if len(claimed) >= room or record.status not in ACTIVE or record.id in self.running:
                 continue
             lease = self.leases.claim(record.id)
             if lease is not None:
                 claimed.append(lease)
+        self.counts = counts
         return claimed
+
+    def stats(self) -> dict[str, int]:
+        """``jobs`` in ``/v1/stats``: the runs on this replica (``here``: they hand off when it drains) and the
+        model's jobs in the store by status, as of the last scan (every replica sees the same store)."""
+        return {"here": len(self.running), **self.counts}
 
     async def _own(self, lease: Lease) -> None:
         record = await asyncio.to_thread(self.store.get, lease.job_id)

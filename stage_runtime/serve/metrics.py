@@ -58,6 +58,9 @@ class StageMetrics:
         self.running = Gauge(f"{PREFIX}requests_running", "Requests running now", registry=r)
         self.capacity = Gauge(f"{PREFIX}requests_capacity", "Requests that can run at once (max_num_seqs)",
                               registry=r)
+        self.jobs = Gauge(f"{PREFIX}video_jobs", "The model's video jobs in the shared store by status (as of "
+                          "the replica's last scan; every replica sees the same store)", ["status"], registry=r)
+        self.jobs_here = Gauge(f"{PREFIX}video_jobs_running_here", "Video jobs this replica runs now", registry=r)
         self.worker_alive = Gauge(f"{PREFIX}worker_alive", "1 while the rank's worker is alive", ["rank"],
                                   registry=r)
         self.state = Enum(f"{PREFIX}stage_state", "Stage process state", states=STATES, registry=r)
@@ -117,6 +120,10 @@ class StageMetrics:
         self.running.set(stats["running"])
         self.capacity.set(stats["capacity"])
         self.state.state(stats["state"])
+        if "jobs" in stats:
+            self.jobs_here.set(stats["jobs"]["here"])
+            for status in ("queued", "in_progress", "completed", "failed"):
+                self.jobs.labels(status).set(stats["jobs"][status])
         for worker in stats["workers"]:
             self.worker_alive.labels(str(worker["rank"])).set(1 if worker["alive"] else 0)
         for rank_stats in stats.get("offload") or []:

@@ -182,8 +182,21 @@ class StartupView(BaseModel):
     model_bytes: int | None
 
 
+class JobsView(BaseModel):
+    """``jobs`` in ``/v1/stats`` (a stage with a job store): the video jobs this replica runs (``here``: they hand
+    off to another replica when it drains) and the model's jobs in the shared store by status, at its last scan."""
+
+    model_config = ConfigDict(extra="forbid")
+    here: int
+    queued: int
+    in_progress: int
+    completed: int
+    failed: int
+
+
 class StageStats(BaseModel):
-    """``GET /v1/stats`` — what the operator polls. Exactly these keys (``offload`` only with offload on)."""
+    """``GET /v1/stats`` — what the operator polls. Exactly these keys (``offload`` only with offload on, ``jobs``
+    only with a job store)."""
 
     model_config = ConfigDict(extra="forbid")
     state: Literal["starting", "ready", "stalled", "draining", "dead"]
@@ -198,6 +211,7 @@ class StageStats(BaseModel):
     workers: list[WorkerStatus]
     startup: StartupView
     offload: list[dict[str, Any]] | None = None
+    jobs: JobsView | None = None
 
 
 def error_body(error_type: str, message: str, param: str | None = None) -> dict[str, Any]:

@@ -196,13 +196,14 @@ class StageService:
         return {} if self.engine is None else self.engine.abort_counted(request_ids)
 
     def collective_rpc(self, method: str, args: tuple, kwargs: dict, timeout: float | None,
-                       unique_reply_rank: int | None) -> Any:
+                       unique_reply_rank: int | None, abort_with: tuple[str, ...] = ()) -> Any:
         """Blocking (run it in a thread): ordered with the engine's waves on the busy-loop thread. Only the
-        declared control RPCs (``stage_runtime.control``); any other name is an RpcError."""
+        declared control RPCs (``stage_runtime.control``); any other name is an RpcError. ``abort_with``: requests
+        aborted at the same tick boundary (``DiffusionEngine.collective_rpc``)."""
         check_control_rpc(method)
         if self.engine is None:
             raise StageUnavailableError("the stage is starting; no engine yet")
-        return self.engine.collective_rpc(method, args, kwargs, timeout, unique_reply_rank)
+        return self.engine.collective_rpc(method, args, kwargs, timeout, unique_reply_rank, abort_with)
 
     # -- introspection ----------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

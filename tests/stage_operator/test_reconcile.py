@@ -320,3 +320,48 @@ def test_a_change_to_the_restart_policy_or_the_pod_template_resets_the_budget(ch
     assert cond(changed.status, 'Stalled')['status'] == 'False'
     replica = changed.status['replicaStatuses'][0]
     assert 'budgetExhausted' not in replica and replica['recentRestarts'] == []
+
+
+def test_a_scale_down_does_not_wait_out_the_video_jobs_of_a_fenced_replica():
+    """spec.jobs: a fenced replica whose only work is video jobs is deleted at the next probe; stopped, the stage
+    checkpoints each job and hands it to another replica (a long video never holds a drain). Any other request in
+    flight still holds it."""
+    from stage_operator.health import PodHealth
+    from stage_operator.scaledown import fence
+
+    st = stage({**CPU, 'replicas': 1, 'jobs': {'claimName': 'video-jobs'}})
+    pods = [pod(st, i) for i in range(2)]
+    t_fence = 1767225900.0
+    first = reconcile(st, world(st, pods))
+    assert [(p.name, p.body) for p in first.patch] == [('s-1', fence(t_fence))]
+    apply_merge(pods[1]['metadata'], fence(t_fence)['metadata'])
+    counts = {'queued': 0, 'in_progress': 2, 'completed': 5, 'failed': 0}
+
+    def probed(running: int, here: int) -> dict:
+        return {'pod-1': PodHealth('Healthy', t_fence + 5, answered=True, waiting=0, running=running,
+                                   jobs={'here': here, **counts})}
+
+    def removed(health) -> list[str]:
+        return deleted(reconcile(st, dataclasses.replace(world(st, pods), now='2026-01-01T00:05:10Z', health=health)))
+
+    assert removed(probed(running=2, here=1)) == []             # an image request runs beside the job: it waits
+    assert removed(probed(running=1, here=1)) == ['s-1']        # the job alone: it hands off
+    assert removed(probed(running=0, here=1)) == ['s-1']        # the job writes its MP4: it finishes on SIGTERM
+
+
+def test_status_shows_the_video_jobs_by_status_and_each_replicas_runs():
+    from stage_operator.health import PodHealth
+
+    st = stage({**CPU, 'jobs': {'claimName': 'video-jobs'}})
+    observed = world(st, [pod(st, 0), pod(st, 1)])
+    counts = {'queued': 3, 'in_progress': 2, 'completed': 7, 'failed': 1}
+    health = {'pod-0': PodHealth('Healthy', 1.0, answered=True, waiting=0, running=1, jobs={'here': 1, **counts}),
+              'pod-1': PodHealth('Healthy', 2.0, answered=True, waiting=1, running=1,
+                                 jobs={'here': 1, **counts, 'completed': 8})}     # its scan came later
+    status = reconcile(st, dataclasses.replace(observed, health=health)).status
+    assert status['jobs'] == {'queued': 3, 'inProgress': 2, 'completed': 7, 'failed': 1}   # one source: pod 0
+    assert [r['jobs'] for r in status['replicaStatuses']] == [1, 1]
+    silent = reconcile(stage({**CPU, 'jobs': {'claimName': 'video-jobs'}}, status=status),
+                       dataclasses.replace(observed, health={})).status
+    assert 'jobs' not in silent and 'replicaStatuses' in silent  # no probe: the last count stays (no patch of it)
+    assert 'jobs' not in reconcile(st := stage(CPU), world(st, [pod(st, 0)])).status

@@ -68,3 +68,23 @@ async def test_with_an_api_key_the_loras_call_carries_it():
     finally:
         await runner.cleanup()
     assert result.loras == ("ink",) and seen == ["Bearer k3y"]
+
+
+async def test_the_probe_reads_the_video_jobs_a_stage_with_a_store_reports():
+    app = web.Application()
+    app.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
+    app.router.add_get("/v1/stats", lambda r: web.json_response(
+        {"state": "ready", "waiting": 0, "running": 1,
+         "jobs": {"here": 1, "queued": 2, "in_progress": 3, "completed": 4, "failed": 0}}))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            result = await probe(session, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", 5)
+    finally:
+        await runner.cleanup()
+    assert result.jobs == {"here": 1, "queued": 2, "in_progress": 3, "completed": 4, "failed": 0}
+    health, changed = HealthBook().record("uid", result)
+    assert changed and health.jobs_here == 1

@@ -93,6 +93,8 @@ class ReplicaStatus(ApiModel):
         "Why the pod is not running yet (waiting for GPUs: …, waiting for quota: scheduling gates …), or "
         "terminating."))
     loras: list[str] | None = Field(None, description="The LoRA adapters the replica has loaded (its /v1/loras).")
+    jobs: int | None = Field(None, description=(
+        "With spec.jobs: the video jobs the replica runs now (when it drains they hand off to another replica)."))
     startup_seconds: dict[str, Annotated[float, Field(description="Seconds.")]] | None = Field(None, description=(
         "Once ready: seconds each startup phase took (fetching, copyingModel, buildingModel, loadingWeights, "
         "warmup)."))
@@ -195,6 +197,15 @@ class RolloutStatus(ApiModel):
     revisions: list[Revision] = Field(default_factory=list, description="The last 5 revisions, oldest first.")
 
 
+class JobsStatus(ApiModel):
+    """spec.jobs: the stage's video jobs in its store, by status, as a replica last counted them."""
+
+    queued: int = Field(0, description="Waiting for a replica: new, or handed back at a checkpoint.")
+    in_progress: int = Field(0, description="Claimed by a replica and running (or about to resume).")
+    completed: int = Field(0, description="Completed, their files kept until they expire (spec.jobs.retentionSeconds).")
+    failed: int = Field(0, description="Failed, kept until they expire.")
+
+
 class StageStatus(ApiModel):
     """What the operator observed and did; written by the operator only, whole, when something changed."""
 
@@ -227,3 +238,4 @@ class StageStatus(ApiModel):
     autoscaling: AutoscalingStatus | None = None
     model: ModelStatus | None = None
     rollout: RolloutStatus | None = None
+    jobs: JobsStatus | None = None

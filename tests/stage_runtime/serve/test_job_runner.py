@@ -20,7 +20,7 @@ from support.waiting import async_wait_until
 from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
 from stage_runtime.jobs.lease import Leases
-from stage_runtime.jobs.record import JobRecord, new_job_id
+from stage_runtime.jobs.record import JobRecord, RunEntry, new_job_id
 from stage_runtime.jobs.store import CHECKPOINT, OUTPUTS, JobStore
 from stage_runtime.serve.job_form import VideoJobRequest
 from stage_runtime.serve.job_runner import JobRunner
@@ -84,11 +84,16 @@ async def record_where(store: JobStore, job_id: str, what: str, check) -> JobRec
 
 async def test_a_job_whose_owner_stopped_renewing_is_taken_over_and_run_from_step_zero(runner):
     store = runner.store
-    orphan = job(store, 2, status="in_progress", owner="gone-1", attempts=1, step=1, phase="denoise", progress=45)
+    orphan = job(store, 2, status="in_progress", owner="gone-1", attempts=1, step=1, phase="denoise", progress=45,
+                 runs=(RunEntry(owner="gone-1", started_at=time.time() - 20),))
     dead = Leases(store, "gone-1", 1.5, clock=lambda: time.time() - 10).claim(orphan.id)    # ran out long ago
     assert dead is not None and runner.leases.free(orphan.id)
     done = await record_where(store, orphan.id, "the orphan completed", lambda r: r.status == "completed")
     assert (done.attempts, done.step, done.progress, done.owner, done.outputs) == (2, 2, 100, None, tuple(OUTPUTS.values()))
+    # the history: the vanished owner's run closed at the step it last reported, then this replica's from step 0
+    assert [(r.owner, r.from_step, r.to_step, r.outcome) for r in done.runs] == [
+        ("gone-1", 0, 1, "lease_expired"), (runner.owner, 0, 2, "completed")]
+    assert done.runs[0].ended_at <= done.runs[1].started_at <= done.runs[1].ended_at <= done.completed_at
     assert runner.leases.current(orphan.id).generation == 2                 # claimed once more, by this replica
     frames, fps = decode_mp4(store.read_file(orphan.id, OUTPUTS["video"]))
     assert frames.shape == (9, 16, 16, 3) and fps == 8
@@ -125,6 +130,7 @@ async def test_a_taken_over_job_resumes_from_its_owners_checkpoint_to_the_same_f
 async def test_a_drain_hands_a_running_job_off_at_a_checkpoint_and_another_replica_resumes_it(runner, config):
     store, service = runner.store, runner.service
     steps = 60
+    calls = count_denoiser_calls(service.engine)
     handed = job(store, steps)
     running = await record_where(store, handed.id, "a checkpoint written", lambda r: (r.checkpoint_step or 0) >= 3)
     assert (running.status, running.owner, running.attempts) == ("in_progress", runner.owner, 1)
@@ -133,6 +139,10 @@ async def test_a_drain_hands_a_running_job_off_at_a_checkpoint_and_another_repli
     at = back.checkpoint_step
     assert (back.status, back.owner, back.step, back.attempts, back.error) == ("queued", None, at, 1, None)
     assert 3 <= at < steps and f"at the checkpoint of step {at}" in back.requeued_because
+    # the checkpoint and the stop fall on one tick boundary: the step saved is the last step run
+    assert calls[0] == at, (calls[0], at)
+    assert (back.handoffs, back.failed_attempts) == (1, 0)            # a hand-off is no failed attempt
+    assert [(r.owner, r.from_step, r.to_step, r.outcome) for r in back.runs] == [(runner.owner, 0, at, "handed_off")]
     assert runner.leases.free(handed.id) and runner.leases.current(handed.id).expires_at == 0.0     # released
     assert await service.drain(0.0) == []                              # nothing of the job left to wait for
     other_service = StageService(config, StageMetrics())           # replica B (the same engine stands in for its)
@@ -144,6 +154,8 @@ async def test_a_drain_hands_a_running_job_off_at_a_checkpoint_and_another_repli
     finally:
         await other.close()
     assert (done.resumed_from_step, done.attempts, done.step) == (at, 2, steps)
+    assert [(r.owner, r.from_step, r.to_step, r.outcome) for r in done.runs] == [
+        (runner.owner, 0, at, "handed_off"), ("replica-b", at, steps, "completed")]     # no step ran twice
     assert set(os.listdir(store.folder(handed.id))) == FINISHED
 
 
@@ -201,3 +213,12 @@ async def test_a_job_out_of_attempts_fails_saying_why(runner):
     failed = await record_where(store, tired.id, "the job failed", lambda r: r.status == "failed")
     assert failed.error.code == "too_many_attempts" and "shutting down" in failed.error.message
     assert failed.expires_at > failed.completed_at and failed.attempts == 3
+
+
+async def test_hand_offs_do_not_count_against_max_attempts(runner):
+    """Three drains handed the job over (a rollout, a scale-down, another rollout): it still runs, and completes."""
+    store = runner.store
+    moved = job(store, 2, attempts=3, handoffs=3, checkpoint_step=None, requeued_because="handed off")
+    done = await record_where(store, moved.id, "the job completed", lambda r: r.status != "queued"
+                              and r.status != "in_progress")
+    assert (done.status, done.attempts, done.handoffs, done.error) == ("completed", 4, 3, None)

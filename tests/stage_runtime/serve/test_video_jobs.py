@@ -167,6 +167,24 @@ def test_delete_on_the_other_replica_stops_the_run_at_its_next_step(clients, sta
     assert video.id not in job_folders(store)
 
 
+def test_stats_and_metrics_count_the_jobs_in_the_store_and_the_runs_here(clients, stages):
+    """What the operator reads: ``jobs`` in /v1/stats (every replica counts the same store; ``here`` is the runs
+    that would hand off if this replica drained) and the same figures on /metrics."""
+    a, _ = clients
+    video = a.videos.create(prompt="a counted fox", size="16x16", extra_body=LONG)
+    owner = owner_of(stages, watch(a, video.id, 1)[-1])
+    try:
+        for stage in stages:
+            jobs = wait_until(lambda: (j := httpx.get(f"{stage.http_url}/v1/stats").json()["jobs"])["in_progress"]
+                              == 1 and j, timeout=30, what="the running job counted at a scan")
+            assert jobs["here"] == (1 if stage is owner else 0) and jobs["queued"] == 0, jobs
+        scraped = httpx.get(f"{owner.http_url}/metrics").text
+        assert 'diffstage_video_jobs{status="in_progress"} 1.0' in scraped
+        assert "diffstage_video_jobs_running_here 1.0" in scraped
+    finally:
+        a.videos.delete(video.id)
+
+
 def test_list_pages_with_after_and_limit_in_both_orders(clients, stages):
     a, b = clients
     marker = f"video_{int(time.time() * 1000) - 1:012x}" + "0" * 20      # sorts before every job made below
