@@ -1,5 +1,6 @@
-"""Operator-driven autoscaling, pure: desired replicas = ceil(in-flight / target per replica) within
-[min, max], stabilized with separate windows (HPA's rule, made strict): scale up to the smallest
+"""Operator-driven autoscaling, pure: desired replicas = ceil(demand / target per replica) within
+[min, max] (demand: the requests in flight on the serving replicas plus the video jobs queued in the stage's job
+store, which no replica holds yet), stabilized with separate windows (HPA's rule, made strict): scale up to the smallest
 recommendation seen over the whole up window, down to the largest seen over the whole down window; a
 window that the samples do not yet cover changes nothing. The operator records the decision in
 `status.autoscaling` and never writes `spec`."""
@@ -13,8 +14,17 @@ from typing import Any
 
 from stage_operator.api.spec import StageSpec
 from stage_operator.clock import format_time
+from stage_operator.health import PodHealth
 
-Sample = tuple[float, int]  # (time, total in-flight requests: waiting + running over the active replicas)
+Sample = tuple[float, int]  # (time, demand: waiting + running over the active replicas + queued video jobs)
+
+
+def demand(answered: Sequence[PodHealth]) -> int:
+    """The load to scale on, from the probes of the serving replicas that answered: their requests in flight (a
+    running video job is one of them), plus the video jobs queued in the shared store, counted once (every replica
+    counts the same store; the largest count is the newest)."""
+    in_flight = sum(h.in_flight or 0 for h in answered)
+    return in_flight + max((int((h.jobs or {}).get("queued") or 0) for h in answered), default=0)
 
 
 @dataclass(frozen=True)

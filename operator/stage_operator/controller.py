@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from stage_operator import lora_sync, metrics, stage_http
+from stage_operator import autoscale, lora_sync, metrics, stage_http
 from stage_operator.clock import format_time
 from stage_operator.health import HealthBook
 from stage_operator.kube import ApiError, Kube
@@ -247,7 +247,7 @@ class Controller:
         items = list(targets.pods.items())
         results = await asyncio.gather(*(stage_http.probe(self.session, url, targets.timeout, targets.api_key)
                                          for _, (_, url, _) in items))
-        changed, in_flight, answered, at = False, 0, 0, self.clock()
+        changed, answered, at = False, [], self.clock()
         for (uid, (pod, _, active)), result in zip(items, results, strict=True):
             health, moved = memory.health.record(uid, result)
             changed |= moved
@@ -255,9 +255,9 @@ class Controller:
                 metrics.PROBE_FAILURES.labels(kind="unhealthy" if result.dead else "unreachable").inc()
                 log.debug("probe %s/%s: %s", namespace, pod, result.dead or result.error)
             if active and result.error is None and health.in_flight is not None:
-                in_flight, answered = in_flight + health.in_flight, answered + 1
+                answered.append(health)
         memory.health.forget_except(set(targets.pods))
         if targets.autoscaling and answered:  # no answer is no measurement (never a reason to scale down)
-            memory.record_load(at, in_flight, targets.window)
+            memory.record_load(at, autoscale.demand(answered), targets.window)
             changed = True  # the stabilization windows move with time: let the reconcile look
         return changed, targets.period

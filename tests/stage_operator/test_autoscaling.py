@@ -132,3 +132,18 @@ def test_health_book_counts_consecutive_failures_and_reports_changes():
     assert h.health == 'Unhealthy' and h.failed(3, ready=True) == 'Engine is dead: worker rank 1 died'
     book.forget_except(set())
     assert book.snapshot() == {}
+
+
+def test_demand_is_the_requests_in_flight_plus_the_video_jobs_queued_in_the_store_counted_once():
+    """A backlog of video jobs waits in the shared store, in no replica's engine: it is load to scale on, once (each
+    replica counts the same store; the newest count is the largest)."""
+    from stage_operator.autoscale import demand
+
+    def probed(running: int, queued: int | None) -> PodHealth:
+        jobs = None if queued is None else {'here': running, 'queued': queued, 'in_progress': 2, 'completed': 9,
+                                            'failed': 0}
+        return PodHealth('Healthy', NOW, answered=True, waiting=0, running=running, jobs=jobs)
+
+    assert demand([probed(1, 6), probed(1, 5)]) == 2 + 6
+    assert demand([probed(2, None), probed(1, None)]) == 3                  # no job store: requests alone
+    assert Policy(1, 8, 1, 0, 300).recommend(demand([probed(1, 6), probed(1, 6)])) == 8
