@@ -9,17 +9,22 @@ from stage_operator.health import HealthBook
 from stage_operator.stage_http import probe
 
 
+async def _start(app: web.Application) -> tuple[web.AppRunner, str]:
+    """The app on a loopback port: its runner (to clean up) and base URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+
 async def _serve(loras_status: int):
     app = web.Application()
     app.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
     app.router.add_get("/v1/stats", lambda r: web.json_response({"state": "ready", "waiting": 0, "running": 1}))
     app.router.add_get("/v1/loras", lambda r: web.json_response(
         {"object": "list", "data": [{"name": "pixel-art"}, {"name": "ink"}], "max_loras": 8}, status=loras_status))
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    return await _start(app)
 
 
 async def test_the_probe_lists_the_loaded_adapters_and_the_book_shows_a_change():
@@ -58,13 +63,10 @@ async def test_with_an_api_key_the_loras_call_carries_it():
         return web.json_response({"object": "list", "data": [{"name": "ink"}], "max_loras": 8})
 
     app.router.add_get("/v1/loras", loras)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner, base = await _start(app)
     try:
         async with aiohttp.ClientSession() as session:
-            result = await probe(session, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", 5, "k3y")
+            result = await probe(session, base, 5, "k3y")
     finally:
         await runner.cleanup()
     assert result.loras == ("ink",) and seen == ["Bearer k3y"]
@@ -76,13 +78,10 @@ async def test_the_probe_reads_the_video_jobs_a_stage_with_a_store_reports():
     app.router.add_get("/v1/stats", lambda r: web.json_response(
         {"state": "ready", "waiting": 0, "running": 1,
          "jobs": {"here": 1, "queued": 2, "in_progress": 3, "completed": 4, "failed": 0}}))
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner, base = await _start(app)
     try:
         async with aiohttp.ClientSession() as session:
-            result = await probe(session, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", 5)
+            result = await probe(session, base, 5)
     finally:
         await runner.cleanup()
     assert result.jobs == {"here": 1, "queued": 2, "in_progress": 3, "completed": 4, "failed": 0}
