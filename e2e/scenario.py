@@ -35,12 +35,14 @@ def sample() -> Obj:
     return yaml.safe_load(SAMPLE.read_text())
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, detail: Callable[[], Any] = lambda: '') -> Any:
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, detail: Callable[[], Any] = lambda: '',
+             poll: float = 0.1) -> Any:
+    """The first truthy value of `condition`, asked every `poll` s; past `timeout` an AssertionError naming `what`."""
     deadline = time.monotonic() + timeout
     while not (result := condition()):
         if time.monotonic() > deadline:
             raise AssertionError(f'timed out after {timeout:.0f} s waiting for {what}\n{detail()}')
-        time.sleep(0.1)
+        time.sleep(poll)
     return result
 
 

@@ -20,7 +20,6 @@ import os
 import random
 import signal
 import sys
-import time
 import zipfile
 
 import httpx
@@ -91,15 +90,6 @@ def pace(cluster):
     return (run['ended_at'] - run['started_at']) / 100
 
 
-def soon(condition, timeout: float, what: str):
-    """`scenario.wait_for` at a finer grain (a step here is ~10 ms): the first truthy value of `condition`."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f'timed out after {timeout:.0f} s waiting for {what}'
-        time.sleep(0.002)
-    return value
-
-
 def steps_lasting(pace: float, seconds: float) -> int:
     steps = max(30, math.ceil(seconds / pace))
     assert steps <= 1000, f'a step takes {pace * 1e3:.1f} ms here: 1000 steps (the most a job takes) last less ' \
@@ -167,8 +157,8 @@ def test_a_job_whose_pod_is_killed_resumes_on_the_other_replica_from_its_checkpo
     fields = {**FIELDS, 'num_inference_steps': steps, 'seed': 11}
     with sdk(stage) as client:
         video = client.videos.create(prompt='a fox in the snow', size=SIZE, extra_body=fields)
-    running = soon(lambda: (r := record(store, video.id)) and (r.get('checkpoint_step') or 0) >= kill_at and r,
-                   120, f'a checkpoint at step {kill_at}')
+    running = scenario.wait_for(lambda: (r := record(store, video.id)) and (r.get('checkpoint_step') or 0) >= kill_at
+                                and r, 120, f'a checkpoint at step {kill_at}', poll=0.002)    # a step: ~5 ms here
     victim = pod_of(cluster, running['owner'])
     os.killpg(serve_pid(cluster, victim), signal.SIGKILL)               # the whole pod, every rank with it
     at_kill = record(store, video.id)

@@ -103,3 +103,14 @@ class HangUntilFileSDAdapter(StableDiffusionAdapter):
                 while not os.path.exists(r.prompt[len("hang:"):]):
                     time.sleep(0.02)
         return super().run_batch(requests)
+
+
+class NeverLoadsSDAdapter(StableDiffusionAdapter):
+    """Its model load never finishes (a read from a hung network volume): the rank never says it is ready, however
+    fast the machine."""
+
+    @classmethod
+    def load(cls, path, device, dtype="float32"):
+        import threading
+
+        threading.Event().wait()              # until the executor gives up on the rank and ends it

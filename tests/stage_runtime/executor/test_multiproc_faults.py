@@ -106,8 +106,9 @@ def test_a_rank_that_cannot_load_the_model_fails_startup_naming_it(tmp_path):
 
 
 def test_startup_timeout_names_the_ranks_and_leaves_nothing_running(tiny_sd_path):
-    config = load_config({"model": {"path": tiny_sd_path}, "device": "cpu", "executor": "mp",
-                          "worker_startup_timeout_s": 0.2, "warmup": False})
+    # a load that never ends, not a short timeout: a fast machine loads the tiny model within any short one
+    config = load_config({"model": {"path": tiny_sd_path, "adapter": "adapters_for_tests:NeverLoadsSDAdapter"},
+                          "device": "cpu", "executor": "mp", "worker_startup_timeout_s": 0.2, "warmup": False})
     before = {c.pid for c in multiprocessing.active_children()}
     with pytest.raises(EngineStartupError, match=r"worker rank\(s\) \[0\] not ready within "
                                                  r"worker_startup_timeout_s=0.2 s"):
