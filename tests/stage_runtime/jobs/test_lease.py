@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from support.clocks import Clock
 
 from stage_runtime.jobs.lease import Lease, Leases
 from stage_runtime.jobs.record import JobRecord, new_job_id
@@ -17,29 +18,11 @@ from stage_runtime.jobs.store import JobStore
 LEASE_S = 30.0
 
 
-class Clock:
-    def __init__(self, now: float = 1_000_000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def make_job(store: JobStore, now: float) -> str:
     job = JobRecord(id=new_job_id(now), model="m", prompt="p", params={}, size="16x16", num_frames=9, fps=8,
                     num_steps=2, created_at=now)
     store.create(job)
     return job.id
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def store(tmp_path, clock) -> JobStore:
-    return JobStore(tmp_path / "store", clock).open()
 
 
 def test_a_live_lease_keeps_others_out_and_its_owner_renews_it(store, clock):

@@ -13,27 +13,9 @@ from stage_runtime.jobs.record import JobRecord, new_job_id
 from stage_runtime.jobs.store import OUTPUTS, RECORD, REFERENCE, JobStore
 
 
-class Clock:
-    def __init__(self, now: float = 1_000_000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def record(now: float, **fields) -> JobRecord:
     return JobRecord(id=new_job_id(now), model="tiny-wan", prompt="a fox", params={"prompt": "a fox", "seed": 1},
                      size="16x16", num_frames=9, fps=8, num_steps=3, created_at=now, **fields)
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def store(tmp_path, clock) -> JobStore:
-    return JobStore(tmp_path / "store", clock).open()
 
 
 def test_a_created_job_is_one_folder_with_its_record_and_inputs_and_nothing_left_in_incoming(store, clock):
