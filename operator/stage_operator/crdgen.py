@@ -97,7 +97,8 @@ API_VERSION_WORDS = f"The versioned schema of this object: {meta.API_VERSION}."
 KIND_WORDS = f"The REST resource this object represents: {meta.KIND}."
 
 # `kubectl get dstage`: PHASE READY REPLICAS GPUS RESTARTS AGE; `-o wide` adds REASON next to the phase it
-# explains and RANKS next to GPUS (kubectl keeps the definition order and hides priority 1 without -o wide).
+# explains, RANKS next to GPUS, and QUEUED and JOBS (the video jobs waiting and running, with spec.jobs) before
+# RESTARTS (kubectl keeps the definition order and hides priority 1 without -o wide).
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1,
@@ -108,6 +109,10 @@ PRINTER_COLUMNS = [
      "description": "GPUs each pod requests (0: CPU ranks)"},
     {"name": "Ranks", "type": "integer", "jsonPath": ".spec.resources.gpusPerPod", "priority": 1,
      "description": "Rank processes per pod: GPUs, or CPU processes when gpuResourceName is empty"},
+    {"name": "Queued", "type": "integer", "jsonPath": ".status.jobs.queued", "priority": 1,
+     "description": "spec.jobs: video jobs waiting in the store for a replica"},
+    {"name": "Jobs", "type": "integer", "jsonPath": ".status.jobs.inProgress", "priority": 1,
+     "description": "spec.jobs: video jobs running"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts.total"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
