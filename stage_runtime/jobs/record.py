@@ -20,12 +20,12 @@ from __future__ import annotations
 import math
 import re
 import secrets
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 Status = Literal["queued", "in_progress", "completed", "failed"]
-STATUSES: tuple[str, ...] = ("queued", "in_progress", "completed", "failed")
+STATUSES: tuple[str, ...] = get_args(Status)
 ACTIVE: tuple[str, ...] = ("queued", "in_progress")      # the SDK's poll() keeps polling these
 JOB_ID = re.compile(r"^video_[0-9a-f]{32}$")
 # progress: the denoising steps are 0–90 %, the VAE decode starts at 90, writing the MP4, thumbnail and frames

@@ -366,7 +366,7 @@ class JobRun:
         """Back in the queue for any replica (at its newest checkpoint), or failed after ``max_attempts`` runs that
         were not hand-offs (a drain handing a job over is no failure of it)."""
         handoffs = self.record.handoffs + handed_off
-        if self.record.attempts - handoffs >= self.config.max_attempts:
+        if self.record.model_copy(update={"handoffs": handoffs}).failed_attempts >= self.config.max_attempts:
             await self._fail_tired(why)
             return
         step = self.checkpoint_step or 0

@@ -13,6 +13,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from stage_runtime.jobs.record import STATUSES
+
 __all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "StageMetrics"]
 
 # completed / aborted / failed: the request ran; the others ended at admission or by the engine's death;
@@ -122,7 +124,7 @@ class StageMetrics:
         self.state.state(stats["state"])
         if "jobs" in stats:
             self.jobs_here.set(stats["jobs"]["here"])
-            for status in ("queued", "in_progress", "completed", "failed"):
+            for status in STATUSES:
                 self.jobs.labels(status).set(stats["jobs"][status])
         for worker in stats["workers"]:
             self.worker_alive.labels(str(worker["rank"])).set(1 if worker["alive"] else 0)
