@@ -139,6 +139,12 @@ def completed(store, job_id: str, timeout: float) -> dict:
                              timeout, f'{job_id} finished', lambda: record(store, job_id))
 
 
+def create_jobs(client: openai.OpenAI, count: int, seed: int) -> list[str]:
+    """`count` 1000-step jobs (the most a job takes), seeds from `seed`: their ids."""
+    return [client.videos.create(prompt=f'a fox, take {seed + k}', size=SIZE, extra_body={
+        **FIELDS, 'num_inference_steps': 1000, 'seed': seed + k}).id for k in range(count)]
+
+
 def assert_ran_once_and_never_recomputed(done: dict) -> None:
     """One run at a time, exactly one that completed, each run from where the one before left its state: a hand-off
     at its checkpoint (nothing after it ran), so no step runs twice and none starts over from step 0."""
@@ -187,13 +193,12 @@ def test_a_job_whose_pod_is_killed_resumes_on_the_other_replica_from_its_checkpo
 
 
 def test_scale_down_then_a_rollout_while_jobs_run_hand_every_job_over_at_a_checkpoint(cluster, stage, store, pace):
-    # a backlog of long jobs (one runs on each replica, the rest wait), enough work here that a job still runs when
-    # each drained replica stops: the scale-down's, about 6 s after it (the probe, the 5 s preStop), and the
-    # rollout's, about 15 s after it
-    count = max(3, math.ceil(32 / (1000 * pace)))
+    # a backlog of long jobs (one runs on each replica, the rest wait), enough work that a job still runs when the
+    # scaled-down replica stops, about 6 s after the scale (the probe, the 5 s preStop; a fenced replica still
+    # claims queued jobs until then); the rollout gets a fresh backlog of its own below
+    count = max(4, math.ceil(20 / (1000 * pace)))
     with sdk(stage) as client:
-        ids = [client.videos.create(prompt=f'a fox, take {k}', size=SIZE, extra_body={
-            **FIELDS, 'num_inference_steps': 1000, 'seed': 20 + k}).id for k in range(count)]
+        ids = create_jobs(client, count, seed=20)
     owners = scenario.wait_for(lambda: len(mine := {r['owner'] for i in ids if (r := record(store, i))
                                                     and (r.get('checkpoint_step') or 0) >= 2}) == 2 and mine, 120,
                                'a job checkpointed on each replica', lambda: [record(store, i) for i in ids])
@@ -206,6 +211,8 @@ def test_scale_down_then_a_rollout_while_jobs_run_hand_every_job_over_at_a_check
                       'one replica left', lambda: scenario.status(cluster, NAME))
     [survivor] = [p['metadata']['name'] for p in live(cluster)]
     left = serve_pid(cluster, survivor)
+    with sdk(f"http://{live(cluster)[0]['status']['podIP']}:8000") as client:      # work for the rolled replica
+        ids += create_jobs(client, max(2, math.ceil(12 / (1000 * pace))), seed=40)    # to hand off at its SIGTERM
     before = scenario.status(cluster, NAME)['templateHash']
     cluster.patch_spec(NAME, {'engine': {'executionMode': 'step', 'maxNumSeqs': 2}})       # a rollout
     scenario.wait_for(lambda: scenario.status(cluster, NAME).get('templateHash') != before
