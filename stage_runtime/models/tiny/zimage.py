@@ -16,6 +16,7 @@ from stage_runtime.models.tiny.common import LATENT_CHANNELS, NUM_HEADS, seeded
 TEXT_HIDDEN = 32
 DIM = 64                   # 4 heads x 16
 AXES_DIMS = (4, 6, 6)      # the rotary split of a head (sums to 16)
+NORM_WEIGHT = 3.0
 # Qwen3's chat template, as far as ZImagePipeline uses it: one user message, the assistant's opening, and an
 # empty thinking block when thinking is turned off (the pipeline asks with enable_thinking=True: none).
 CHAT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
@@ -26,7 +27,9 @@ CHAT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}
 
 def _tiny_transformer():
     """ZImageTransformer2DModel: 1 noise + 1 context refiner layer, 2 main layers, 4 heads x 16, random pad
-    tokens (diffusers starts them at zero: a pad token then would be no different from a zero input)."""
+    tokens (diffusers starts them at zero: a pad token then would be no different from a zero input), and RMS norm
+    weights of 3 (diffusers starts them at 1) on q and k and after attention and MLP: sharper attention and larger
+    residual updates make the image depend on the prompt and the guidance (at 1 a prompt moves it by ~4 uint8)."""
     import torch
     from diffusers import ZImageTransformer2DModel
 
@@ -37,6 +40,9 @@ def _tiny_transformer():
     with torch.no_grad():
         model.x_pad_token.normal_()
         model.cap_pad_token.normal_()
+        for layer in (*model.noise_refiner, *model.context_refiner, *model.layers):
+            for norm in (layer.attention.norm_q, layer.attention.norm_k, layer.attention_norm2, layer.ffn_norm2):
+                norm.weight.fill_(NORM_WEIGHT)
     return model
 
 
