@@ -2,7 +2,8 @@
 Ulysses 2 and ring 2 (the unified [image ‖ caption] sequence of every main layer cut, with the key mask of rows
 padded to the longest: distributed/ulysses_zimage.py) each give the images of one plain rank within 2 uint8 in
 request and step mode (guided, weakly guided and unguided rows in one forward), and the transformer called
-directly within 1e-5; tensor parallel is refused at load naming why.
+directly within 1e-4 (CFG 2: a rank's rows may all have one length and run without the key mask the full batch
+needs, another SDPA path: ~1e-5 here; Ulysses 0, ring ~1e-6); tensor parallel is refused at load naming why.
 
 One spawn of 2 ranks runs the three topologies in turn; the single-rank references are computed meanwhile.
 """
@@ -56,7 +57,7 @@ def test_each_topology_is_installed_and_equals_one_rank(runs, topology):
             assert checks.max_abs_diff(payload["images"][name], expected) <= 2, (rank, topology, name)
             np.testing.assert_array_equal(payload["images"][name], payloads[1 - rank]["images"][name])
         for name, expected in reference["transformer"].items():
-            np.testing.assert_allclose(payload["transformer"][name], expected, rtol=0, atol=1e-5,
+            np.testing.assert_allclose(payload["transformer"][name], expected, rtol=0, atol=1e-4,
                                        err_msg=f"rank {rank} {topology} {name}")
 
 
