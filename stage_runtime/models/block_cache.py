@@ -16,6 +16,10 @@ requests with different thresholds, steps and cache on/off share one fused forwa
     blocks 1..N−1                 only the rows that compute (index_select of every per-row tensor)
     after the last block          skipped rows = first-block output + their cached residual
 
+A denoiser whose rows are padded to the longest of the forward (Z-Image's [image ‖ caption] tokens) names the
+leading tokens that carry the image (``adapter.cache_tokens``): the signal and the residuals cover only those, so
+their shape does not change as batch-mates with longer captions come and go.
+
 The session overrides each block's ``forward`` for one call and restores it after, so the transformer's
 own ``forward`` (diffusers' code) runs unchanged around the blocks, hooks on the blocks still fire, and
 when every row computes every block gets exactly its usual arguments: threshold 0 is bitwise no cache.
