@@ -84,6 +84,7 @@ FAMILIES: dict[str, Family] = {
     "flux": Family(call_cfg, 3.5, kind="flux"),         # guidance-distilled: guidance_scale is the embedding
     "sdxl": Family(call_cfg, 5.0, kind="sdxl"),
     "qwen-image": Family(call_true_cfg, 4.0, kind="qwen-image"),
+    "zimage": Family(call_cfg, 3.0, kind="zimage"),     # CFG at any scale > 0; its negative prompt defaults to ""
     "generic:StableDiffusionPAGPipeline": Family(call_cfg_empty_negative, 7.5, build=build_pag, step_mode=False),
 }
 

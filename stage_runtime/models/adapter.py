@@ -64,11 +64,16 @@ class PipelineAdapter(Refusals, ABC):
     # hooks below ("cfg", "ulysses", "ring", "tp"); guidance: how guidance_scale acts (see ModelInfo.guidance).
     parallel_kinds: ClassVar[frozenset[str]] = frozenset()
     guidance: ClassVar[str] = "cfg"
+    cfg_above: ClassVar[float] = 1.0      # a "cfg" family runs its unconditional rows at guidance_scale above it
     # The denoiser's block lists in execution order, for layerwise offload (None: found by attribute name,
     # offload.plan.BLOCK_ATTRS).
     block_lists: ClassVar[tuple[str, ...] | None] = None
     # The per-request block cache (models.block_cache) can skip this denoiser's blocks after the first.
     supports_block_cache: ClassVar[bool] = False
+    # The block cache compares and carries only the first ``cache_tokens`` tokens of a block's output (None: all):
+    # for a denoiser whose rows are padded to the longest row of the forward (Z-Image's [image ‖ caption]), the
+    # image tokens, whose count does not depend on the batch-mates. Such an adapter sets it before each forward.
+    cache_tokens: int | None = None
     # A block-cache family whose request mode runs the step contract's loop for the wave (``run_step_loop``): its
     # forwards' rows are laid out as in step mode, each request's together (models.block_cache.wave_rows).
     request_mode_step_loop: ClassVar[bool] = False
@@ -220,6 +225,8 @@ class PipelineAdapter(Refusals, ABC):
     # "wan"   the video self-attention of WanTransformer3DModel (each expert; text whole): distributed/ulysses_wan.py
     # "hunyuan_video15"  HunyuanVideo-1.5's joint [video ‖ context] attention with its context mask:
     #           distributed/ulysses_hunyuan_video15.py
+    # "zimage" Z-Image's single-stream attention over each row's [image ‖ caption] tokens, rows padded with a
+    #           key mask: distributed/ulysses_zimage.py
     sequence_attention: ClassVar[str] = "self"
 
     def enable_ulysses(self, group, degree: int) -> None:
@@ -232,13 +239,15 @@ class PipelineAdapter(Refusals, ABC):
     def enable_sequence_parallel(self, ulysses_degree: int, make_mesh) -> None:
         """Ulysses × ring over the mesh ``make_mesh()`` returns (a distributed.usp.SequenceMesh), by the
         installer of ``sequence_attention``."""
-        from stage_runtime.distributed import ulysses, ulysses_hunyuan_video15, ulysses_joint, ulysses_qwen, ulysses_wan
+        from stage_runtime.distributed import (ulysses, ulysses_hunyuan_video15, ulysses_joint, ulysses_qwen,
+                                               ulysses_wan, ulysses_zimage)
         from stage_runtime.errors import ConfigError
 
         installers = {"self": ulysses.enable_sequence_parallel, "joint": ulysses_joint.enable_joint_sequence_parallel,
                       "qwen": ulysses_qwen.enable_qwen_sequence_parallel,
                       "wan": ulysses_wan.enable_wan_sequence_parallel,
-                      "hunyuan_video15": ulysses_hunyuan_video15.enable_hunyuan_video15_sequence_parallel}
+                      "hunyuan_video15": ulysses_hunyuan_video15.enable_hunyuan_video15_sequence_parallel,
+                      "zimage": ulysses_zimage.enable_zimage_sequence_parallel}
         if self.sequence_attention not in installers:
             raise ConfigError(f"{type(self).__name__}.sequence_attention={self.sequence_attention!r} is not one of "
                               f"{', '.join(installers)}")

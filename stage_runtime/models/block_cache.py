@@ -16,6 +16,10 @@ requests with different thresholds, steps and cache on/off share one fused forwa
     blocks 1..N−1                 only the rows that compute (index_select of every per-row tensor)
     after the last block          skipped rows = first-block output + their cached residual
 
+A denoiser whose rows are padded to the longest of the forward (Z-Image's [image ‖ caption] tokens) names the
+leading tokens that carry the image (``adapter.cache_tokens``): the signal and the residuals cover only those, so
+their shape does not change as batch-mates with longer captions come and go.
+
 The session overrides each block's ``forward`` for one call and restores it after, so the transformer's
 own ``forward`` (diffusers' code) runs unchanged around the blocks, hooks on the blocks still fire, and
 when every row computes every block gets exactly its usual arguments: threshold 0 is bitwise no cache.
@@ -181,7 +185,7 @@ def wave_rows(adapter, requests: list[DiffusionRequest], caches: dict[str, Block
     (``torch.cat([latents] * 2)``); a true-CFG family running its own step loop (Qwen-Image) and a family whose
     request mode is the step contract's loop (Wan) keep each request's halves together; a distilled or unguided
     one has one row per image."""
-    guided = requests[0].sampling.guidance_scale > 1
+    guided = requests[0].sampling.guidance_scale > adapter.cfg_above
     if adapter.guidance == "cfg" and guided and not adapter.request_mode_step_loop:
         return segments([(caches.get(r.request_id), b, r.sampling.num_outputs) for b in (0, 1) for r in requests])
     halves = (0, 1) if guided and (adapter.guidance == "true_cfg" or adapter.request_mode_step_loop) else (0,)
@@ -202,7 +206,7 @@ def session(adapter, rows: list[RowSegment]):
     if isinstance(adapter.denoiser, RoutedDenoiser):
         return RoutedCacheSession(adapter.denoiser, part_blocks(adapter), rows, loras)
     subset = None if loras is None else (lambda keep: loras.subset(adapter.denoiser, keep))
-    return BlockCacheSession(cache_blocks(adapter), rows, subset)
+    return BlockCacheSession(cache_blocks(adapter), rows, subset, lambda: adapter.cache_tokens)
 
 
 def _image(out: Any) -> torch.Tensor:
@@ -217,9 +221,10 @@ def _image_input(args: tuple, kwargs: dict) -> torch.Tensor:
 class BlockCacheSession:
     """Installs the per-row skip on the denoiser's blocks for one call (a tick, or a whole wave)."""
 
-    def __init__(self, blocks: list[torch.nn.Module], rows: list[RowSegment], subset=None):
+    def __init__(self, blocks: list[torch.nn.Module], rows: list[RowSegment], subset=None, tokens=None):
         self.blocks = blocks
         self.subset = subset or (lambda keep: contextlib.nullcontext())   # per-row state that follows the rows
+        self.tokens = tokens or (lambda: None)     # the leading tokens compared and carried (adapter.cache_tokens)
         self.rows = rows
         self.total = sum(s.count for s in rows)
         self.caches = list({id(s.cache): s.cache for s in rows if s.cache is not None}.values())
@@ -231,6 +236,7 @@ class BlockCacheSession:
         self.skipping: list[RowSegment] = []
         self.first: torch.Tensor | None = None     # the first block's image output, every row
         self.pairs = False                          # blocks return (encoder, image) rather than the image
+        self.span = slice(None)                     # the tokens (dim 1) the signal and the residuals cover
 
     def __enter__(self) -> "BlockCacheSession":
         self._snapshots = [c.snapshot() for c in self.caches]
@@ -258,7 +264,8 @@ class BlockCacheSession:
         after = _image(out)
         if len(after) != self.total:
             raise RuntimeError(f"block cache: the forward has {len(after)} rows, the row plan {self.total}")
-        signal = after - before
+        self.span = slice(None) if (tokens := self.tokens()) is None else slice(0, tokens)
+        signal = (after - before)[:, self.span]
         skip_ids: set[int] = set()
         for cache in self.caches:
             mine = [s for s in self.rows if s.cache is cache]
@@ -304,11 +311,12 @@ class BlockCacheSession:
             full.index_copy_(0, self.compute, image)
             for s in self.skipping:
                 rows = slice(s.start, s.start + s.count)
-                full[rows] = self.first[rows] + s.cache.residual[s.branch]
+                full[rows, self.span] = self.first[rows, self.span] + s.cache.residual[s.branch]
         for s in self.rows:
             if s.cache is not None and s not in self.skipping:
                 at = s.start if self.compute is None else int((self.compute < s.start).sum())
-                s.cache.residual[s.branch] = image[at:at + s.count] - self.first[s.start:s.start + s.count]
+                s.cache.residual[s.branch] = (image[at:at + s.count] - self.first[s.start:s.start + s.count])[
+                    :, self.span]
         if not isinstance(out, tuple):
             return full
         encoder = out[0]

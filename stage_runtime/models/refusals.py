@@ -96,6 +96,19 @@ class GenericRefusals(Refusals):
                                       "image per call (no list of prompts, no num_images_per_prompt): use n=1")
 
 
+class ZImageRefusals(Refusals):
+    """Z-Image guides at any guidance_scale > 0 (diffusers' ZImagePipeline: ``pos + s·(pos − neg)``), so a negative
+    prompt is unused only at guidance_scale 0 (Z-Image-Turbo's setting), not at <= 1 as for the other CFG families."""
+
+    @classmethod
+    def check_request(cls, request: DiffusionRequest, info: ModelInfo) -> None:
+        s = request.sampling
+        if s.negative_prompt and s.guidance_scale <= 0:
+            raise InvalidRequestError("negative_prompt", s.negative_prompt, f"unused at guidance_scale=0: "
+                                      f"{info.pipeline_class} applies a negative prompt only through classifier-free "
+                                      "guidance, guidance_scale > 0")
+
+
 class LTX2Refusals(Refusals):
     """LTX-2: a side of one latent pixel (its VAE reflect-pads a side it cannot pad: diffusers raises); a picture
     with a one-pixel side (its H.264 re-compression crops sides to even: diffusers raises); a negative prompt is

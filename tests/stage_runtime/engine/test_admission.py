@@ -34,6 +34,8 @@ FAMILIES = {
                                default_guidance=3.5, size_multiple=16, guidance="distilled", edit_tasks=("instruct",)),
     "qwen-image": model_info(pipeline_class="QwenImagePipeline", adapter=f"{M}.qwen_image:QwenImageAdapter",
                              default_guidance=4.0, size_multiple=16, guidance="true_cfg"),
+    "zimage": model_info(pipeline_class="ZImagePipeline", adapter=f"{M}.zimage:ZImageAdapter", default_steps=50,
+                         default_guidance=5.0, size_multiple=16, refusals=f"{M}.refusals:ZImageRefusals"),
     "dit": model_info(pipeline_class="DiTPipeline", adapter=f"{M}.dit:DiTAdapter", default_guidance=4.0,
                       fixed_size=True, max_sequence_length=None, num_classes=1000, refusals=DIT,
                       class_labels=(("goldfish", 1), ("tench", 0))),
@@ -89,6 +91,9 @@ REFUSED = [
     ("qwen-image", request(negative_prompt="blurry", guidance_scale=1.0), "negative_prompt", "'blurry'"),
     ("qwen-image", request(width=72), "width", "72"),
     ("qwen-image", request(edit=EditInput(IMAGE)), "image", "'<upload>'"),
+    ("zimage", request(negative_prompt="blurry", guidance_scale=0.0), "negative_prompt", "'blurry'"),
+    ("zimage", request(height=72), "height", "72"),
+    ("zimage", request(edit=EditInput(IMAGE)), "image", "'<upload>'"),
     ("generic-bare", request(negative_prompt="blurry"), "negative_prompt", "'blurry'"),
     ("generic-bare", request(guidance_scale=7.5), "guidance_scale", "7.5"),
     ("generic-bare", request(num_outputs=2), "num_outputs", "2"),
@@ -122,6 +127,8 @@ ACCEPTED = [
     ("sd3", request(negative_prompt="blurry", height=80), {"height": 80}),
     ("qwen-image", request(negative_prompt="blurry"), {"guidance_scale": 4.0}),
     ("qwen-image", request(guidance_scale=1.0), {}),
+    ("zimage", request(negative_prompt="blurry", guidance_scale=0.5), {}),   # CFG at any scale > 0
+    ("zimage", request(guidance_scale=0.0), {"num_inference_steps": 50}),
     ("generic-bare", request(guidance_scale=1.0, num_inference_steps=20, height=64), {}),
     ("generic-pag", request(negative_prompt="blurry", guidance_scale=3.0, num_outputs=2), {}),
 ]

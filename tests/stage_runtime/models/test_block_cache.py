@@ -27,7 +27,8 @@ from stage_runtime.request import DiffusionRequest, SamplingParams
 FAMILIES = {"dit": ("tiny_dit_path", {"guidance_scale": 4.0}),
             "sd3": ("tiny_sd3_path", {"height": 64, "width": 64, "guidance_scale": 5.0}),
             "flux": ("tiny_flux_path", {"height": 64, "width": 64}),
-            "qwen-image": ("tiny_qwen_image_path", {"height": 64, "width": 64, "guidance_scale": 4.0})}
+            "qwen-image": ("tiny_qwen_image_path", {"height": 64, "width": 64, "guidance_scale": 4.0}),
+            "zimage": ("tiny_zimage_path", {"height": 64, "width": 64, "guidance_scale": 3.0})}
 STEPS, WARMUP, FINAL = 8, 2, 1
 _ENGINES: dict[tuple[str, str], DiffusionEngine] = {}
 
@@ -61,7 +62,7 @@ class RestOfBlocks:
 
     def __init__(self, engine):
         last = cache_blocks(runner_of(engine).adapter)[-1]
-        attn = getattr(last, "attn", None) or last.attn1
+        attn = getattr(last, "attn", None) or getattr(last, "attention", None) or last.attn1     # Z-Image: attention
         self.calls = self.rows = 0
         self.handle = attn.register_forward_pre_hook(self._count, with_kwargs=True)
 
