@@ -58,10 +58,10 @@ def random_adapter(model_path: str, seed: int, rank: int = 4, alpha: float = 8.0
     pipe = load_pipe(model_path)
     denoiser_name, denoiser_targets = DENOISER[type(pipe).__name__]
     parts = {denoiser_name: (getattr(pipe, expert or denoiser_name), denoiser_targets)}
-    if text_encoder:
-        parts["text_encoder"] = (pipe.text_encoder, CLIP_TARGETS)
-        if type(pipe).__name__ in ("StableDiffusion3Pipeline", "StableDiffusionXLPipeline"):   # both CLIP encoders
-            parts["text_encoder_2"] = (pipe.text_encoder_2, CLIP_TARGETS)
+    if text_encoder:              # the CLIP encoders diffusers' loader adapts (SD3, SDXL: both; Qwen-Image: none)
+        for name in ("text_encoder", "text_encoder_2"):
+            if name in type(pipe)._lora_loadable_modules:
+                parts[name] = (getattr(pipe, name), CLIP_TARGETS)
     if targets is not None:
         parts = {name: (parts[name][0], target) for name, target in targets.items()}
     layers, configs = {}, {}
