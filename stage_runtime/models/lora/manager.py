@@ -2,9 +2,10 @@
 
 ``load`` reads a file through the served pipeline class's diffusers loader and checks it (models.lora.files),
 then installs a :class:`LoraHook` on each module it targets — once per module, kept for the life of the
-model (a hook with no plan is the base forward) — and gives the hook the adapter's factors. ``unload`` drops the factors. ``rows`` is the context a
-family puts around one fused call of a component; ``guard`` is the runner's promise check: while a
-request with adapters is in the call, every adapted module must find a row plan set.
+model (a hook with no plan is the base forward) — and gives the hook the adapter's factors. ``unload``
+drops the factors. ``rows`` is the context a family puts around one fused call of a component; ``guard``
+is the runner's promise check: while a request with adapters is in the call, every adapted module must
+find a row plan set.
 
 The engine owns the names, pinning, ``max_loras`` and who uses what (engine.lora_table); this class
 only holds weights and applies them.

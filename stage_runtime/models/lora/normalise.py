@@ -89,7 +89,9 @@ def diffusers_state_dict(source: Source, tensors: dict[str, torch.Tensor], metad
     except Exception as exc:      # the converters raise ValueError, KeyError, AssertionError, NotImplementedError…
         raise source.refuse(f"is not a LoRA file diffusers' {cls.__name__}.lora_state_dict converts: "
                             f"{_reason(exc)}") from None
-    state_dict, alphas = (out[0], out[1]) if len(out) == 3 else (out[0], None)
+    if isinstance(out, dict):                     # a loader that returns the state dict alone
+        return out, None, metadata
+    state_dict, alphas = (out[0], out[1]) if len(out) == 3 else (out[0], None)    # (sd, alphas, md) or (sd, md)
     return state_dict, alphas or None, metadata
 
 
@@ -112,14 +114,15 @@ def _peft_keys(component: str, module: torch.nn.Module, part: dict) -> dict:
     return part
 
 
-def _lora_config(component: str, part: dict, alphas: dict | None, metadata: dict | None):
-    """Step 2's LoraConfig, from the same inputs diffusers gives ``_create_lora_config``."""
+def _lora_config(component: str, module: torch.nn.Module, part: dict, alphas: dict | None, metadata: dict | None):
+    """Step 2's LoraConfig, from the same inputs diffusers gives ``_create_lora_config`` (in the same order: the
+    most common rank and alpha become ``r`` and ``lora_alpha``, the first seen winning a tie)."""
     from diffusers.utils.peft_utils import _create_lora_config
 
-    if component.startswith("text_encoder"):          # ranks of the attention and MLP projections only
-        ranks = {k: v.shape[1] for k, v in part.items() if k.endswith(FACTOR_SUFFIXES[1])
-                 and k.removesuffix(FACTOR_SUFFIXES[1]).endswith((".q_proj", ".k_proj", ".v_proj", ".out_proj",
-                                                                  ".fc1", ".fc2"))}
+    if component.startswith("text_encoder"):          # ranks of the encoder's attention and MLP projections only
+        projections = (".q_proj", ".k_proj", ".v_proj", ".out_proj", ".fc1", ".fc2")
+        ranks = {f"{name}.lora_B.weight": part[f"{name}.lora_B.weight"].shape[1] for name, _ in module.named_modules()
+                 if name.endswith(projections) and f"{name}.lora_B.weight" in part}
     else:
         ranks = {f"^{k}": v.shape[1] for k, v in part.items() if "lora_B" in k and v.ndim > 1}
     return _create_lora_config(part, alphas, metadata, ranks, is_unet=not component.startswith("text_encoder"))
@@ -141,7 +144,7 @@ def component_modules(source: Source, component: str, module: torch.nn.Module, p
     first = f"{component}.{next(iter(part))}"
     try:
         peft = _peft_keys(component, module, part)
-        config = _lora_config(component, peft, _under(alphas, component), _under(metadata, component))
+        config = _lora_config(component, module, peft, _under(alphas, component), _under(metadata, component))
     except Exception as exc:      # the converters raise ValueError / TypeError / IndexError on layouts they do not know
         raise source.refuse(f"is not a LoRA file diffusers loads into {component} (its first key there "
                             f"{first!r}): {_reason(exc)}") from None
@@ -180,7 +183,7 @@ def normalise(source: Source, tensors: dict[str, torch.Tensor], metadata: dict |
         raise source.refuse(f"carries both alpha tensors ({next(iter(alphas))!r}, …) and lora_adapter_metadata; "
                             "diffusers refuses the pair")
     parts: dict[str, dict[str, torch.Tensor]] = {}
-    for key in sorted(state_dict):
+    for key in state_dict:                   # in diffusers' order (the file's, sorted, as converted)
         component, _, rest = key.partition(".")
         if not rest or component not in components:
             target = f"targets {component!r}" if rest else "names no component (<component>.<module>…)"
