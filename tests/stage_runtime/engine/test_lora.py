@@ -264,19 +264,21 @@ def test_two_ulysses_ranks_in_worker_processes_load_check_and_apply_the_same_ada
     assert max_diff(image, ref) <= 2
 
 
-def test_lora_rows_follow_the_block_cache_when_some_rows_skip_the_later_blocks(tiny_flux_path, tmp_path_factory):
-    """FLUX with the block cache: a request that skips blocks 1..N-1 (a huge threshold) next to one that always
-    computes (cache off): the later blocks run on the computing rows only and their LoRA plan follows them."""
-    out = tmp_path_factory.mktemp("lora-block-cache")
-    a, b = (write_adapter(tiny_flux_path, out / n, seed=s, gain=1.0) for n, s in (("a", 1), ("b", 2)))
-    eng = make_engine(tiny_flux_path, {"a": a, "b": b}, "step", cache={"mode": "block", "threshold": 10.0})
+@pytest.mark.parametrize("kind", ["flux", "qwen-image"])
+def test_lora_rows_follow_the_block_cache_when_some_rows_skip_the_later_blocks(kind, tiny_model, tmp_path_factory):
+    """FLUX and Qwen-Image (its prompt and negative rows) with the block cache: a request that skips blocks
+    1..N-1 (a huge threshold) next to one that always computes (cache off): the later blocks run on the computing
+    rows only and their LoRA plan follows them."""
+    out, path, g = tmp_path_factory.mktemp(f"lora-block-cache-{kind}"), tiny_model(kind), GUIDANCE[kind]
+    a, b = (write_adapter(path, out / n, seed=s, gain=1.0) for n, s in (("a", 1), ("b", 2)))
+    eng = make_engine(path, {"a": a, "b": b}, "step", cache={"mode": "block", "threshold": 10.0})
     sets = {"skips": ([{"name": "a"}], None), "computes": ([{"name": "b", "scale": 0.7}], "off")}
     try:
-        solo = {k: run(eng, f"solo-{k}", 3.5, loras, seed=i, cache=c, num_inference_steps=5)
+        solo = {k: run(eng, f"solo-{k}", g, loras, seed=i, cache=c, num_inference_steps=5)
                 for i, (k, (loras, c)) in enumerate(sets.items())}
         calls = count_denoiser_calls(eng)
         with eng._lock:
-            streams = {k: eng.add_request(req(f"mix-{k}", 3.5, loras, seed=i, cache=c, num_inference_steps=5))
+            streams = {k: eng.add_request(req(f"mix-{k}", g, loras, seed=i, cache=c, num_inference_steps=5))
                        for i, (k, (loras, c)) in enumerate(sets.items())}
         results = {k: s.result(timeout=120) for k, s in streams.items()}
     finally:
