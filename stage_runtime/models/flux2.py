@@ -16,7 +16,9 @@ What FLUX.2 does differently from FLUX.1 (``models/flux.py``), as diffusers 0.42
 FLUX.2 [dev] is guidance-distilled like FLUX.1 [dev]: ``guidance_scale`` is an embedding per row, one pass, no
 negative prompt (diffusers' ``Flux2Pipeline`` takes none), hence no CFG parallel. A step is ONE transformer forward
 over every request's rows; requests of different step counts and guidance scales share it (one size: one set of
-position ids). Request mode is one ``Flux2Pipeline`` call per wave.
+position ids). Request mode runs the same step loop for the wave (equal to ``Flux2Pipeline.__call__``, bitwise on
+the tiny model), not diffusers' call: its decode reads the VAE's batch-norm statistics outside any forward, which
+layerwise offload would not have brought in (``post_decode`` does, with a forward of the batch-norm on no rows).
 
 Ulysses and ring shard both token streams of every block (``distributed/ulysses_flux2.py``); tensor parallel is
 refused (``distributed/tensor_parallel.py`` does not shard the single-stream blocks' fused ``to_qkv_mlp_proj``). The
@@ -24,8 +26,9 @@ block cache skips the blocks after the first double-stream block per request (``
 last single-stream block's image tokens out of its joint output).
 
 Reference images (the pipeline's ``image``: multi-reference editing) are not served: a request with an image is a
-400 (``edit_tasks`` is empty). LoRA is not served yet (``lora_components`` is empty); the hooks are in place: the
-request-mode call runs inside ``batch_lora_rows`` and every step-mode forward inside ``lora_rows("transformer")``.
+400 (``edit_tasks`` is empty). LoRA is not served yet (``lora_components`` is empty); the hooks are in place: every
+forward runs inside ``lora_rows("transformer")`` with its rows (a guided Klein request's twice), the prompt encoding
+inside ``batch_lora_rows`` of the encoder components.
 """
 
 from __future__ import annotations
@@ -128,6 +131,7 @@ class Flux2Base(StepContract, PipelineAdapter):
         pipe = self.pipe
         latents = pipe._unpack_latents_with_ids(state.latents, state.cond["image_ids"])
         bn = pipe.vae.bn
+        bn(latents[:0].to(pipe.vae.dtype))      # no rows: under offload its pre-hook makes the VAE (its buffers) resident
         mean = bn.running_mean.view(1, -1, 1, 1).to(latents.device, latents.dtype)
         std = torch.sqrt(bn.running_var.view(1, -1, 1, 1) + pipe.vae.config.batch_norm_eps).to(latents.device,
                                                                                                 latents.dtype)
@@ -148,11 +152,9 @@ class Flux2Adapter(Flux2Base):
                     "transformer pass of each step, there is no unconditional pass to put on another rank")
         return super().parallel_refusal(kind)
 
-    # -- request mode: ONE Flux2Pipeline call for the wave ----------------------------------------------------
+    # -- request mode: the step loop, to the end, for the whole wave (one row per image, in request order) ------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
-        with self.batch_lora_rows(requests):
-            return self.call_pipeline(requests, **self.prompt_kwargs(requests, negative=False),
-                                      max_sequence_length=MAX_SEQUENCE_LENGTH)
+        return self.run_step_loop(requests)
 
     # -- step contract ---------------------------------------------------------------------------------------
     def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
