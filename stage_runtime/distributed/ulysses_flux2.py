@@ -28,7 +28,7 @@ from diffusers.models.embeddings import apply_rotary_emb
 
 from stage_runtime.distributed import sequence_shard
 from stage_runtime.distributed.sequence_shard import ShardState, Sharded, check_ulysses_heads
-from stage_runtime.distributed.ulysses_joint import _split
+from stage_runtime.distributed.ulysses_joint import split_joint
 from stage_runtime.distributed.usp import SequenceMesh
 from stage_runtime.errors import ConfigError
 
@@ -131,7 +131,7 @@ class _Flux2Plan:
         self.shard, self.rank = None, 0
 
     def split(self, mesh: SequenceMesh, args: tuple, kwargs: dict):
-        self.shard, self.rank = _split(mesh, args, kwargs), mesh.sp_rank
+        self.shard, self.rank = split_joint(mesh, args, kwargs), mesh.sp_rank
         return self.shard
 
     def keep_my_image(self, _module, _args, output: torch.Tensor):
