@@ -227,6 +227,7 @@ class PipelineAdapter(Refusals, ABC):
     #           distributed/ulysses_hunyuan_video15.py
     # "zimage" Z-Image's single-stream attention over each row's [image ‖ caption] tokens, rows padded with a
     #           key mask: distributed/ulysses_zimage.py
+    # "flux2" FLUX.2's double- and single-stream attention over [text ‖ image]: distributed/ulysses_flux2.py
     sequence_attention: ClassVar[str] = "self"
 
     def enable_ulysses(self, group, degree: int) -> None:
@@ -239,15 +240,16 @@ class PipelineAdapter(Refusals, ABC):
     def enable_sequence_parallel(self, ulysses_degree: int, make_mesh) -> None:
         """Ulysses × ring over the mesh ``make_mesh()`` returns (a distributed.usp.SequenceMesh), by the
         installer of ``sequence_attention``."""
-        from stage_runtime.distributed import (ulysses, ulysses_hunyuan_video15, ulysses_joint, ulysses_qwen,
-                                               ulysses_wan, ulysses_zimage)
+        from stage_runtime.distributed import (ulysses, ulysses_flux2, ulysses_hunyuan_video15, ulysses_joint,
+                                               ulysses_qwen, ulysses_wan, ulysses_zimage)
         from stage_runtime.errors import ConfigError
 
         installers = {"self": ulysses.enable_sequence_parallel, "joint": ulysses_joint.enable_joint_sequence_parallel,
                       "qwen": ulysses_qwen.enable_qwen_sequence_parallel,
                       "wan": ulysses_wan.enable_wan_sequence_parallel,
                       "hunyuan_video15": ulysses_hunyuan_video15.enable_hunyuan_video15_sequence_parallel,
-                      "zimage": ulysses_zimage.enable_zimage_sequence_parallel}
+                      "zimage": ulysses_zimage.enable_zimage_sequence_parallel,
+                      "flux2": ulysses_flux2.enable_flux2_sequence_parallel}
         if self.sequence_attention not in installers:
             raise ConfigError(f"{type(self).__name__}.sequence_attention={self.sequence_attention!r} is not one of "
                               f"{', '.join(installers)}")

@@ -293,8 +293,13 @@ class BlockCacheSession:
                     out = forward(*args, **kwargs)
             else:                              # every row skips: the block's output shape, no work
                 image = _image_input(args, kwargs)
-                out = (kwargs.get("encoder_hidden_states"), image) if self.pairs else image
+                out = (kwargs.get("encoder_hidden_states"), image) if self._pair_out(kwargs) else image
         return self._finish(out) if last else out
+
+    def _pair_out(self, kwargs: dict) -> bool:
+        """Whether this block returns (encoder, image): as the first block did, unless it takes the joint stream
+        (``encoder_hidden_states=None``: FLUX.2's single-stream blocks, after double-stream ones)."""
+        return self.pairs and not ("encoder_hidden_states" in kwargs and kwargs["encoder_hidden_states"] is None)
 
     def _take(self, value: Any) -> Any:
         """The computing rows of a per-row tensor (dim 0 = the forward's rows); anything else as it is."""
@@ -303,8 +308,13 @@ class BlockCacheSession:
         return value
 
     def _finish(self, out: Any) -> Any:
-        """After the last block: refresh computed rows' residuals, rebuild skipped rows, every row back."""
-        image = _image(out)
+        """After the last block: refresh computed rows' residuals, rebuild skipped rows, every row back. A last block
+        returning one tensor longer than the first block's image stream returns the joint [text ‖ image] tokens
+        (FLUX.2's single-stream blocks): its image stream is the last tokens; a skipped row's text tokens are unused
+        (the transformer drops them) and left zero."""
+        stream = _image(out)
+        joint = not isinstance(out, tuple) and stream.shape[1] > self.first.shape[1]
+        image = stream[:, stream.shape[1] - self.first.shape[1]:] if joint else stream
         full = image
         if self.compute is not None:
             full = self.first.clone()
@@ -317,8 +327,13 @@ class BlockCacheSession:
                 at = s.start if self.compute is None else int((self.compute < s.start).sum())
                 s.cache.residual[s.branch] = (image[at:at + s.count] - self.first[s.start:s.start + s.count])[
                     :, self.span]
+        if joint and self.compute is not None:
+            whole = stream.new_zeros((self.total, *stream.shape[1:]))
+            whole.index_copy_(0, self.compute, stream)
+            whole[:, stream.shape[1] - image.shape[1]:] = full
+            return whole
         if not isinstance(out, tuple):
-            return full
+            return stream if joint else full
         encoder = out[0]
         if encoder is not None and self.compute is not None:
             whole = encoder.new_zeros((self.total, *encoder.shape[1:]))   # skipped rows' text stream is unused
