@@ -50,7 +50,7 @@ class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
     default_steps = 28
     default_guidance = 3.5
     guidance = "distilled"
-    parallel_kinds = frozenset({"ulysses", "ring", "tp"})
+    parallel_kinds = frozenset({"cfg", "ulysses", "ring", "tp"})
     sequence_attention = "joint"
     block_lists = ("transformer_blocks", "single_transformer_blocks")
     supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
@@ -77,11 +77,12 @@ class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
     def family_facts(self) -> dict:
         return {"true_cfg": True}                   # every FLUX.1 pipeline takes true_cfg_scale
 
-    def parallel_refusal(self, kind: str) -> str | None:
-        if kind == "cfg":
-            return ("FLUX.1 is guidance-distilled: guidance_scale is an embedding inside the single transformer "
-                    "pass of each step, there is no unconditional pass to put on another rank")
-        return None
+    def enable_cfg_parallel(self, group) -> None:
+        """Split the rows of every transformer call (true CFG's halves, then images) across ``group``; the position
+        ids are per token and go whole to every rank."""
+        from stage_runtime.distributed.cfg_parallel import enable_cfg_parallel
+
+        enable_cfg_parallel(self.denoiser, group, per_token=("txt_ids", "img_ids"))
 
     # -- request mode ----------------------------------------------------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:

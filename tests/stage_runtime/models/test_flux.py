@@ -1,5 +1,5 @@
-"""FluxPipeline (FLUX.1): its facts, its keys, CFG-parallel refused with the reason, a negative prompt without
-true CFG refused saying what to send (true CFG itself: test_flux_true_cfg.py; equal to the bare call, step batching of different step counts and guidance scales, abort and progress:
+"""FluxPipeline (FLUX.1): its facts, its keys, a negative prompt without true CFG refused saying what to send (true
+CFG itself: test_flux_true_cfg.py; CFG parallel on 2 ranks: distributed/test_flux_cfg_parallel.py; equal to the bare call, step batching of different step counts and guidance scales, abort and progress:
 its ``FAMILY`` row in the checklist, test_families.py)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def adapter(tiny_flux_path):
 def test_facts(adapter):
     info = adapter.info()
     assert (info.pipeline_class, info.adapter) == ("FluxPipeline", "stage_runtime.models.flux:FluxAdapter")
-    assert info.guidance == "distilled" and info.parallel_kinds == ("ring", "tp", "ulysses") and info.true_cfg
+    assert info.guidance == "distilled" and info.parallel_kinds == ("cfg", "ring", "tp", "ulysses") and info.true_cfg
     assert info.edit_tasks == ("img2img", "inpaint") and info.edit_step_rule == "flow"
     assert (info.default_steps, info.default_guidance, info.default_height, info.size_multiple) == (28, 3.5, 64, 4)
     assert info.max_sequence_length == 512 and info.num_attention_heads == 2
@@ -49,10 +49,12 @@ def test_step_key_ignores_steps_and_guidance_request_key_does_not(adapter):
     assert a.batch_key != b.batch_key and a.batch_key != d.batch_key
 
 
-def test_cfg_parallel_is_refused_naming_family_degree_and_reason(adapter):
-    with pytest.raises(ConfigError, match=r"^cfg_parallel_size=2 is not supported by FluxPipeline \(it runs: "
-                                          r"ring, tp, ulysses\): FLUX.1 is guidance-distilled"):
-        apply_parallelism(adapter, None, ParallelConfig(cfg_parallel_size=2))
+def test_kontext_still_refuses_cfg_parallel_with_the_reason(tiny_flux_kontext_path):
+    kontext = resolve_adapter_class(ModelConfig(path=tiny_flux_kontext_path)).load(tiny_flux_kontext_path,
+                                                                                     torch.device("cpu"))
+    with pytest.raises(ConfigError, match=r"^cfg_parallel_size=2 is not supported by FluxKontextPipeline "
+                                          r"\(it runs: no in-model parallelism\): .*conditioning tokens"):
+        apply_parallelism(kontext, None, ParallelConfig(cfg_parallel_size=2))
 
 
 def test_ulysses_degree_that_does_not_divide_the_heads_is_refused(adapter):
