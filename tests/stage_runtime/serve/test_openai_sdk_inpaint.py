@@ -93,13 +93,15 @@ def test_models_list_says_the_family_inpaints(client, family):
 def test_edit_with_an_openai_mask_is_the_bare_inpaint(client, family, request):
     fixture, mode, cls, guidance = STAGES[family]
     alpha = np.where(repaint() == 255, 0, 255).astype(np.uint8)            # OpenAI: transparent = repaint
+    # a negative prompt: SDXL's CFG rows; FLUX.1's true CFG (form fields, as the SDK sends extra_body on an edit)
+    negative = {"negative_prompt": "blurry", **({"true_cfg_scale": 3.0} if family == "flux" else {})}
     result = client.images.edit(
         image=("in.png", png(picture()), "image/png"), prompt="a red fox", size="auto",
         mask=("mask.png", png(np.dstack([picture(), alpha]), "RGBA"), "image/png"),
-        extra_body={"num_inference_steps": STEPS, "seed": 5, "guidance_scale": guidance, "strength": 0.7})
+        extra_body={"num_inference_steps": STEPS, "seed": 5, "guidance_scale": guidance, "strength": 0.7, **negative})
     ref = bare(cls, request.getfixturevalue(fixture), prompt="a red fox", image=Image.fromarray(picture()),
                mask_image=Image.fromarray(repaint(), "L"), strength=0.7, guidance_scale=guidance,
-               generator=torch.Generator("cpu").manual_seed(5))
+               generator=torch.Generator("cpu").manual_seed(5), **negative)
     image = decoded(result.data[0].b64_json)
     assert image.shape == (SIZE, SIZE, 3)
     assert int(np.abs(image.astype(int) - ref.astype(int)).max()) <= (2 if mode == "step" else 1)
