@@ -74,8 +74,8 @@ class FluxEditMixin:
                                                         height=s.height, width=s.width)
             keep = inpaint.mask_processor.preprocess(masks, height=s.height, width=s.width) < 0.5
             kwargs.update(mask_image=masks, masked_image_latents=pixels * keep)
-        return self.call_pipeline(requests, pipes[edit.task], generators, **self.prompt_kwargs(requests, negative=False),
-                                  **kwargs)
+        return self.call_pipeline(requests, pipes[edit.task], generators,
+                                  **self.prompt_kwargs(requests, negative=False), **kwargs)
 
     # -- step mode ----------------------------------------------------------------------------------------
     def prepare_edit(self, request: DiffusionRequest, state: StepRequestState) -> None:

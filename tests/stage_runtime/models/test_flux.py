@@ -1,6 +1,7 @@
-"""FluxPipeline (FLUX.1): its facts, its keys, a negative prompt without true CFG refused saying what to send (true
-CFG itself: test_flux_true_cfg.py; CFG parallel on 2 ranks: distributed/test_flux_cfg_parallel.py; equal to the bare call, step batching of different step counts and guidance scales, abort and progress:
-its ``FAMILY`` row in the checklist, test_families.py)."""
+"""FluxPipeline (FLUX.1): its facts, its keys, a negative prompt without true CFG refused saying what to send,
+Kontext's CFG parallel refused with the reason. (True CFG itself: test_flux_true_cfg.py; CFG parallel on 2 ranks:
+distributed/test_flux_cfg_parallel.py; equal to the bare call, step batching of different step counts and guidance
+scales, abort and progress: its ``FAMILY`` row in the checklist, test_families.py.)"""
 
 from __future__ import annotations
 
