@@ -22,6 +22,9 @@ class ModelInfo:
     parallel_kinds: tuple[str, ...] = ()   # in-model parallelism the family runs: "cfg", "ulysses", "ring", "tp" (DP: always)
     guidance: str = "cfg"            # "cfg" (uncond+cond rows), "true_cfg" (a negative pass), "distilled"
                                      # (a guidance embedding, no negative pass) or "none"
+    # diffusers' true CFG (FLUX.1, Kontext): a negative pass per step from true_cfg_scale > 1 and a negative prompt
+    # (stage_runtime.true_cfg); False: true_cfg_scale over 1 is a 400.
+    true_cfg: bool = False
     max_sequence_length: int | None = None   # text tokens the prompt encoder keeps (None: not text-conditioned)
     # The tokenizer.json (absolute path) the engine counts a prompt's tokens with, for a family that refuses a
     # prompt longer than max_sequence_length at admission (None: the family cuts it, as diffusers does).

@@ -24,6 +24,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from stage_runtime.config import LORA_NAME_PATTERN, MAX_CACHE_THRESHOLD
 from stage_runtime.errors import InvalidRequestError
 from stage_runtime.model_info import ModelInfo
+from stage_runtime.true_cfg import check_true_cfg
 from stage_runtime.video_request import Fps, Frames, resolve_video
 
 MAX_PROMPT_CHARS = 2000
@@ -36,6 +37,9 @@ MAX_IMAGES = 16                # outputs of one request
 Steps = Annotated[int, Field(ge=1, le=1000)]
 Side = Annotated[int, Field(ge=8, le=MAX_SIDE)]
 Guidance = Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)]
+# diffusers' true_cfg_scale (FLUX.1, Kontext): > 1 with a negative prompt runs a second, negative pass per step;
+# 1 (its default) runs none. Below 1 would be a no-op diffusers accepts silently: refused at the edge.
+TrueCfgScale = Annotated[float, Field(ge=1.0, le=100.0, allow_inf_nan=False)]
 NegativePrompt = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
 Seed = Annotated[int, Field(ge=0, lt=2**63)]
 NumImages = Annotated[int, Field(ge=1, le=MAX_IMAGES)]
@@ -100,6 +104,7 @@ class SamplingParams(BaseModel):
     width: Side | None = None
     guidance_scale: Guidance | None = None
     negative_prompt: NegativePrompt | None = None
+    true_cfg_scale: TrueCfgScale | None = None    # a family with true CFG (ModelInfo.true_cfg); None: off
     seed: Seed | None = None
     num_outputs: NumImages = 1                    # images for this one prompt ("n")
     stream: bool = False                          # progress events (step k of n) on the output stream
@@ -123,6 +128,11 @@ class SamplingParams(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError(f"names an adapter twice: {names}")
         return v
+
+    @property
+    def runs_true_cfg(self) -> bool:
+        """diffusers' condition for true CFG: ``true_cfg_scale > 1`` and a negative prompt ("" is one)."""
+        return self.true_cfg_scale is not None and self.true_cfg_scale > 1 and self.negative_prompt is not None
 
     @classmethod
     def parse(cls, data: dict) -> "SamplingParams":
@@ -337,6 +347,7 @@ class DiffusionRequest:
         if isinstance(s.cache, RequestCache) and info.block_cache_refusal:
             raise InvalidRequestError("cache", s.cache.model_dump(), info.block_cache_refusal)
         video = resolve_video(s, info)
+        check_true_cfg(s, info)
         if edit is not None and edit.denoise_steps(steps) < 1:
             raise InvalidRequestError("strength", edit.strength,
                                       f"int(num_inference_steps={steps} × strength) is 0: no step would run")

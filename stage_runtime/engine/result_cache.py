@@ -27,7 +27,7 @@ from stage_runtime.engine.stream import RequestStream
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import DiffusionRequest, adapter_identity
 
-PIXEL_FIELDS = ("negative_prompt", "seed", "height", "width", "num_inference_steps", "guidance_scale",
+PIXEL_FIELDS = ("negative_prompt", "true_cfg_scale", "seed", "height", "width", "num_inference_steps", "guidance_scale",
                 "num_outputs", "cache", "num_frames", "fps", "guidance_scale_2")
 
 

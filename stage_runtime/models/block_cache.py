@@ -182,13 +182,15 @@ def step_rows(states) -> list[RowSegment]:
 
 def wave_rows(adapter, requests: list[DiffusionRequest], caches: dict[str, BlockCacheState]) -> list[RowSegment]:
     """Request mode: a diffusers CFG pipeline stacks one guidance half of every image, then the other
-    (``torch.cat([latents] * 2)``); a true-CFG family running its own step loop (Qwen-Image) and a family whose
-    request mode is the step contract's loop (Wan) keep each request's halves together; a distilled or unguided
-    one has one row per image."""
-    guided = requests[0].sampling.guidance_scale > adapter.cfg_above
+    (``torch.cat([latents] * 2)``); a true-CFG family running its own step loop (Qwen-Image; FLUX.1 for a wave
+    with ``true_cfg_scale``) and a family whose request mode is the step contract's loop (Wan) keep each request's
+    halves together; a distilled or unguided one has one row per image."""
+    s = requests[0].sampling
+    guided = s.guidance_scale > adapter.cfg_above
     if adapter.guidance == "cfg" and guided and not adapter.request_mode_step_loop:
         return segments([(caches.get(r.request_id), b, r.sampling.num_outputs) for b in (0, 1) for r in requests])
-    halves = (0, 1) if guided and (adapter.guidance == "true_cfg" or adapter.request_mode_step_loop) else (0,)
+    halves = (0, 1) if s.runs_true_cfg or guided and (adapter.guidance == "true_cfg" or
+                                                       adapter.request_mode_step_loop) else (0,)
     return segments([(caches.get(r.request_id), b, r.sampling.num_outputs) for r in requests for b in halves])
 
 

@@ -18,64 +18,21 @@ encoded alone, so both text encoders see its n rows per call (prompt, then negat
 Parallel: CFG-parallel splits the rows (the ``added_cond_kwargs`` tensors included); Ulysses shards
 the tokens of the UNet's transformer blocks (BasicTransformerBlock, as SD's): both are the defaults.
 
-img2img (StableDiffusionXLImg2ImgPipeline semantics) over the generation components: the pipeline is built
-with ``from_pipe`` over the generation folder's modules (no weight copied; ``requires_aesthetics_score``
-False, so the micro-conditioning is the generation's: original size, crop (0, 0), target size). Request mode
-calls it with the per-request embeddings (as the generation path); step mode is Stable Diffusion's img2img
-math (``sd.StableDiffusionEditMixin``). The VAE encodes in float32 when its config says ``force_upcast`` (as
-the pipeline does). Fresh generators in step mode: the pipeline draws the image's latent sample, then the
-noise, then (Euler) each step's noise from the same generators, so the text-to-image latents drawn first are
-discarded and the noise scheduler's step kwargs get the fresh generators.
+Edits (img2img, inpainting) over the generation components: ``models.sdxl_edits``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from diffusers import StableDiffusionXLImg2ImgPipeline
 from diffusers.utils.torch_utils import randn_tensor
 
 from stage_runtime.errors import ConfigError
 from stage_runtime.models.adapter import PipelineAdapter
-from stage_runtime.models.edit_images import pil_image
-from stage_runtime.models.sd import StableDiffusionEditMixin
+from stage_runtime.models.sdxl_edits import StableDiffusionXLEditMixin
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
-
-
-class StableDiffusionXLEditMixin(StableDiffusionEditMixin):
-    """img2img for an SDXL adapter (``self.pipe`` a StableDiffusionXLPipeline)."""
-
-    def edit_tasks(self) -> tuple[str, ...]:
-        return ("img2img",) if self.pipe.unet.config.in_channels == 4 else ()
-
-    def _edit_pipelines(self):
-        if getattr(self, "_edit_pipes", None) is None:
-            img2img = StableDiffusionXLImg2ImgPipeline.from_pipe(self.pipe, requires_aesthetics_score=False)
-            img2img.set_progress_bar_config(disable=True)
-            self._edit_pipes = {"img2img": img2img}
-        return self._edit_pipes
-
-    def run_edit_batch(self, requests: list[DiffusionRequest], embeddings: dict | None = None) -> dict[str, np.ndarray]:
-        s, edit = requests[0].sampling, requests[0].edit
-        embeddings = self.fused_embeddings(requests) if embeddings is None else embeddings
-        return self.call_pipeline(
-            requests, self._edit_pipelines()["img2img"], **embeddings,
-            image=[pil_image(r.edit, s.height, s.width) for r in self.image_rows(requests)], strength=edit.strength)
-
-    def prepare_edit(self, request: DiffusionRequest, state: StepRequestState, generators=None) -> None:
-        generators = self.generators([request])
-        vae, dtype = self.pipe.vae, state.latents.dtype
-        upcast = vae.config.force_upcast and vae.dtype != torch.float32
-        if upcast:
-            vae.to(dtype=torch.float32)
-        try:
-            super().prepare_edit(request, state, generators)
-        finally:
-            if upcast:
-                vae.to(dtype=dtype)
-        state.step_kwargs = self.pipe.prepare_extra_step_kwargs(generators, 0.0)
 
 
 class StableDiffusionXLAdapter(StableDiffusionXLEditMixin, StepContract, PipelineAdapter):
@@ -132,7 +89,7 @@ class StableDiffusionXLAdapter(StableDiffusionXLEditMixin, StepContract, Pipelin
         cfg_rows = 2 if self.do_cfg(requests[0]) else 1     # the UNet's [uncond rows; cond rows]
         embeddings = self.fused_embeddings(requests)        # (each request's text-encoder rows set in encode)
         with self.lora_rows("unet", [(r, r.sampling.num_outputs) for r in requests], repeat=cfg_rows):
-            if requests[0].edit is not None:   # img2img
+            if requests[0].edit is not None:   # img2img, inpaint
                 return self.run_edit_batch(requests, embeddings)
             return self.call_pipeline(requests, **embeddings)
 
@@ -155,7 +112,7 @@ class StableDiffusionXLAdapter(StableDiffusionXLEditMixin, StepContract, Pipelin
             cond = {"embeds": embeds, "text_embeds": pooled, "time_ids": time_ids}
         state = StepRequestState(request, scheduler, latents * scheduler.init_noise_sigma, do_cfg, cond=cond,
                                  step_kwargs=pipe.prepare_extra_step_kwargs(generators, 0.0))
-        if request.edit is not None:       # img2img: latents from the image
+        if request.edit is not None:       # img2img, inpaint: latents from the image
             self.prepare_edit(request, state)
         return state
 
