@@ -21,6 +21,8 @@ generator) and repeated for its ``n`` images; the noise comes from the request's
 The output size is the request's (``size: auto``: the first picture's, rounded down to the size multiple);
 diffusers' own default would be the megapixel size. A forward needs one token layout, so both compatibility
 keys add "edit_shapes" (the uploaded images' sizes): edits of differently sized pictures never share one.
+Guidance is per request (its rows, its scale), so in step mode edits of different guidance scales, step
+counts and prompts share ticks; a request-mode wave shares its steps and guidance (``request_key``).
 The pipelines need a picture: a request without one is a 400 (``edits_only``). Not yet: Ulysses and ring
 (untested with the picture tokens), the block cache, LoRA.
 """
@@ -57,7 +59,7 @@ class QwenImageEditAdapter(QwenImageAdapter):
     supports_block_cache = False
     lora_components = ()
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale", "edit_shapes")
-    step_key_fields = ("height", "width", "guidance_scale", "edit_shapes")
+    step_key_fields = ("height", "width", "edit_shapes")        # guidance is per request rows
 
     @classmethod
     def load(cls, path: str, device: torch.device, dtype: str = "float32") -> "QwenImageEditAdapter":
