@@ -22,6 +22,7 @@ from stage_runtime.engine import DiffusionEngine
 from stage_runtime.engine.output_table import warmup_request
 from stage_runtime.engine.result_cache import result_key
 from stage_runtime.errors import InvalidRequestError
+from stage_runtime.models.qwen_image_edit import VAE_IMAGE_SIZE, picture_sizes
 from stage_runtime.models.qwen_vl_processor import load_processor
 from stage_runtime.request import DiffusionRequest, EditInput, SamplingParams
 
@@ -171,3 +172,30 @@ def test_every_picture_is_in_the_result_cache_key_and_the_checkpoint_identity():
     single = edit_request("r", "x", 1, [a])
     assert "more_images" not in request_identity(single)            # one picture: the identity it always had
     assert result_key(single, "rev") != result_key(first, "rev")
+
+
+@pytest.mark.parametrize("kind", ["qwen-image-edit", "qwen-image-edit-plus"])
+def test_the_tiny_builds_are_what_their_docstring_says(tiny_model, kind):
+    """A real folder (``model_index.json`` names Qwen2VLProcessor), loaded with the stage's processor: the Edit
+    template's system prefix is the 64 tokens the pipeline drops; a square picture's megapixel is 32x32 tokens
+    (a 16x VAE); the VAE's normalised latents of its statistics picture have mean 0 and std 1; Edit-Plus
+    modulates its picture tokens at timestep 0; the folder stays small."""
+    import json
+    from pathlib import Path
+
+    path = Path(tiny_model(kind))
+    index = json.loads((path / "model_index.json").read_text())
+    assert index["processor"] == ["transformers", "Qwen2VLProcessor"]
+    pipe = bare_pipeline(str(path), **with_processor(str(path)))
+    prefix = pipe.prompt_template_encode.split("<|vision_start|>" if kind == "qwen-image-edit" else "{}")[0]
+    assert len(pipe.tokenizer(prefix).input_ids) == pipe.prompt_template_encode_start_idx == 64
+    assert pipe.vae_scale_factor == 16 and pipe.transformer.config.zero_cond_t == (kind == "qwen-image-edit-plus")
+    assert [side // 32 for side in picture_sizes((64, 64), VAE_IMAGE_SIZE)] == [32, 32]
+    side = 256
+    y, x = torch.meshgrid(torch.linspace(0, 1, side), torch.linspace(0, 1, side), indexing="ij")
+    stats = torch.stack([torch.sin(6 * x), torch.cos(5 * y), 2 * x * y - 1])[None, :, None]
+    with torch.no_grad():
+        latents = pipe._encode_vae_image(stats, None)
+    assert latents.mean(dim=(0, 2, 3, 4)).abs().max() < 1e-3
+    assert (latents.std(dim=(0, 2, 3, 4)) - 1).abs().max() < 1e-3
+    assert sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) < 3_000_000
