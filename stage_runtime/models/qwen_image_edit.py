@@ -68,7 +68,8 @@ class QwenImageEditAdapter(QwenImageAdapter):
         from stage_runtime.models.adapter import DTYPES
 
         pipe = DiffusionPipeline.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True,
-                                                 low_cpu_mem_usage=cls.low_cpu_mem_usage, processor=load_processor(path))
+                                                 low_cpu_mem_usage=cls.low_cpu_mem_usage,
+                                                 processor=load_processor(path))
         return cls(pipe.to(device), device)
 
     @property

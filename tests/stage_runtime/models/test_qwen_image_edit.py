@@ -94,9 +94,10 @@ def plus_engine(tiny_qwen_image_edit_plus_path):
 
 
 def test_facts(edit_engine, plus_engine):
+    adapter = "stage_runtime.models.qwen_image_edit:QwenImageEditAdapter"
     for engine, name, most in ((edit_engine, "QwenImageEditPipeline", 1), (plus_engine, "QwenImageEditPlusPipeline", 4)):
         info = engine.model_info
-        assert (info.pipeline_class, info.adapter) == (name, "stage_runtime.models.qwen_image_edit:QwenImageEditAdapter")
+        assert (info.pipeline_class, info.adapter) == (name, adapter)
         assert info.edit_tasks == ("instruct",) and info.edits_only and info.max_edit_images == most
         assert info.guidance == "true_cfg" and info.parallel_kinds == ("cfg",) and info.lora_components == ()
         assert (info.default_height, info.default_width, info.size_multiple) == (1024, 1024, 32)   # tiny VAE: 16x
@@ -113,8 +114,8 @@ def test_what_the_edit_families_cannot_do_is_refused_naming_the_field(edit_engin
              (plus_engine, edit_request("five", "a cat", 1, [square] * 5), "image[4]", "at most 4 images"),
              (plus_engine, DiffusionRequest("mask", "a cat", SamplingParams(seed=1), edit=EditInput(
                  square, np.full((64, 64), 255, np.uint8))), "mask", "inpaint"),
-             (edit_engine, DiffusionRequest("strength", "a cat", SamplingParams(seed=1), edit=EditInput(square, None, 0.5)),
-              "strength", "no strength"),
+             (edit_engine, DiffusionRequest("strength", "a cat", SamplingParams(seed=1),
+                                            edit=EditInput(square, None, 0.5)), "strength", "no strength"),
              (edit_engine, edit_request("size", "a cat", 1, [square], height=48), "height", "multiple of 32")]
     for engine, request, field, words in cases:
         with pytest.raises(InvalidRequestError, match=words) as err:
