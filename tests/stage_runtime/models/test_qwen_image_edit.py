@@ -95,7 +95,8 @@ def plus_engine(tiny_qwen_image_edit_plus_path):
 
 def test_facts(edit_engine, plus_engine):
     adapter = "stage_runtime.models.qwen_image_edit:QwenImageEditAdapter"
-    for engine, name, most in ((edit_engine, "QwenImageEditPipeline", 1), (plus_engine, "QwenImageEditPlusPipeline", 4)):
+    for engine, name, most in ((edit_engine, "QwenImageEditPipeline", 1),
+                               (plus_engine, "QwenImageEditPlusPipeline", 4)):
         info = engine.model_info
         assert (info.pipeline_class, info.adapter) == (name, adapter)
         assert info.edit_tasks == ("instruct",) and info.edits_only and info.max_edit_images == most
