@@ -28,7 +28,7 @@ def edit_client(tiny_qwen_image_edit_path, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("qwen-edit-stage")
     with running_stage(["--model", tiny_qwen_image_edit_path, "--served-name", "tiny-qwen-edit", "--device", "cpu",
                         "--executor", "uni", "--execution-mode", "step", "--max-num-seqs", "2"],
-                       tmp / "stage.log") as stage:
+                       tmp / "stage.log", ready_timeout=600) as stage:     # the warmup: a megapixel edit on a CPU
         with openai.OpenAI(base_url=f"{stage.http_url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
             yield client
 
@@ -84,6 +84,10 @@ def test_what_qwen_image_edit_cannot_do_is_refused_naming_the_field(edit_client)
         edit_client.images.edit(image=[("a.png", png(picture), "image/png"), ("b.png", png(picture), "image/png")],
                                 prompt="x", extra_body=EXTRA)
     assert err.value.body["param"] == "image[1]"
+    with pytest.raises(openai.BadRequestError, match="at most 16 images") as err:     # the edge reads no more
+        edit_client.images.edit(image=[(f"{i}.png", png(picture), "image/png") for i in range(17)], prompt="x",
+                                extra_body=EXTRA)
+    assert err.value.body["param"] == "image[16]"
     with pytest.raises(openai.BadRequestError, match="POST /v1/images/edits") as err:
         edit_client.images.generate(prompt="a red fox", size="64x64", extra_body=EXTRA)
     assert err.value.body["param"] == "image"
