@@ -53,6 +53,9 @@ def request_identity(request: DiffusionRequest) -> dict[str, Any]:
         "loras": [list(entry) for entry in request.lora_key], "task": request.task,
         "strength": None if edit is None else edit.strength, "reference": _digest(request.reference),
         "image": None if edit is None else _digest(edit.image), "mask": None if edit is None else _digest(edit.mask),
+        # several uploaded images (Edit-Plus): the others too (a one-image identity is as it always was)
+        **({"more_images": [_digest(image) for image in edit.more_images]} if edit is not None and edit.more_images
+           else {}),
     }
 
 

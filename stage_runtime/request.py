@@ -176,11 +176,6 @@ class StepBatchKey(NamedTuple):
 CompatibilityKey = tuple  # RequestBatchKey | StepBatchKey | tuple of (field name, value) pairs
 
 
-def family_key(sampling: SamplingParams, fields: tuple[str, ...]) -> tuple[tuple[str, object], ...]:
-    """The (field, value) pairs of ``sampling`` a family's compatibility key is made of."""
-    return tuple((name, getattr(sampling, name)) for name in fields)
-
-
 @dataclass(frozen=True, eq=False)
 class EditInput:
     """The image-conditioning half of an edit request, decoded at the edge (plain arrays, pickles to ranks)."""
@@ -192,6 +187,17 @@ class EditInput:
     strength: float | None = None
     instruct: bool = False            # an instruction edit (the image conditions the sequence; set by resolve())
     step_rule: str = "int"            # how strength gives the step count (ModelInfo.edit_step_rule; set by resolve())
+    more_images: tuple[np.ndarray, ...] = ()   # uint8 (H, W, 3) uploads after the first (image[1], …): Edit-Plus
+
+    @property
+    def images(self) -> tuple[np.ndarray, ...]:
+        """Every uploaded image, in upload order (the first is ``image``)."""
+        return (self.image, *self.more_images)
+
+    @property
+    def shapes(self) -> tuple[tuple[int, int], ...]:
+        """(height, width) of each uploaded image: an instruction edit's conditioning tokens follow from them."""
+        return tuple((int(im.shape[0]), int(im.shape[1])) for im in self.images)
 
     @property
     def task(self) -> str:
@@ -212,7 +218,13 @@ class EditInput:
 
     def resolve(self, info: ModelInfo) -> "EditInput":
         """The edit as ``info``'s family runs it: a mask-less edit on an instruction-edit family is an
-        instruction edit (no strength); img2img and inpaint get the default strength when none was given."""
+        instruction edit (no strength); img2img and inpaint get the default strength when none was given. More
+        images than the family takes are refused naming the first one too many (``image[k]``)."""
+        if len(self.images) > info.max_edit_images:
+            most = info.max_edit_images
+            raise InvalidRequestError(f"image[{most}]", "<file>", f"{info.pipeline_class} edits "
+                                      f"{'one image' if most == 1 else f'at most {most} images'} per request "
+                                      f"(got {len(self.images)})")
         if self.mask is None and "img2img" not in info.edit_tasks and "instruct" in info.edit_tasks:
             if self.strength is not None:
                 raise InvalidRequestError("strength", self.strength,
@@ -268,12 +280,23 @@ class DiffusionRequest:
             # Assigned at creation so every rank (and a retry) derives the same generator.
             self.sampling = self.sampling.model_copy(update={"seed": secrets.randbits(63)})
 
+    def key_value(self, name: str) -> object:
+        """One field of a family's compatibility key: a SamplingParams field, or one of the two names that are not:
+        "task" (the edit task: instruction edits lengthen the sequence) and "edit_shapes" (each uploaded image's
+        (height, width): the conditioning tokens of an instruction edit follow from them; () for a generation)."""
+        if name == "task":
+            return self.task
+        if name == "edit_shapes":
+            return () if self.edit is None else self.edit.shapes
+        return getattr(self.sampling, name)
+
     @property
     def batch_key(self) -> CompatibilityKey:
         s, edit = self.sampling, self.edit
         task, strength = self.task, None if edit is None else edit.strength
         if self.key_fields is not None and self.key_fields[0] != RequestBatchKey._fields[:4]:
-            return family_key(s, self.key_fields[0]) + (("task", task), ("strength", strength))
+            return tuple((name, self.key_value(name)) for name in self.key_fields[0]) + (
+                ("task", task), ("strength", strength))
         return RequestBatchKey(s.height, s.width, s.num_inference_steps, s.guidance_scale, task, strength)
 
     @property
@@ -285,8 +308,7 @@ class DiffusionRequest:
     def step_key(self) -> CompatibilityKey:
         s = self.sampling
         if self.key_fields is not None and self.key_fields[1] != StepBatchKey._fields:
-            # "task" in a family's step key: the edit task changes the denoiser's sequence (instruction edits)
-            return tuple((name, self.task if name == "task" else getattr(s, name)) for name in self.key_fields[1])
+            return tuple((name, self.key_value(name)) for name in self.key_fields[1])
         return StepBatchKey(s.height, s.width, s.guidance_scale)
 
     @property
@@ -325,6 +347,9 @@ class DiffusionRequest:
             raise InvalidRequestError("input_reference", None if self.reference is None else "<image>", (
                 f"{info.pipeline_class} makes a video from an image: give one" if self.reference is None else
                 f"{info.pipeline_class} takes no reference image"))
+        if edit is None and info.edits_only:
+            raise InvalidRequestError("image", None, f"{info.pipeline_class} edits images and makes none from text "
+                                      "alone: POST /v1/images/edits with the image(s) and the instruction")
         if edit is not None and edit.mask is not None and edit.mask.shape != edit.image.shape[:2]:
             raise InvalidRequestError("mask", f"{edit.mask.shape[1]}x{edit.mask.shape[0]}",
                                       f"must be the image's size {edit.image.shape[1]}x{edit.image.shape[0]}")

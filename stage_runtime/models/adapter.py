@@ -79,6 +79,8 @@ class PipelineAdapter(Refusals, ABC):
     request_mode_step_loop: ClassVar[bool] = False
     # How an edit's strength gives its step count (ModelInfo.edit_step_rule): "int" or "flow" (FLUX).
     edit_step_rule: ClassVar[str] = "int"
+    # The family only edits (its pipeline needs an image): a request without one is refused (ModelInfo.edits_only).
+    edits_only: ClassVar[bool] = False
     # Pipeline components LoRA files may target (their key prefix, as diffusers' save_lora_weights writes);
     # () = this family serves no LoRA. A family that names any must set the rows of each of them
     # (``lora_rows``) around every call of that component (models/lora).
@@ -146,7 +148,7 @@ class PipelineAdapter(Refusals, ABC):
             num_attention_heads=self.num_attention_heads(), max_steps=self.max_steps(),
             parallel_kinds=tuple(sorted(self.parallel_kinds)), guidance=self.guidance,
             max_sequence_length=self.max_sequence_length(), edit_tasks=self.edit_tasks(),
-            edit_step_rule=self.edit_step_rule,
+            edit_step_rule=self.edit_step_rule, max_edit_images=self.max_edit_images(), edits_only=self.edits_only,
             lora_components=self.lora_components, refusals=refusals_path(cls),
             prompt_tokenizer=self.prompt_tokenizer_file() if self.refuses_long_prompts else None,
             **self.family_facts(),
@@ -185,6 +187,10 @@ class PipelineAdapter(Refusals, ABC):
     def edit_tasks(self) -> tuple[str, ...]:
         """What ``POST /v1/images/edits`` can run on this model ("img2img", "inpaint"); none by default."""
         return ()
+
+    def max_edit_images(self) -> int:
+        """Images one edit may upload (``image[]`` repeated); more are a 400 naming the first one too many."""
+        return 1
 
     def max_sequence_length(self) -> int | None:
         """Text tokens the prompt encoder keeps (the tokenizer's limit); None without a tokenizer."""
