@@ -16,8 +16,8 @@ What FLUX.2 does differently from FLUX.1 (``models/flux.py``), as diffusers 0.42
 FLUX.2 [dev] is guidance-distilled like FLUX.1 [dev]: ``guidance_scale`` is an embedding per row, one pass, no
 negative prompt (diffusers' ``Flux2Pipeline`` takes none), hence no CFG parallel. A step is ONE transformer forward
 over every request's rows; requests of different step counts and guidance scales share it (one size: one set of
-position ids). Request mode runs the same step loop for the wave (equal to ``Flux2Pipeline.__call__``, bitwise on
-the tiny model), not diffusers' call: its decode reads the VAE's batch-norm statistics outside any forward, which
+position ids). Request mode runs the same step loop for the wave (equal to ``Flux2Pipeline.__call__`` within 1
+uint8 on the tiny model), not diffusers' call: its decode reads the VAE's batch-norm statistics outside any forward, which
 layerwise offload would not have brought in (``post_decode`` does, with a forward of the batch-norm on no rows).
 
 Ulysses and ring shard both token streams of every block (``distributed/ulysses_flux2.py``); tensor parallel is
