@@ -8,8 +8,11 @@ spread, the number of pairs and the per-pair ratio engine / bare. Families and t
     sdxl      img2img (StableDiffusionXLImg2ImgPipeline)
     flux      img2img (FluxImg2ImgPipeline)
     kontext   instruct (FluxKontextPipeline: no strength, every step)
+    qwen-edit       instruct (QwenImageEditPipeline: true CFG, the picture at a megapixel)
+    qwen-edit-plus  instruct (QwenImageEditPlusPipeline: two pictures)
 
-    .venv/bin/python bench/edits.py [--family sd|sdxl|flux|kontext] [--pairs 10] [--steps 20] [--strength 0.6]
+    .venv/bin/python bench/edits.py [--family sd|sdxl|flux|kontext|qwen-edit|qwen-edit-plus] [--pairs 10]
+        [--steps 20] [--strength 0.6]
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ FAMILIES = {
     "sdxl": ("sdxl", {"img2img": "StableDiffusionXLImg2ImgPipeline"}),
     "flux": ("flux", {"img2img": "FluxImg2ImgPipeline"}),
     "kontext": ("flux-kontext", {"instruct": "FluxKontextPipeline"}),
+    "qwen-edit": ("qwen-image-edit", {"instruct": "QwenImageEditPipeline"}),
+    "qwen-edit-plus": ("qwen-image-edit-plus", {"instruct": "QwenImageEditPlusPipeline"}),
 }
 
 
@@ -49,6 +54,7 @@ def main() -> None:
 
     from stage_runtime.config import load_config
     from stage_runtime.engine import DiffusionEngine
+    from stage_runtime.models.qwen_vl_processor import load_processor
     from stage_runtime.models.tiny import make_tiny_model
     from stage_runtime.request import DiffusionRequest, EditInput, SamplingParams
 
@@ -56,7 +62,8 @@ def main() -> None:
     kind, tasks = FAMILIES[args.family]
     path = str(make_tiny_model(tempfile.mkdtemp(prefix="bench-edits-") + f"/tiny-{kind}", kind=kind))
     engine = DiffusionEngine.make_engine(load_config({"model": {"path": path}, "device": "cpu"}))
-    extra = {"add_watermarker": False} if args.family == "sdxl" else {}
+    qwen = args.family.startswith("qwen")
+    extra = {"add_watermarker": False} if args.family == "sdxl" else {"processor": load_processor(path)} if qwen else {}
     bare = {task: getattr(diffusers, name).from_pretrained(path, local_files_only=True, low_cpu_mem_usage=False,
                                                             **extra) for task, name in tasks.items()}
     for pipe in bare.values():
@@ -65,7 +72,8 @@ def main() -> None:
     image = rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)
     mask = np.zeros((64, 64), np.uint8)
     mask[16:48, 16:48] = 255
-    strength = None if args.family == "kontext" else args.strength
+    more = (np.ascontiguousarray(image[::-1]),) if args.family == "qwen-edit-plus" else ()
+    strength = None if "instruct" in tasks else args.strength
     info = engine.model_info
     steps_run = EditInput(image, None, strength).resolve(info).denoise_steps(args.steps)
     print(f"machine: {machine()}")
@@ -78,7 +86,8 @@ def main() -> None:
             for i in range(args.pairs):
                 def run_engine():
                     request = DiffusionRequest(f"{task}-{i}", "a cat", SamplingParams(
-                        num_inference_steps=args.steps, seed=i), edit=EditInput(image, task_mask, strength))
+                        num_inference_steps=args.steps, seed=i),
+                        edit=EditInput(image, task_mask, strength, more_images=more))
                     engine.add_request(request).result(timeout=300)
 
                 def run_bare():
@@ -89,9 +98,13 @@ def main() -> None:
                         kwargs["mask_image"] = Image.fromarray(task_mask, "L")
                     if task == "instruct":
                         kwargs = {"height": 64, "width": 64, "max_area": 64 * 64, "_auto_resize": False}
-                    pipe(prompt="a cat", image=Image.fromarray(image), num_inference_steps=args.steps,
-                         guidance_scale=info.default_guidance, generator=torch.Generator().manual_seed(i),
-                         output_type="np", **kwargs)
+                    kwargs["guidance_scale"] = info.default_guidance
+                    pictures = [Image.fromarray(picture) for picture in (image, *more)]
+                    if qwen:                                  # true CFG with the default negative prompt
+                        kwargs = {"height": 64, "width": 64, "negative_prompt": " ",
+                                  "true_cfg_scale": info.default_guidance}
+                    pipe(prompt="a cat", image=pictures if more else pictures[0], num_inference_steps=args.steps,
+                         generator=torch.Generator().manual_seed(i), output_type="np", **kwargs)
 
                 for fn, out in ((run_engine, eng_t), (run_bare, bare_t))[:: 1 if i % 2 == 0 else -1]:
                     t0 = time.perf_counter()

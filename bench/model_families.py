@@ -38,8 +38,8 @@ def _gens(seeds):
 
 
 def call_cfg(pipe, prompts, seeds, steps, size, guidance):
-    """The pipeline's own guidance, no negative prompt (SDXL zeroes the unconditional embeddings; FLUX.1 takes
-    guidance_scale as its guidance embedding)."""
+    """The pipeline's own guidance, no negative prompt (SDXL zeroes the unconditional embeddings; FLUX.1 and FLUX.2
+    [dev] take guidance_scale as their guidance embedding; FLUX.2 [klein] guides against the prompt "")."""
     return pipe(prompt=prompts, height=size, width=size, num_inference_steps=steps, guidance_scale=guidance,
                 generator=_gens(seeds), output_type="np").images
 
@@ -84,6 +84,9 @@ FAMILIES: dict[str, Family] = {
     "flux": Family(call_cfg, 3.5, kind="flux"),         # guidance-distilled: guidance_scale is the embedding
     "sdxl": Family(call_cfg, 5.0, kind="sdxl"),
     "qwen-image": Family(call_true_cfg, 4.0, kind="qwen-image"),
+    "zimage": Family(call_cfg, 3.0, kind="zimage"),     # CFG at any scale > 0; its negative prompt defaults to ""
+    "flux2": Family(call_cfg, 4.0, kind="flux2"),       # FLUX.2 [dev]: guidance-distilled, like FLUX.1
+    "flux2-klein": Family(call_cfg, 4.0, kind="flux2-klein"),   # real CFG against "" (diffusers: two passes a step)
     "generic:StableDiffusionPAGPipeline": Family(call_cfg_empty_negative, 7.5, build=build_pag, step_mode=False),
 }
 

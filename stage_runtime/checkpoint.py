@@ -48,10 +48,14 @@ def request_identity(request: DiffusionRequest) -> dict[str, Any]:
     return {
         "prompt": request.prompt, "negative_prompt": s.negative_prompt, "height": s.height, "width": s.width,
         "num_frames": s.num_frames, "num_outputs": s.num_outputs, "num_inference_steps": s.num_inference_steps,
-        "guidance_scale": s.guidance_scale, "guidance_scale_2": s.guidance_scale_2, "seed": s.seed,
+        "guidance_scale": s.guidance_scale, "guidance_scale_2": s.guidance_scale_2, "true_cfg_scale": s.true_cfg_scale,
+        "seed": s.seed,
         "loras": [list(entry) for entry in request.lora_key], "task": request.task,
         "strength": None if edit is None else edit.strength, "reference": _digest(request.reference),
         "image": None if edit is None else _digest(edit.image), "mask": None if edit is None else _digest(edit.mask),
+        # several uploaded images (Edit-Plus): the others too (a one-image identity is as it always was)
+        **({"more_images": [_digest(image) for image in edit.more_images]} if edit is not None and edit.more_images
+           else {}),
     }
 
 

@@ -147,7 +147,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     sampling = {"num_inference_steps": args.steps, "seed": args.seed, "guidance_scale": args.guidance,
-                "negative_prompt": args.negative_prompt, "num_frames": args.frames, "fps": args.fps}
+                "negative_prompt": args.negative_prompt, "true_cfg_scale": args.true_cfg_scale,
+                "num_frames": args.frames, "fps": args.fps}
     if args.size:
         sampling["width"], sampling["height"] = parse_size(args.size)
     t0 = time.perf_counter()
@@ -268,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--size", help="WIDTHxHEIGHT")
     gen.add_argument("--seed", type=int)
     gen.add_argument("--guidance", type=float)
+    gen.add_argument("--true-cfg-scale", type=float, help="FLUX.1: true CFG with --negative-prompt (> 1: a "
+                                                          "negative pass per step)")
     gen.add_argument("--frames", type=int, help="a video model's frame count (its rule, e.g. Wan 4k+1)")
     gen.add_argument("--fps", type=int, help="a video's frame rate (default: the model's)")
     gen.add_argument("--image", help="image-to-video: the picture the video starts from (PNG, JPEG, WebP…)")

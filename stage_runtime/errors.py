@@ -148,8 +148,8 @@ class ConfigError(DiffStageError, ValueError):
 
 
 class LoraLoadError(ConfigError):
-    """A LoRA adapter file that cannot be applied to the served model; the message names the adapter and
-    the first key that does not fit (exit 2 for a startup adapter, HTTP 400 for ``POST /v1/loras``)."""
+    """A LoRA adapter file that cannot be applied to the served model; the message names the adapter, its
+    file and the first key that does not fit (exit 2 for a startup adapter, HTTP 400 for ``POST /v1/loras``)."""
 
 
 class ModelLoadError(DiffStageError):

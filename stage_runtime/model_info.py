@@ -22,17 +22,23 @@ class ModelInfo:
     parallel_kinds: tuple[str, ...] = ()   # in-model parallelism the family runs: "cfg", "ulysses", "ring", "tp" (DP: always)
     guidance: str = "cfg"            # "cfg" (uncond+cond rows), "true_cfg" (a negative pass), "distilled"
                                      # (a guidance embedding, no negative pass) or "none"
+    # diffusers' true CFG (FLUX.1, Kontext): a negative pass per step from true_cfg_scale > 1 and a negative prompt
+    # (stage_runtime.true_cfg); False: true_cfg_scale over 1 is a 400.
+    true_cfg: bool = False
     max_sequence_length: int | None = None   # text tokens the prompt encoder keeps (None: not text-conditioned)
     # The tokenizer.json (absolute path) the engine counts a prompt's tokens with, for a family that refuses a
     # prompt longer than max_sequence_length at admission (None: the family cuts it, as diffusers does).
     prompt_tokenizer: str | None = None
     # What must be equal for requests to share one pipeline call (request mode) / one denoiser forward (step
-    # mode): names of SamplingParams fields (and "task", the edit task, where it changes the sequence).
+    # mode): names of SamplingParams fields (and "task", the edit task, where it changes the sequence, and
+    # "edit_shapes", the uploaded images' sizes, where they give the sequence: DiffusionRequest.key_value).
     # Defaults = RequestBatchKey / StepBatchKey (stage_runtime.request).
     request_key: tuple[str, ...] = ("height", "width", "num_inference_steps", "guidance_scale")
     step_key: tuple[str, ...] = ("height", "width", "guidance_scale")
     edit_tasks: tuple[str, ...] = ()         # what POST /v1/images/edits can run: "img2img", "inpaint", "instruct"
     edit_step_rule: str = "int"              # an edit's step count from strength (EditInput.denoise_steps)
+    max_edit_images: int = 1                 # uploaded images an edit may give (Qwen-Image-Edit-Plus: several)
+    edits_only: bool = False                 # the family edits and makes no image from text alone (Qwen-Image-Edit)
     # Why this stage cannot run the block cache (a UNet family, the generic adapter, a parallel topology),
     # or None when it can (stage_runtime.models.block_cache).
     block_cache_refusal: str | None = "this model family has no block cache"

@@ -24,6 +24,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from stage_runtime.config import LORA_NAME_PATTERN, MAX_CACHE_THRESHOLD
 from stage_runtime.errors import InvalidRequestError
 from stage_runtime.model_info import ModelInfo
+from stage_runtime.true_cfg import check_true_cfg
 from stage_runtime.video_request import Fps, Frames, resolve_video
 
 MAX_PROMPT_CHARS = 2000
@@ -36,6 +37,9 @@ MAX_IMAGES = 16                # outputs of one request
 Steps = Annotated[int, Field(ge=1, le=1000)]
 Side = Annotated[int, Field(ge=8, le=MAX_SIDE)]
 Guidance = Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)]
+# diffusers' true_cfg_scale (FLUX.1, Kontext): > 1 with a negative prompt runs a second, negative pass per step;
+# 1 (its default) runs none. Below 1 would be a no-op diffusers accepts silently: refused at the edge.
+TrueCfgScale = Annotated[float, Field(ge=1.0, le=100.0, allow_inf_nan=False)]
 NegativePrompt = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
 Seed = Annotated[int, Field(ge=0, lt=2**63)]
 NumImages = Annotated[int, Field(ge=1, le=MAX_IMAGES)]
@@ -100,6 +104,7 @@ class SamplingParams(BaseModel):
     width: Side | None = None
     guidance_scale: Guidance | None = None
     negative_prompt: NegativePrompt | None = None
+    true_cfg_scale: TrueCfgScale | None = None    # a family with true CFG (ModelInfo.true_cfg); None: off
     seed: Seed | None = None
     num_outputs: NumImages = 1                    # images for this one prompt ("n")
     stream: bool = False                          # progress events (step k of n) on the output stream
@@ -123,6 +128,11 @@ class SamplingParams(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError(f"names an adapter twice: {names}")
         return v
+
+    @property
+    def runs_true_cfg(self) -> bool:
+        """diffusers' condition for true CFG: ``true_cfg_scale > 1`` and a negative prompt ("" is one)."""
+        return self.true_cfg_scale is not None and self.true_cfg_scale > 1 and self.negative_prompt is not None
 
     @classmethod
     def parse(cls, data: dict) -> "SamplingParams":
@@ -166,11 +176,6 @@ class StepBatchKey(NamedTuple):
 CompatibilityKey = tuple  # RequestBatchKey | StepBatchKey | tuple of (field name, value) pairs
 
 
-def family_key(sampling: SamplingParams, fields: tuple[str, ...]) -> tuple[tuple[str, object], ...]:
-    """The (field, value) pairs of ``sampling`` a family's compatibility key is made of."""
-    return tuple((name, getattr(sampling, name)) for name in fields)
-
-
 @dataclass(frozen=True, eq=False)
 class EditInput:
     """The image-conditioning half of an edit request, decoded at the edge (plain arrays, pickles to ranks)."""
@@ -182,6 +187,17 @@ class EditInput:
     strength: float | None = None
     instruct: bool = False            # an instruction edit (the image conditions the sequence; set by resolve())
     step_rule: str = "int"            # how strength gives the step count (ModelInfo.edit_step_rule; set by resolve())
+    more_images: tuple[np.ndarray, ...] = ()   # uint8 (H, W, 3) uploads after the first (image[1], …): Edit-Plus
+
+    @property
+    def images(self) -> tuple[np.ndarray, ...]:
+        """Every uploaded image, in upload order (the first is ``image``)."""
+        return (self.image, *self.more_images)
+
+    @property
+    def shapes(self) -> tuple[tuple[int, int], ...]:
+        """(height, width) of each uploaded image: an instruction edit's conditioning tokens follow from them."""
+        return tuple((int(im.shape[0]), int(im.shape[1])) for im in self.images)
 
     @property
     def task(self) -> str:
@@ -202,7 +218,13 @@ class EditInput:
 
     def resolve(self, info: ModelInfo) -> "EditInput":
         """The edit as ``info``'s family runs it: a mask-less edit on an instruction-edit family is an
-        instruction edit (no strength); img2img and inpaint get the default strength when none was given."""
+        instruction edit (no strength); img2img and inpaint get the default strength when none was given. More
+        images than the family takes are refused naming the first one too many (``image[k]``)."""
+        if len(self.images) > info.max_edit_images:
+            most = info.max_edit_images
+            raise InvalidRequestError(f"image[{most}]", "<file>", f"{info.pipeline_class} edits "
+                                      f"{'one image' if most == 1 else f'at most {most} images'} per request "
+                                      f"(got {len(self.images)})")
         if self.mask is None and "img2img" not in info.edit_tasks and "instruct" in info.edit_tasks:
             if self.strength is not None:
                 raise InvalidRequestError("strength", self.strength,
@@ -258,12 +280,23 @@ class DiffusionRequest:
             # Assigned at creation so every rank (and a retry) derives the same generator.
             self.sampling = self.sampling.model_copy(update={"seed": secrets.randbits(63)})
 
+    def key_value(self, name: str) -> object:
+        """One field of a family's compatibility key: a SamplingParams field, or one of the two names that are not:
+        "task" (the edit task: instruction edits lengthen the sequence) and "edit_shapes" (each uploaded image's
+        (height, width): the conditioning tokens of an instruction edit follow from them; () for a generation)."""
+        if name == "task":
+            return self.task
+        if name == "edit_shapes":
+            return () if self.edit is None else self.edit.shapes
+        return getattr(self.sampling, name)
+
     @property
     def batch_key(self) -> CompatibilityKey:
         s, edit = self.sampling, self.edit
         task, strength = self.task, None if edit is None else edit.strength
         if self.key_fields is not None and self.key_fields[0] != RequestBatchKey._fields[:4]:
-            return family_key(s, self.key_fields[0]) + (("task", task), ("strength", strength))
+            return tuple((name, self.key_value(name)) for name in self.key_fields[0]) + (
+                ("task", task), ("strength", strength))
         return RequestBatchKey(s.height, s.width, s.num_inference_steps, s.guidance_scale, task, strength)
 
     @property
@@ -275,8 +308,7 @@ class DiffusionRequest:
     def step_key(self) -> CompatibilityKey:
         s = self.sampling
         if self.key_fields is not None and self.key_fields[1] != StepBatchKey._fields:
-            # "task" in a family's step key: the edit task changes the denoiser's sequence (instruction edits)
-            return tuple((name, self.task if name == "task" else getattr(s, name)) for name in self.key_fields[1])
+            return tuple((name, self.key_value(name)) for name in self.key_fields[1])
         return StepBatchKey(s.height, s.width, s.guidance_scale)
 
     @property
@@ -315,6 +347,9 @@ class DiffusionRequest:
             raise InvalidRequestError("input_reference", None if self.reference is None else "<image>", (
                 f"{info.pipeline_class} makes a video from an image: give one" if self.reference is None else
                 f"{info.pipeline_class} takes no reference image"))
+        if edit is None and info.edits_only:
+            raise InvalidRequestError("image", None, f"{info.pipeline_class} edits images and makes none from text "
+                                      "alone: POST /v1/images/edits with the image(s) and the instruction")
         if edit is not None and edit.mask is not None and edit.mask.shape != edit.image.shape[:2]:
             raise InvalidRequestError("mask", f"{edit.mask.shape[1]}x{edit.mask.shape[0]}",
                                       f"must be the image's size {edit.image.shape[1]}x{edit.image.shape[0]}")
@@ -337,6 +372,7 @@ class DiffusionRequest:
         if isinstance(s.cache, RequestCache) and info.block_cache_refusal:
             raise InvalidRequestError("cache", s.cache.model_dump(), info.block_cache_refusal)
         video = resolve_video(s, info)
+        check_true_cfg(s, info)
         if edit is not None and edit.denoise_steps(steps) < 1:
             raise InvalidRequestError("strength", edit.strength,
                                       f"int(num_inference_steps={steps} × strength) is 0: no step would run")

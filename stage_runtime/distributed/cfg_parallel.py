@@ -14,7 +14,8 @@ Uneven batches are padded by repeating the last row so every rank runs ``ceil(B 
 gather has equal shapes (no shape exchange, one collective per denoiser call). With fewer rows than
 ranks every rank simply runs the whole call (same cost as a padded chunk, and no collective). Tensors whose dim 0
 equals B are split (sample, encoder_hidden_states, class_labels, per-row timesteps, also inside
-dicts/lists); everything else (0-d timesteps, scalars, None) is passed unchanged.
+dicts/lists); everything else (0-d timesteps, scalars, None) is passed unchanged, and so are the keyword
+arguments a family names ``per_token`` (FLUX's position ids: one row per token, which a row count could equal).
 
 Installed by replacing the instance's ``forward``: the module stays in the pipeline, so its forward
 hooks/pre-hooks fire exactly once per denoiser call, with the full batch.
@@ -81,8 +82,9 @@ def _gather_output(out: Any, batch: int, per_rank: int, group) -> Any:
     return _map_tensors(out, gather)
 
 
-def enable_cfg_parallel(denoiser: torch.nn.Module, group) -> None:
-    """Split each denoiser call's rows across ``group`` and all_gather the outputs (no-op for group None).
+def enable_cfg_parallel(denoiser: torch.nn.Module, group, per_token: tuple[str, ...] = ()) -> None:
+    """Split each denoiser call's rows across ``group`` and all_gather the outputs (no-op for group None); the
+    keyword arguments named in ``per_token`` are never split.
 
     Every rank of ``group`` must make the same sequence of denoiser calls with the same shapes (true
     when all ranks run the same requests), which keeps the one all_gather per call symmetric.
@@ -105,7 +107,8 @@ def enable_cfg_parallel(denoiser: torch.nn.Module, group) -> None:
         def split(t: torch.Tensor) -> torch.Tensor:
             return _local_rows(t, batch, per_rank, rank)
 
-        out = original(*_map_tensors(args, split), **_map_tensors(kwargs, split))
+        out = original(*_map_tensors(args, split),
+                       **{k: v if k in per_token else _map_tensors(v, split) for k, v in kwargs.items()})
         return _gather_output(out, batch, per_rank, group)
 
     forward.__wrapped__ = original  # type: ignore[attr-defined]

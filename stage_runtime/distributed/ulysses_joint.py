@@ -142,8 +142,9 @@ def split_streams(mesh: SequenceMesh, args: tuple, kwargs: dict) -> Shard | None
     return Shard(args, local, image=chunk_sizes(image.shape[1], degree), text=chunk_sizes(text.shape[1], degree))
 
 
-def _split(mesh: SequenceMesh, args: tuple, kwargs: dict) -> Shard | None:
-    """The split rule: both streams; FLUX: my rows of the rotary table, for this block and every later one."""
+def split_joint(mesh: SequenceMesh, args: tuple, kwargs: dict) -> Shard | None:
+    """The split rule: both streams; FLUX.1 and FLUX.2 (distributed/ulysses_flux2.py): my rows of the rotary table,
+    for this block and every later one."""
     shard = split_streams(mesh, args, kwargs)
     if shard is not None and kwargs.get("image_rotary_emb") is not None:
         rotary = _shard_rotary(kwargs["image_rotary_emb"], sum(shard.text), shard.text, shard.image, mesh.sp_rank)
@@ -179,4 +180,4 @@ def _plan(transformer: torch.nn.Module, degree: int) -> Sharded:
         raise ConfigError(f"Ulysses: {name} mixes attention kinds {sorted(kinds)}")
     family = kinds.pop()
     return Sharded(name, blocks, transformer.proj_out, [attn for _, attn in attentions],
-                   lambda mesh, state, attn: JointUlyssesProcessor(mesh, state, attn.processor, family), _split)
+                   lambda mesh, state, attn: JointUlyssesProcessor(mesh, state, attn.processor, family), split_joint)

@@ -26,7 +26,7 @@ from stage_runtime.errors import RequestAbortedError, RequestFailedError
 from stage_runtime.executor.abstract import DiffusionExecutor
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.outputs import DiffusionOutput
-from stage_runtime.request import DiffusionRequest, SamplingParams
+from stage_runtime.request import DiffusionRequest, EditInput, SamplingParams
 from stage_runtime.sched.request_state import RequestState
 
 WARMUP_PREFIX = "warmup-"
@@ -35,12 +35,13 @@ WARMUP_PREFIX = "warmup-"
 def warmup_request(info: ModelInfo) -> DiffusionRequest:
     """The 2-step request a stage runs before it reports ready (left out of the outcome counters); a video
     family's is its shortest video (one frame for Wan's 4k+1) at its default size, from a grey picture when it
-    makes videos from images."""
+    makes videos from images; an edit of a grey picture of that size for a family that only edits."""
     frames = None if info.frame_rule is None else info.frame_rule[1] % info.frame_rule[0] or info.frame_rule[0]
     grey = np.full((info.default_height, info.default_width, 3), 128, dtype=np.uint8)
     return DiffusionRequest(f"{WARMUP_PREFIX}{uuid.uuid4().hex[:8]}", "warmup",
                             SamplingParams(num_inference_steps=2, seed=0, num_frames=frames), video=info.video,
-                            reference=grey if info.reference == "required" else None)
+                            reference=grey if info.reference == "required" else None,
+                            edit=EditInput(grey) if info.edits_only else None)
 
 
 class OutputTable:

@@ -27,7 +27,7 @@ from stage_runtime.engine.stream import RequestStream
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import DiffusionRequest, adapter_identity
 
-PIXEL_FIELDS = ("negative_prompt", "seed", "height", "width", "num_inference_steps", "guidance_scale",
+PIXEL_FIELDS = ("negative_prompt", "true_cfg_scale", "seed", "height", "width", "num_inference_steps", "guidance_scale",
                 "num_outputs", "cache", "num_frames", "fps", "guidance_scale_2")
 
 
@@ -52,6 +52,9 @@ def result_key(request: DiffusionRequest, revision: str) -> str | None:
         e = request.edit
         h.update(f"|{e.task}|{e.strength}|{e.image.shape}".encode())
         h.update(np.ascontiguousarray(e.image).tobytes())
+        for image in e.more_images:                # Edit-Plus: every image, in order
+            h.update(f"|{image.shape}".encode())
+            h.update(np.ascontiguousarray(image).tobytes())
         if e.mask is not None:
             h.update(np.ascontiguousarray(e.mask).tobytes())
     if request.reference is not None:        # image-to-video (LTX-2 serves both: with and without a picture)

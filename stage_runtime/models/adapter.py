@@ -64,16 +64,23 @@ class PipelineAdapter(Refusals, ABC):
     # hooks below ("cfg", "ulysses", "ring", "tp"); guidance: how guidance_scale acts (see ModelInfo.guidance).
     parallel_kinds: ClassVar[frozenset[str]] = frozenset()
     guidance: ClassVar[str] = "cfg"
+    cfg_above: ClassVar[float] = 1.0      # a "cfg" family runs its unconditional rows at guidance_scale above it
     # The denoiser's block lists in execution order, for layerwise offload (None: found by attribute name,
     # offload.plan.BLOCK_ATTRS).
     block_lists: ClassVar[tuple[str, ...] | None] = None
     # The per-request block cache (models.block_cache) can skip this denoiser's blocks after the first.
     supports_block_cache: ClassVar[bool] = False
+    # The block cache compares and carries only the first ``cache_tokens`` tokens of a block's output (None: all):
+    # for a denoiser whose rows are padded to the longest row of the forward (Z-Image's [image ‖ caption]), the
+    # image tokens, whose count does not depend on the batch-mates. Such an adapter sets it before each forward.
+    cache_tokens: int | None = None
     # A block-cache family whose request mode runs the step contract's loop for the wave (``run_step_loop``): its
     # forwards' rows are laid out as in step mode, each request's together (models.block_cache.wave_rows).
     request_mode_step_loop: ClassVar[bool] = False
     # How an edit's strength gives its step count (ModelInfo.edit_step_rule): "int" or "flow" (FLUX).
     edit_step_rule: ClassVar[str] = "int"
+    # The family only edits (its pipeline needs an image): a request without one is refused (ModelInfo.edits_only).
+    edits_only: ClassVar[bool] = False
     # Pipeline components LoRA files may target (their key prefix, as diffusers' save_lora_weights writes);
     # () = this family serves no LoRA. A family that names any must set the rows of each of them
     # (``lora_rows``) around every call of that component (models/lora).
@@ -141,7 +148,7 @@ class PipelineAdapter(Refusals, ABC):
             num_attention_heads=self.num_attention_heads(), max_steps=self.max_steps(),
             parallel_kinds=tuple(sorted(self.parallel_kinds)), guidance=self.guidance,
             max_sequence_length=self.max_sequence_length(), edit_tasks=self.edit_tasks(),
-            edit_step_rule=self.edit_step_rule,
+            edit_step_rule=self.edit_step_rule, max_edit_images=self.max_edit_images(), edits_only=self.edits_only,
             lora_components=self.lora_components, refusals=refusals_path(cls),
             prompt_tokenizer=self.prompt_tokenizer_file() if self.refuses_long_prompts else None,
             **self.family_facts(),
@@ -180,6 +187,10 @@ class PipelineAdapter(Refusals, ABC):
     def edit_tasks(self) -> tuple[str, ...]:
         """What ``POST /v1/images/edits`` can run on this model ("img2img", "inpaint"); none by default."""
         return ()
+
+    def max_edit_images(self) -> int:
+        """Images one edit may upload (``image[]`` repeated); more are a 400 naming the first one too many."""
+        return 1
 
     def max_sequence_length(self) -> int | None:
         """Text tokens the prompt encoder keeps (the tokenizer's limit); None without a tokenizer."""
@@ -220,6 +231,9 @@ class PipelineAdapter(Refusals, ABC):
     # "wan"   the video self-attention of WanTransformer3DModel (each expert; text whole): distributed/ulysses_wan.py
     # "hunyuan_video15"  HunyuanVideo-1.5's joint [video ‖ context] attention with its context mask:
     #           distributed/ulysses_hunyuan_video15.py
+    # "zimage" Z-Image's single-stream attention over each row's [image ‖ caption] tokens, rows padded with a
+    #           key mask: distributed/ulysses_zimage.py
+    # "flux2" FLUX.2's double- and single-stream attention over [text ‖ image]: distributed/ulysses_flux2.py
     sequence_attention: ClassVar[str] = "self"
 
     def enable_ulysses(self, group, degree: int) -> None:
@@ -232,13 +246,16 @@ class PipelineAdapter(Refusals, ABC):
     def enable_sequence_parallel(self, ulysses_degree: int, make_mesh) -> None:
         """Ulysses × ring over the mesh ``make_mesh()`` returns (a distributed.usp.SequenceMesh), by the
         installer of ``sequence_attention``."""
-        from stage_runtime.distributed import ulysses, ulysses_hunyuan_video15, ulysses_joint, ulysses_qwen, ulysses_wan
+        from stage_runtime.distributed import (ulysses, ulysses_flux2, ulysses_hunyuan_video15, ulysses_joint,
+                                               ulysses_qwen, ulysses_wan, ulysses_zimage)
         from stage_runtime.errors import ConfigError
 
         installers = {"self": ulysses.enable_sequence_parallel, "joint": ulysses_joint.enable_joint_sequence_parallel,
                       "qwen": ulysses_qwen.enable_qwen_sequence_parallel,
                       "wan": ulysses_wan.enable_wan_sequence_parallel,
-                      "hunyuan_video15": ulysses_hunyuan_video15.enable_hunyuan_video15_sequence_parallel}
+                      "hunyuan_video15": ulysses_hunyuan_video15.enable_hunyuan_video15_sequence_parallel,
+                      "zimage": ulysses_zimage.enable_zimage_sequence_parallel,
+                      "flux2": ulysses_flux2.enable_flux2_sequence_parallel}
         if self.sequence_attention not in installers:
             raise ConfigError(f"{type(self).__name__}.sequence_attention={self.sequence_attention!r} is not one of "
                               f"{', '.join(installers)}")

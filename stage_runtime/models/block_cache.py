@@ -16,6 +16,10 @@ requests with different thresholds, steps and cache on/off share one fused forwa
     blocks 1..N−1                 only the rows that compute (index_select of every per-row tensor)
     after the last block          skipped rows = first-block output + their cached residual
 
+A denoiser whose rows are padded to the longest of the forward (Z-Image's [image ‖ caption] tokens) names the
+leading tokens that carry the image (``adapter.cache_tokens``): the signal and the residuals cover only those, so
+their shape does not change as batch-mates with longer captions come and go.
+
 The session overrides each block's ``forward`` for one call and restores it after, so the transformer's
 own ``forward`` (diffusers' code) runs unchanged around the blocks, hooks on the blocks still fire, and
 when every row computes every block gets exactly its usual arguments: threshold 0 is bitwise no cache.
@@ -178,13 +182,15 @@ def step_rows(states) -> list[RowSegment]:
 
 def wave_rows(adapter, requests: list[DiffusionRequest], caches: dict[str, BlockCacheState]) -> list[RowSegment]:
     """Request mode: a diffusers CFG pipeline stacks one guidance half of every image, then the other
-    (``torch.cat([latents] * 2)``); a true-CFG family running its own step loop (Qwen-Image) and a family whose
-    request mode is the step contract's loop (Wan) keep each request's halves together; a distilled or unguided
-    one has one row per image."""
-    guided = requests[0].sampling.guidance_scale > 1
+    (``torch.cat([latents] * 2)``); a true-CFG family running its own step loop (Qwen-Image; FLUX.1 for a wave
+    with ``true_cfg_scale``) and a family whose request mode is the step contract's loop (Wan) keep each request's
+    halves together; a distilled or unguided one has one row per image."""
+    s = requests[0].sampling
+    guided = s.guidance_scale > adapter.cfg_above
     if adapter.guidance == "cfg" and guided and not adapter.request_mode_step_loop:
         return segments([(caches.get(r.request_id), b, r.sampling.num_outputs) for b in (0, 1) for r in requests])
-    halves = (0, 1) if guided and (adapter.guidance == "true_cfg" or adapter.request_mode_step_loop) else (0,)
+    halves = (0, 1) if s.runs_true_cfg or guided and (adapter.guidance == "true_cfg" or
+                                                       adapter.request_mode_step_loop) else (0,)
     return segments([(caches.get(r.request_id), b, r.sampling.num_outputs) for r in requests for b in halves])
 
 
@@ -202,7 +208,7 @@ def session(adapter, rows: list[RowSegment]):
     if isinstance(adapter.denoiser, RoutedDenoiser):
         return RoutedCacheSession(adapter.denoiser, part_blocks(adapter), rows, loras)
     subset = None if loras is None else (lambda keep: loras.subset(adapter.denoiser, keep))
-    return BlockCacheSession(cache_blocks(adapter), rows, subset)
+    return BlockCacheSession(cache_blocks(adapter), rows, subset, lambda: adapter.cache_tokens)
 
 
 def _image(out: Any) -> torch.Tensor:
@@ -217,9 +223,10 @@ def _image_input(args: tuple, kwargs: dict) -> torch.Tensor:
 class BlockCacheSession:
     """Installs the per-row skip on the denoiser's blocks for one call (a tick, or a whole wave)."""
 
-    def __init__(self, blocks: list[torch.nn.Module], rows: list[RowSegment], subset=None):
+    def __init__(self, blocks: list[torch.nn.Module], rows: list[RowSegment], subset=None, tokens=None):
         self.blocks = blocks
         self.subset = subset or (lambda keep: contextlib.nullcontext())   # per-row state that follows the rows
+        self.tokens = tokens or (lambda: None)     # the leading tokens compared and carried (adapter.cache_tokens)
         self.rows = rows
         self.total = sum(s.count for s in rows)
         self.caches = list({id(s.cache): s.cache for s in rows if s.cache is not None}.values())
@@ -231,6 +238,7 @@ class BlockCacheSession:
         self.skipping: list[RowSegment] = []
         self.first: torch.Tensor | None = None     # the first block's image output, every row
         self.pairs = False                          # blocks return (encoder, image) rather than the image
+        self.span = slice(None)                     # the tokens (dim 1) the signal and the residuals cover
 
     def __enter__(self) -> "BlockCacheSession":
         self._snapshots = [c.snapshot() for c in self.caches]
@@ -258,7 +266,8 @@ class BlockCacheSession:
         after = _image(out)
         if len(after) != self.total:
             raise RuntimeError(f"block cache: the forward has {len(after)} rows, the row plan {self.total}")
-        signal = after - before
+        self.span = slice(None) if (tokens := self.tokens()) is None else slice(0, tokens)
+        signal = (after - before)[:, self.span]
         skip_ids: set[int] = set()
         for cache in self.caches:
             mine = [s for s in self.rows if s.cache is cache]
@@ -286,8 +295,13 @@ class BlockCacheSession:
                     out = forward(*args, **kwargs)
             else:                              # every row skips: the block's output shape, no work
                 image = _image_input(args, kwargs)
-                out = (kwargs.get("encoder_hidden_states"), image) if self.pairs else image
+                out = (kwargs.get("encoder_hidden_states"), image) if self._pair_out(kwargs) else image
         return self._finish(out) if last else out
+
+    def _pair_out(self, kwargs: dict) -> bool:
+        """Whether this block returns (encoder, image): as the first block did, unless it takes the joint stream
+        (``encoder_hidden_states=None``: FLUX.2's single-stream blocks, after double-stream ones)."""
+        return self.pairs and not ("encoder_hidden_states" in kwargs and kwargs["encoder_hidden_states"] is None)
 
     def _take(self, value: Any) -> Any:
         """The computing rows of a per-row tensor (dim 0 = the forward's rows); anything else as it is."""
@@ -296,21 +310,32 @@ class BlockCacheSession:
         return value
 
     def _finish(self, out: Any) -> Any:
-        """After the last block: refresh computed rows' residuals, rebuild skipped rows, every row back."""
-        image = _image(out)
+        """After the last block: refresh computed rows' residuals, rebuild skipped rows, every row back. A last block
+        returning one tensor longer than the first block's image stream returns the joint [text ‖ image] tokens
+        (FLUX.2's single-stream blocks): its image stream is the last tokens; a skipped row's text tokens are unused
+        (the transformer drops them) and left zero."""
+        stream = _image(out)
+        joint = not isinstance(out, tuple) and stream.shape[1] > self.first.shape[1]
+        image = stream[:, stream.shape[1] - self.first.shape[1]:] if joint else stream
         full = image
         if self.compute is not None:
             full = self.first.clone()
             full.index_copy_(0, self.compute, image)
             for s in self.skipping:
                 rows = slice(s.start, s.start + s.count)
-                full[rows] = self.first[rows] + s.cache.residual[s.branch]
+                full[rows, self.span] = self.first[rows, self.span] + s.cache.residual[s.branch]
         for s in self.rows:
             if s.cache is not None and s not in self.skipping:
                 at = s.start if self.compute is None else int((self.compute < s.start).sum())
-                s.cache.residual[s.branch] = image[at:at + s.count] - self.first[s.start:s.start + s.count]
+                s.cache.residual[s.branch] = (image[at:at + s.count] - self.first[s.start:s.start + s.count])[
+                    :, self.span]
+        if joint and self.compute is not None:
+            whole = stream.new_zeros((self.total, *stream.shape[1:]))
+            whole.index_copy_(0, self.compute, stream)
+            whole[:, stream.shape[1] - image.shape[1]:] = full
+            return whole
         if not isinstance(out, tuple):
-            return full
+            return stream if joint else full
         encoder = out[0]
         if encoder is not None and self.compute is not None:
             whole = encoder.new_zeros((self.total, *encoder.shape[1:]))   # skipped rows' text stream is unused

@@ -12,6 +12,9 @@ multiple), i.e. FluxKontextPipeline with ``max_area = height × width`` and ``_a
 pipeline's preferred-resolution snap would condition a 64x64 edit on a 1024x1024 image. A Kontext folder
 also serves generations (no image: FLUX.1 [dev]'s math).
 
+True CFG (a negative prompt with ``true_cfg_scale > 1``) is FLUX.1's (models.flux): the negative rows carry the
+same conditioning tokens, as FluxKontextPipeline's negative pass does.
+
 Compatibility: an edit doubles the image tokens, so the step key adds the task (edits and generations
 never share a forward); two edits of one size share ticks and fused calls. Parallel: none yet (FLUX's
 Ulysses, ring and tensor parallel are untested with conditioning tokens). The block cache (models.block_cache) is FLUX's and
@@ -48,6 +51,8 @@ class FluxKontextAdapter(FluxAdapter):
 
     # -- request mode ----------------------------------------------------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
+        if requests[0].sampling.runs_true_cfg:           # diffusers makes two transformer calls a step: one here
+            return self.run_step_loop(requests)
         s, kwargs = requests[0].sampling, {}          # key-compatible: size, steps, guidance and task are shared
         if requests[0].edit is not None:
             kwargs = {"image": [pil_image(r.edit, s.height, s.width) for r in self.image_rows(requests)],
@@ -60,23 +65,20 @@ class FluxKontextAdapter(FluxAdapter):
     # -- step contract: FluxKontextPipeline.__call__, one step at a time ---------------------------------
     def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
         s, pipe, n = request.sampling, self.pipe, request.sampling.num_outputs
-        embeds, pooled, text_ids = self.encode_request_prompt(request)
+        cond = self.prompt_conditioning(request)
         image = None
         if request.edit is not None:
             image = pipe.image_processor.preprocess(pil_image(request.edit, s.height, s.width), s.height, s.width)
             image = torch.cat([image] * n)
         latents, image_latents, latent_ids, image_ids = pipe.prepare_latents(
-            image, n, pipe.transformer.config.in_channels // 4, s.height, s.width, embeds.dtype, self.device,
+            image, n, pipe.transformer.config.in_channels // 4, s.height, s.width, cond["embeds"].dtype, self.device,
             self.generators([request]))
         scheduler = request_flow_scheduler(pipe.scheduler, s.num_inference_steps, self.device, latents.shape[1],
                                            FLUX_MAX_SHIFT, flux_sigmas(s.num_inference_steps, pipe.scheduler.config))
-        cond = {"embeds": embeds, "pooled": pooled, "text_ids": text_ids,
-                "image_ids": latent_ids if image_ids is None else torch.cat([latent_ids, image_ids])}
+        cond["image_ids"] = latent_ids if image_ids is None else torch.cat([latent_ids, image_ids])
         if image_latents is not None:
             cond["image_latents"] = image_latents
-        if pipe.transformer.config.guidance_embeds:
-            cond["guidance"] = torch.full([n], s.guidance_scale, device=self.device, dtype=torch.float32)
-        return StepRequestState(request, scheduler, latents, do_cfg=False, cond=cond)
+        return StepRequestState(request, scheduler, latents, do_cfg=s.runs_true_cfg, cond=cond)
 
     def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
         if "image_latents" not in states[0].cond:           # generations (the step key keeps tasks apart)

@@ -14,6 +14,9 @@ Request mode runs the same loop to the end for the wave (requests of a wave shar
 both modes make one denoiser call per step — the runner's step hook counts steps — and CFG-parallel
 splits true-CFG rows like any other rows. Without a negative prompt true CFG uses ``" "`` (Qwen-Image's
 own usage; diffusers enables it only when a negative prompt is given). Guidance <= 1 runs unguided.
+
+LoRA adapts the transformer (QwenImageLoraLoaderMixin; the Qwen2.5-VL encoder never): each request's rows
+(prompt and negative alike) carry its adapters.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class QwenImageAdapter(StepContract, PipelineAdapter):
     block_lists = ("transformer_blocks",)                          # the dual-stream MMDiT blocks
     parallel_kinds = frozenset({"cfg", "ulysses", "ring"})
     sequence_attention = "qwen"                                    # both streams cut, the text key mask
+    lora_components = ("transformer",)                             # as QwenImageLoraLoaderMixin
 
     @property
     def supports_block_cache(self) -> bool:        # zero_cond_t doubles the modulation rows: not per-row
@@ -105,10 +109,12 @@ class QwenImageAdapter(StepContract, PipelineAdapter):
         text = torch.cat([torch.nn.functional.pad(t, (0, 0, 0, longest - t.shape[1])) for t in texts])
         mask = torch.cat([torch.nn.functional.pad(m, (0, longest - m.shape[1])) for m in masks])
         hidden = torch.cat(latents)
-        noise = self.pipe.transformer(
-            hidden_states=hidden, timestep=torch.cat(timesteps).to(hidden.dtype) / 1000,
-            encoder_hidden_states=text, encoder_hidden_states_mask=None if bool(mask.all()) else mask,
-            img_shapes=[[self.latent_grid(states[0])]] * len(hidden), return_dict=False)[0]
+        rows = [(st.request, len(st.latents) * (2 if st.do_cfg else 1)) for st in states]
+        with self.lora_rows("transformer", rows):
+            noise = self.pipe.transformer(
+                hidden_states=hidden, timestep=torch.cat(timesteps).to(hidden.dtype) / 1000,
+                encoder_hidden_states=text, encoder_hidden_states_mask=None if bool(mask.all()) else mask,
+                img_shapes=[[self.latent_grid(states[0])]] * len(hidden), return_dict=False)[0]
         preds, row = [], 0
         for st in states:
             n = len(st.latents)

@@ -21,20 +21,25 @@ from stage_runtime.request import DiffusionRequest
 
 
 class Refusals:
-    """Every family's refusals by its ``guidance`` fact (SD, SDXL, SD3, FLUX.1, Kontext, Qwen-Image)."""
+    """Every family's refusals by its ``guidance`` and ``true_cfg`` facts (SD, SDXL, SD3, FLUX.1, Kontext,
+    Qwen-Image); ``true_cfg_scale`` itself is checked for every family by ``stage_runtime.true_cfg``."""
 
     @classmethod
     def check_request(cls, request: DiffusionRequest, info: ModelInfo) -> None:
         """Raise InvalidRequestError (the field, its value, why) for a resolved request this family cannot serve
         as asked: the pipeline would fail on it, or silently ignore a field the client set."""
         s, name = request.sampling, info.pipeline_class
-        if s.negative_prompt:                  # "" is no negative prompt
+        if s.negative_prompt and not s.runs_true_cfg:          # "" is no negative prompt
+            # FLUX.1: a negative prompt only through true CFG (models.flux); without that path, none at all
+            instead = (" except through true CFG: send true_cfg_scale > 1 with it (a second, negative pass per "
+                       "step)") if info.true_cfg else ""
             if info.guidance == "distilled":
                 raise InvalidRequestError("negative_prompt", s.negative_prompt, f"{name} is guidance-distilled (the "
-                                          "guidance scale is an embedding of one pass) and has no negative prompt")
+                                          f"guidance scale is an embedding of one pass) and has no negative prompt"
+                                          f"{instead}")
             if info.guidance == "none":
                 raise InvalidRequestError("negative_prompt", s.negative_prompt, f"{name} has no guidance here "
-                                          "(guidance: none) and no negative prompt")
+                                          f"(guidance: none) and no negative prompt{instead}")
             if s.guidance_scale <= 1:
                 raise InvalidRequestError("negative_prompt", s.negative_prompt, f"unused at guidance_scale="
                                           f"{s.guidance_scale:g}: {name} applies a negative prompt only through "
@@ -94,6 +99,19 @@ class GenericRefusals(Refusals):
         if s.num_outputs > 1 and not info.supports_request_batch and "num_images_per_prompt" not in params:
             raise InvalidRequestError("num_outputs", s.num_outputs, f"{info.pipeline_class}.__call__ makes one "
                                       "image per call (no list of prompts, no num_images_per_prompt): use n=1")
+
+
+class ZImageRefusals(Refusals):
+    """Z-Image guides at any guidance_scale > 0 (diffusers' ZImagePipeline: ``pos + s·(pos − neg)``), so a negative
+    prompt is unused only at guidance_scale 0 (Z-Image-Turbo's setting), not at <= 1 as for the other CFG families."""
+
+    @classmethod
+    def check_request(cls, request: DiffusionRequest, info: ModelInfo) -> None:
+        s = request.sampling
+        if s.negative_prompt and s.guidance_scale <= 0:
+            raise InvalidRequestError("negative_prompt", s.negative_prompt, f"unused at guidance_scale=0: "
+                                      f"{info.pipeline_class} applies a negative prompt only through classifier-free "
+                                      "guidance, guidance_scale > 0")
 
 
 class LTX2Refusals(Refusals):

@@ -55,6 +55,20 @@ class StableDiffusionEditMixin:
                                   **kwargs)
 
     # -- step mode ----------------------------------------------------------------------------------------
+    def edit_image_latents(self, request: DiffusionRequest, generators: list, dtype: torch.dtype,
+                           rows: int | None = None) -> torch.Tensor:
+        """(n, 4, h, w) scaled VAE latents of the request's image for its n images: the image encoded ``rows``
+        times (default n: once per image, with that image's generator, as the img2img pipelines encode the image
+        repeated per row; 1: once, with the first generator, repeated — SDXL's inpaint pipeline)."""
+        s, pipe, n = request.sampling, self.pipe, request.sampling.num_outputs
+        rows = n if rows is None else rows
+        image = pipe.image_processor.preprocess(pil_image(request.edit, s.height, s.width), height=s.height,
+                                                width=s.width)
+        image = torch.cat([image] * rows).to(self.device, pipe.vae.dtype)    # (SDXL may run its VAE in float32)
+        latents = torch.cat([retrieve_latents(pipe.vae.encode(image[i:i + 1]), generator=generators[i])
+                             for i in range(rows)]).to(dtype) * pipe.vae.config.scaling_factor
+        return torch.cat([latents] * (n // rows))
+
     def prepare_edit(self, request: DiffusionRequest, state: StepRequestState, generators: list) -> None:
         """Turn a fresh text-to-image state into the edit's: latents from the image, the schedule's tail."""
         s, edit, pipe, n = request.sampling, request.edit, self.pipe, request.sampling.num_outputs
@@ -63,10 +77,7 @@ class StableDiffusionEditMixin:
         if hasattr(scheduler, "set_begin_index"):
             scheduler.set_begin_index(state.t_start)
         dtype = state.latents.dtype
-        image = pipe.image_processor.preprocess(pil_image(edit, s.height, s.width), height=s.height, width=s.width)
-        image = torch.cat([image] * n).to(self.device, pipe.vae.dtype)       # (SDXL may run its VAE in float32)
-        image_latents = torch.cat([retrieve_latents(pipe.vae.encode(image[i:i + 1]), generator=generators[i])
-                                   for i in range(n)]).to(dtype) * pipe.vae.config.scaling_factor
+        image_latents = self.edit_image_latents(request, generators, dtype)
         noise = randn_tensor(image_latents.shape, generator=generators, device=self.device, dtype=dtype)
         latent_timestep = scheduler.timesteps[state.t_start:state.t_start + 1].repeat(n)
         if edit.task == "inpaint" and edit.strength == 1.0:

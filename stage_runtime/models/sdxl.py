@@ -11,66 +11,28 @@ Without a negative prompt the unconditional rows are zeros (``force_zeros_for_em
 default); with one they are its encoding. Request mode encodes each request alone and hands the fused
 call the embeddings, so a request's conditioning never depends on its batch-mates.
 
+LoRA (``unet``, ``text_encoder``, ``text_encoder_2``, as StableDiffusionXLLoraLoaderMixin): each request is
+encoded alone, so both text encoders see its n rows per call (prompt, then negative prompt); the UNet its
+``[uncond; cond]`` rows — the whole wave twice in request mode, each request's 2n rows in step mode.
+
 Parallel: CFG-parallel splits the rows (the ``added_cond_kwargs`` tensors included); Ulysses shards
 the tokens of the UNet's transformer blocks (BasicTransformerBlock, as SD's): both are the defaults.
 
-img2img (StableDiffusionXLImg2ImgPipeline semantics) over the generation components: the pipeline is built
-with ``from_pipe`` over the generation folder's modules (no weight copied; ``requires_aesthetics_score``
-False, so the micro-conditioning is the generation's: original size, crop (0, 0), target size). Request mode
-calls it with the per-request embeddings (as the generation path); step mode is Stable Diffusion's img2img
-math (``sd.StableDiffusionEditMixin``). The VAE encodes in float32 when its config says ``force_upcast`` (as
-the pipeline does). Fresh generators in step mode: the pipeline draws the image's latent sample, then the
-noise, then (Euler) each step's noise from the same generators, so the text-to-image latents drawn first are
-discarded and the noise scheduler's step kwargs get the fresh generators.
+Edits (img2img, inpainting) over the generation components: ``models.sdxl_edits``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from diffusers import StableDiffusionXLImg2ImgPipeline
 from diffusers.utils.torch_utils import randn_tensor
 
 from stage_runtime.errors import ConfigError
 from stage_runtime.models.adapter import PipelineAdapter
-from stage_runtime.models.edit_images import pil_image
-from stage_runtime.models.sd import StableDiffusionEditMixin
+from stage_runtime.models.sdxl_edits import StableDiffusionXLEditMixin
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
-
-
-class StableDiffusionXLEditMixin(StableDiffusionEditMixin):
-    """img2img for an SDXL adapter (``self.pipe`` a StableDiffusionXLPipeline)."""
-
-    def edit_tasks(self) -> tuple[str, ...]:
-        return ("img2img",) if self.pipe.unet.config.in_channels == 4 else ()
-
-    def _edit_pipelines(self):
-        if getattr(self, "_edit_pipes", None) is None:
-            img2img = StableDiffusionXLImg2ImgPipeline.from_pipe(self.pipe, requires_aesthetics_score=False)
-            img2img.set_progress_bar_config(disable=True)
-            self._edit_pipes = {"img2img": img2img}
-        return self._edit_pipes
-
-    def run_edit_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
-        s, edit = requests[0].sampling, requests[0].edit
-        return self.call_pipeline(
-            requests, self._edit_pipelines()["img2img"], **self.fused_embeddings(requests),
-            image=[pil_image(r.edit, s.height, s.width) for r in self.image_rows(requests)], strength=edit.strength)
-
-    def prepare_edit(self, request: DiffusionRequest, state: StepRequestState, generators=None) -> None:
-        generators = self.generators([request])
-        vae, dtype = self.pipe.vae, state.latents.dtype
-        upcast = vae.config.force_upcast and vae.dtype != torch.float32
-        if upcast:
-            vae.to(dtype=torch.float32)
-        try:
-            super().prepare_edit(request, state, generators)
-        finally:
-            if upcast:
-                vae.to(dtype=dtype)
-        state.step_kwargs = self.pipe.prepare_extra_step_kwargs(generators, 0.0)
 
 
 class StableDiffusionXLAdapter(StableDiffusionXLEditMixin, StepContract, PipelineAdapter):
@@ -81,6 +43,7 @@ class StableDiffusionXLAdapter(StableDiffusionXLEditMixin, StepContract, Pipelin
     default_guidance = 5.0
     parallel_kinds = frozenset({"cfg", "ulysses"})
     block_lists = ("down_blocks", "mid_block", "up_blocks")        # the UNet, in execution order
+    lora_components = ("unet", "text_encoder", "text_encoder_2")   # as StableDiffusionXLLoraLoaderMixin
 
     def __init__(self, pipeline, device: torch.device):
         super().__init__(pipeline, device)
@@ -94,12 +57,14 @@ class StableDiffusionXLAdapter(StableDiffusionXLEditMixin, StepContract, Pipelin
         return request.sampling.guidance_scale > 1 and self.pipe.unet.config.time_cond_proj_dim is None
 
     def encode(self, request: DiffusionRequest) -> tuple[torch.Tensor, ...]:
-        """(embeds, negative embeds, pooled, negative pooled) for the request's num_outputs images."""
+        """(embeds, negative embeds, pooled, negative pooled) for the request's num_outputs images; both text
+        encoders see the request's n rows per call (prompt, then negative prompt), its LoRA rows set."""
         n, negative = request.sampling.num_outputs, request.sampling.negative_prompt
-        return self.pipe.encode_prompt(
-            [request.prompt] * n, device=self.device, num_images_per_prompt=1,
-            do_classifier_free_guidance=self.do_cfg(request),
-            negative_prompt=None if negative is None else [negative] * n)
+        with self.batch_lora_rows([request], components=self.encoder_lora_components):
+            return self.pipe.encode_prompt(
+                [request.prompt] * n, device=self.device, num_images_per_prompt=1,
+                do_classifier_free_guidance=self.do_cfg(request),
+                negative_prompt=None if negative is None else [negative] * n)
 
     def time_ids(self, request: DiffusionRequest, dtype: torch.dtype) -> torch.Tensor:
         """(num_outputs, 6): original size, crop top-left, target size — the image's own size, no crop."""
@@ -121,9 +86,12 @@ class StableDiffusionXLAdapter(StableDiffusionXLEditMixin, StepContract, Pipelin
 
     # -- request mode: one pipeline call, per-request embeddings -------------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
-        if requests[0].edit is not None:   # img2img
-            return self.run_edit_batch(requests)
-        return self.call_pipeline(requests, **self.fused_embeddings(requests))
+        cfg_rows = 2 if self.do_cfg(requests[0]) else 1     # the UNet's [uncond rows; cond rows]
+        embeddings = self.fused_embeddings(requests)        # (each request's text-encoder rows set in encode)
+        with self.lora_rows("unet", [(r, r.sampling.num_outputs) for r in requests], repeat=cfg_rows):
+            if requests[0].edit is not None:   # img2img, inpaint
+                return self.run_edit_batch(requests, embeddings)
+            return self.call_pipeline(requests, **embeddings)
 
     # -- step contract: the same math as StableDiffusionXLPipeline.__call__, one step at a time -----------
     def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
@@ -144,14 +112,15 @@ class StableDiffusionXLAdapter(StableDiffusionXLEditMixin, StepContract, Pipelin
             cond = {"embeds": embeds, "text_embeds": pooled, "time_ids": time_ids}
         state = StepRequestState(request, scheduler, latents * scheduler.init_noise_sigma, do_cfg, cond=cond,
                                  step_kwargs=pipe.prepare_extra_step_kwargs(generators, 0.0))
-        if request.edit is not None:       # img2img: latents from the image
+        if request.edit is not None:       # img2img, inpaint: latents from the image
             self.prepare_edit(request, state)
         return state
 
     def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
         rows, timesteps = self.model_inputs(states)
         added = {key: torch.cat([st.cond[key] for st in states]) for key in ("text_embeds", "time_ids")}
-        noise = self.pipe.unet(torch.cat(rows), timesteps,
-                               encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
-                               added_cond_kwargs=added, return_dict=False)[0]
+        with self.lora_rows("unet", [(st.request, len(r)) for st, r in zip(states, rows, strict=True)]):
+            noise = self.pipe.unet(torch.cat(rows), timesteps,
+                                   encoder_hidden_states=torch.cat([st.cond["embeds"] for st in states]),
+                                   added_cond_kwargs=added, return_dict=False)[0]
         return self.guided_per_request(states, noise, rows)

@@ -2,7 +2,9 @@
 
 The app's ``client_max_size`` is the upload limit (``--max-upload-bytes``); JSON bodies keep their own
 1 MiB bound. Uploaded images and masks are decoded here, once, into an EditInput (plain arrays):
-undecodable → 400 naming the part, too many bytes or pixels → 413, a repeated text field → 400.
+undecodable → 400 naming the part, too many bytes or pixels → 413, a repeated text field → 400. Several
+images (``image[]`` repeated, as the OpenAI SDK sends a list) are kept in order; whether the model takes
+that many is decided at admission (``EditInput.resolve``: a 400 naming ``image[k]``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from stage_runtime.serve.schemas import ImageEditRequest, parse_body
 
 MAX_JSON_BYTES = 1024 * 1024
 IMAGE_FIELDS = ("image", "image[]")
+MAX_EDIT_IMAGES = 16           # uploads decoded at most; how many the model takes is checked at admission
 
 
 async def read_json(request: web.Request) -> Any:
@@ -73,12 +76,13 @@ async def read_edit_form(request: web.Request, max_bytes: int, max_pixels: int) 
     body = parse_body(ImageEditRequest, fields)
     if not images:
         raise InvalidRequestError("image", None, "Field required (an uploaded image file)")
-    if len(images) > 1:
-        raise InvalidRequestError(images[1][0], "<file>", "this model edits one image per request")
-    field, upload = images[0]
-    image = decode_image(file_bytes(upload, field), field, max_pixels)
+    if len(images) > MAX_EDIT_IMAGES:
+        raise InvalidRequestError(images[MAX_EDIT_IMAGES][0], "<file>",
+                                  f"an edit takes at most {MAX_EDIT_IMAGES} images")
+    decoded = [decode_image(file_bytes(upload, field), field, max_pixels) for field, upload in images]
+    image = decoded[0]
     mask_array = None if mask is None else decode_mask(file_bytes(mask, "mask"), "mask", max_pixels)
     if mask_array is not None and mask_array.shape != image.shape[:2]:
         raise InvalidRequestError("mask", f"{mask_array.shape[1]}x{mask_array.shape[0]}",
                                   f"must be the image's size {image.shape[1]}x{image.shape[0]}")
-    return body, EditInput(image, mask_array, body.strength)
+    return body, EditInput(image, mask_array, body.strength, more_images=tuple(decoded[1:]))

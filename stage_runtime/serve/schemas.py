@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from stage_runtime.errors import InvalidRequestError
 from stage_runtime.request import (MAX_LORAS_PER_REQUEST, MAX_PROMPT_CHARS, MAX_SIDE, CachePolicyField,
                                    DiffusionRequest, EditInput, Guidance, LoraRef, NegativePrompt, NumImages,
-                                   PartialImages, PreviewEvery, Priority, SamplingParams, Seed, Steps, TimeoutS)
+                                   PartialImages, PreviewEvery, Priority, SamplingParams, Seed, Steps, TimeoutS,
+                                   TrueCfgScale)
 
 _EDGE = ConfigDict(extra="forbid", strict=True, frozen=True)
 _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
@@ -55,6 +56,7 @@ class ImageOptions(BaseModel):
     num_inference_steps: Steps | None = None
     guidance_scale: Guidance | None = None
     negative_prompt: NegativePrompt | None = None
+    true_cfg_scale: TrueCfgScale | None = None    # FLUX.1: true CFG with negative_prompt (stage_runtime.true_cfg)
     request_id: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")
     stream: bool = False
     partial_images: PartialImages | None = None   # previews while streaming (step mode)
@@ -112,7 +114,8 @@ class ImageOptions(BaseModel):
         width, height = self.width_height()
         return SamplingParams(
             num_inference_steps=self.num_inference_steps, width=width, height=height,
-            guidance_scale=self.guidance_scale, negative_prompt=self.negative_prompt, seed=self.seed,
+            guidance_scale=self.guidance_scale, negative_prompt=self.negative_prompt,
+            true_cfg_scale=self.true_cfg_scale, seed=self.seed,
             num_outputs=self.n, stream=self.stream, preview_every=self.preview_every,
             partial_images=self.partial_images or 0, priority=self.priority, timeout_s=self.timeout_s,
             cache=self.cache, loras=tuple(self.loras))

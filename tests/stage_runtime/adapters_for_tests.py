@@ -12,6 +12,7 @@ import time
 
 from stage_runtime.models.dit import DiTAdapter
 from stage_runtime.models.sd import StableDiffusionAdapter
+from stage_runtime.models.zimage import ZImageAdapter
 
 
 class RecordingSDAdapter(StableDiffusionAdapter):
@@ -114,3 +115,12 @@ class NeverLoadsSDAdapter(StableDiffusionAdapter):
         import threading
 
         threading.Event().wait()              # until the executor gives up on the rank and ends it
+
+
+class TruncatedZImageAdapter(ZImageAdapter):
+    """Z-Image with ZImagePipeline's other two guidance knobs set (no request field sets them): CFG truncated past
+    (1000 - t) / 1000 > 0.6 (the last steps run positive rows only) and the guided prediction's norm capped at 1.05
+    times the positive one's."""
+
+    cfg_truncation = 0.6
+    cfg_normalization = 1.05

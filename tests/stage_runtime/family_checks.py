@@ -2,7 +2,7 @@
 equal, and the acceptance checks each family passes (models/test_families.py runs them over the registry).
 
 A family's test module declares its ``FAMILY`` row (tiny kind, the bare call's family keywords, guidance
-scales); the checks observe the real engine and replace nothing.
+scales; an edit family's pictures); the checks observe the real engine and replace nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from engine_probes import assert_no_state, count_denoiser_calls, max_diff, phase
 from stage_runtime.config import load_config
 from stage_runtime.engine import DiffusionEngine
 from stage_runtime.errors import RequestAbortedError
-from stage_runtime.request import DiffusionRequest, SamplingParams
+from stage_runtime.request import DiffusionRequest, EditInput, SamplingParams
 
 SIZE = 64
 _PIPES: dict[str, DiffusionPipeline] = {}
@@ -47,6 +47,8 @@ class Family:
     pipeline_class: str | None = None                # the bare call's diffusers class over the folder's components
     per_video: bool = False                          # the bare call takes one picture per video: n calls of one
     label: str | None = None                         # its id in the checklist (default: its kind)
+    pictures: tuple[int, ...] = ()                   # an edit family: the sides of the pictures each request edits
+    pretrained: Callable[[str], dict] | None = None  # (folder) → more from_pretrained keywords of the bare pipeline
 
     @property
     def name(self) -> str:
@@ -55,9 +57,13 @@ class Family:
     def request(self, rid: str, prompt: str, steps: int, seed: int, **kw) -> DiffusionRequest:
         """A request at the row's size (and frame count: a video request)."""
         fields = {"height": self.size, "width": self.size, **({} if self.frames is None else {"num_frames": self.frames})}
+        edit = None
+        if self.pictures:
+            first, *more = edit_pictures(self.pictures)
+            edit = EditInput(first, more_images=tuple(more))
         return DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed, **{**fields, **kw}),
                                 video=self.frames is not None,
-                                reference=reference_image(self.size) if self.reference else None)
+                                reference=reference_image(self.size) if self.reference else None, edit=edit)
 
 
 def reference_image(size: int) -> np.ndarray:
@@ -67,6 +73,12 @@ def reference_image(size: int) -> np.ndarray:
                       np.full((size, size), 96.0)], axis=-1)
     image[size // 4:size // 2, size // 4:size // 2] = 240
     return image.round().astype(np.uint8)
+
+
+def edit_pictures(sides: tuple[int, ...]) -> list[np.ndarray]:
+    """An edit family's pictures: :func:`reference_image` at each side, every other one mirrored."""
+    return [np.ascontiguousarray(reference_image(side)[:, ::-1] if i % 2 else reference_image(side))
+            for i, side in enumerate(sides)]
 
 
 def make_engine(path: str, mode: str = "request", adapter: str | None = None, warmup: bool = True,
@@ -82,13 +94,13 @@ def req(rid: str, prompt: str, steps: int, seed: int, **kw) -> DiffusionRequest:
     return DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed, **kw))
 
 
-def bare_pipeline(path: str, pipeline_class: str | None = None) -> DiffusionPipeline:
-    """The folder loaded by diffusers alone (cached per path: loading is the slow part), or ``pipeline_class``
-    (a diffusers class name) built over its components."""
+def bare_pipeline(path: str, pipeline_class: str | None = None, **pretrained) -> DiffusionPipeline:
+    """The folder loaded by diffusers alone (cached per path: loading is the slow part; ``pretrained``: more
+    ``from_pretrained`` keywords), or ``pipeline_class`` (a diffusers class name) built over its components."""
     key = path if pipeline_class is None else f"{path}#{pipeline_class}"
     if key not in _PIPES:
-        pipe = DiffusionPipeline.from_pretrained(path, local_files_only=True) if pipeline_class is None else \
-            getattr(diffusers, pipeline_class)(**bare_pipeline(path).components)
+        pipe = DiffusionPipeline.from_pretrained(path, local_files_only=True, **pretrained) if pipeline_class is None \
+            else getattr(diffusers, pipeline_class)(**bare_pipeline(path, **pretrained).components)
         pipe.set_progress_bar_config(disable=True)
         _PIPES[key] = pipe
     return _PIPES[key]
@@ -108,12 +120,15 @@ def bare_call(family: Family, path: str, prompt: str, steps: int, seed: int, gui
     ``per_video`` family's n videos are n calls of one (seed + i each)."""
     if family.per_video and n > 1:
         return np.concatenate([bare_call(family, path, prompt, steps, seed + i, guidance, **extra) for i in range(n)])
-    pipe = bare_pipeline(path, family.pipeline_class)
+    pipe = bare_pipeline(path, family.pipeline_class, **({} if family.pretrained is None else family.pretrained(path)))
     size = {"height": family.size, "width": family.size} if family.sized else {}
     if family.frames is not None:
         size["num_frames"] = family.frames
     if family.reference:
         size["image"] = Image.fromarray(reference_image(family.size), mode="RGB")
+    if family.pictures:                  # an edit: one picture as it is, several as a list
+        images = [Image.fromarray(picture, mode="RGB") for picture in edit_pictures(family.pictures)]
+        size["image"] = images[0] if len(images) == 1 else images
     out = pipe(**family.call(pipe, prompt, n, guidance), **size, num_inference_steps=steps,
                generator=generators(seed, n), output_type="np", **extra)
     return to_uint8(out.images if family.frames is None else out.frames)

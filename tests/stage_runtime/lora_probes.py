@@ -26,9 +26,12 @@ SD_UNET_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "conv1")        # conv1: 
 FLUX_TRANSFORMER_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "proj_mlp")
 CLIP_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")
 SD3_TRANSFORMER_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj")
+QWEN_TRANSFORMER_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "img_mlp.net.0.proj")
 # Wan: self- and cross-attention projections and the feed-forward's linears (what step-distillation LoRAs adapt)
 WAN_TRANSFORMER_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "net.0.proj", "net.2")
 DENOISER = {"StableDiffusionPipeline": ("unet", SD_UNET_TARGETS),
+            "StableDiffusionXLPipeline": ("unet", SD_UNET_TARGETS),
+            "QwenImagePipeline": ("transformer", QWEN_TRANSFORMER_TARGETS),
             "FluxPipeline": ("transformer", FLUX_TRANSFORMER_TARGETS),
             "FluxKontextPipeline": ("transformer", FLUX_TRANSFORMER_TARGETS),
             "StableDiffusion3Pipeline": ("transformer", SD3_TRANSFORMER_TARGETS),
@@ -44,31 +47,43 @@ def load_pipe(model_path: str):
     return pipe
 
 
-def write_adapter(model_path: str, out_dir: Path, seed: int, rank: int = 4, alpha: float = 8.0,
-                  text_encoder: bool = True, gain: float = 0.3, expert: str | None = None) -> str:
-    """A random adapter (B ≠ 0: init_lora_weights=False, scaled by ``gain`` to stay in range) → its folder.
-    ``expert="transformer_2"``: made on Wan 2.2's second expert, saved as diffusers saves every Wan LoRA (keys
-    ``transformer.…``: what ``load_lora_weights(..., load_into_transformer_2=True)`` takes)."""
+def random_adapter(model_path: str, seed: int, rank: int = 4, alpha: float = 8.0, text_encoder: bool = True,
+                   gain: float = 0.3, expert: str | None = None, targets: dict[str, object] | None = None):
+    """A random PEFT adapter (B ≠ 0: init_lora_weights=False, scaled by ``gain`` to stay in range) on the
+    pipeline's own modules → (pipeline class, {component: PEFT state dict}, {component: its LoraConfig as a dict}).
+    ``targets``: component → PEFT ``target_modules`` (a suffix list or a regex), instead of the family's."""
     from peft import LoraConfig, inject_adapter_in_model
     from peft.utils import get_peft_model_state_dict
 
     pipe = load_pipe(model_path)
-    denoiser_name, targets = DENOISER[type(pipe).__name__]
-    layers, metadata = {}, {}
-    parts = [(denoiser_name, getattr(pipe, expert or denoiser_name), targets)]
-    if text_encoder:
-        parts.append(("text_encoder", pipe.text_encoder, CLIP_TARGETS))
-        if getattr(pipe, "text_encoder_2", None) is not None and type(pipe).__name__ == "StableDiffusion3Pipeline":
-            parts.append(("text_encoder_2", pipe.text_encoder_2, CLIP_TARGETS))
+    denoiser_name, denoiser_targets = DENOISER[type(pipe).__name__]
+    parts = {denoiser_name: (getattr(pipe, expert or denoiser_name), denoiser_targets)}
+    if text_encoder:              # the CLIP encoders diffusers' loader adapts (SD3, SDXL: both; Qwen-Image: none)
+        for name in ("text_encoder", "text_encoder_2"):
+            if name in type(pipe)._lora_loadable_modules:
+                parts[name] = (getattr(pipe, name), CLIP_TARGETS)
+    if targets is not None:
+        parts = {name: (parts[name][0], target) for name, target in targets.items()}
+    layers, configs = {}, {}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        for name, module, target in parts:
-            config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(target), init_lora_weights=False)
+        for name, (module, target) in parts.items():
+            config = LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights=False,
+                                target_modules=target if isinstance(target, str) else list(target))
             inject_adapter_in_model(config, module)       # (transformers' add_adapter wants peft >= 0.22)
-            state = get_peft_model_state_dict(module)
-            layers[f"{name}_lora_layers"] = {k: v * gain for k, v in state.items()}
-            metadata[f"{name}_lora_adapter_metadata"] = config.to_dict()
-    type(pipe).save_lora_weights(str(out_dir), **layers, **metadata)
+            layers[name] = {k: v * gain for k, v in get_peft_model_state_dict(module).items()}
+            configs[name] = config.to_dict()
+    return type(pipe), layers, configs
+
+
+def write_adapter(model_path: str, out_dir: Path, seed: int, rank: int = 4, alpha: float = 8.0,
+                  text_encoder: bool = True, gain: float = 0.3, expert: str | None = None) -> str:
+    """``random_adapter`` saved by diffusers' ``save_lora_weights`` (PEFT keys and the adapter metadata) → its
+    folder. ``expert="transformer_2"``: made on Wan 2.2's second expert, saved as diffusers saves every Wan LoRA
+    (keys ``transformer.…``: what ``load_lora_weights(..., load_into_transformer_2=True)`` takes)."""
+    cls, layers, configs = random_adapter(model_path, seed, rank, alpha, text_encoder, gain, expert)
+    cls.save_lora_weights(str(out_dir), **{f"{name}_lora_layers": state for name, state in layers.items()},
+                          **{f"{name}_lora_adapter_metadata": config for name, config in configs.items()})
     return str(out_dir)
 
 

@@ -181,12 +181,12 @@ class StageProcess:
 
 
 @contextlib.contextmanager
-def running_stage(args: list[str], log_path: Path):
-    """A started stage process for a fixture; on exit SIGTERM → exit 0 and nothing left behind (killed
-    whatever happened)."""
+def running_stage(args: list[str], log_path: Path, ready_timeout: float = 120.0):
+    """A started stage process for a fixture (ready within ``ready_timeout`` s: its warmup included); on exit
+    SIGTERM → exit 0 and nothing left behind (killed whatever happened)."""
     stage = StageProcess(args, log_path)
     try:
-        stage.start()
+        stage.start(timeout=ready_timeout)
         yield stage
         assert stage.stop() == 0, stage.log[-3000:]
         stage.assert_no_leaks()

@@ -1,23 +1,20 @@
 """Reading a LoRA adapter file and checking it against the served model, before anything is applied.
 
-The format is what diffusers' ``save_lora_weights`` writes (PEFT keys, one safetensors file):
-
-    <component>.<module path>.lora_A.weight    (r, in) Linear | (r, in, kh, kw) Conv2d
-    <component>.<module path>.lora_B.weight    (out, r) Linear | (out, r, 1, 1) Conv2d
-    metadata["lora_adapter_metadata"]           JSON {"<component>.lora_alpha", ".alpha_pattern", ".use_rslora", ...}
-
-A module's scaling is ``alpha / r`` (``alpha / sqrt(r)`` with rsLoRA) as PEFT computes it; without
-metadata alpha = r (diffusers' convention: scaling 1). Every key must land on a Linear or Conv2d of a
-component the family declares, with shapes that fit; the first key that does not is named in the
-refusal, with the adapter's name (LoraLoadError). Nothing here touches the model's weights.
+A file is one safetensors file (or a folder holding ``pytorch_lora_weights.safetensors``, or exactly one
+``.safetensors``) in any layout the served pipeline's diffusers loader reads: PEFT keys as ``save_lora_weights``
+writes them, diffusers' older training-script layout, kohya / sd-scripts, and the trainers' layouts the
+family's loader mixin converts. Its tensors go through that conversion (models.lora.normalise: the pipeline
+class's ``lora_state_dict``, then each component's PEFT renaming and ``LoraConfig``), so each module's factors and
+scaling are what ``load_lora_weights`` would give it. Every module must then be a Linear or Conv2d of a
+component the family declares, with factor shapes that fit; the first key that does not is named in the
+refusal with the adapter and the file (LoraLoadError). Nothing here touches the model's weights, and the file
+is never handed to diffusers as a path (no download, no unpickling).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,10 +22,10 @@ import torch
 from safetensors import safe_open
 
 from stage_runtime.errors import LoraLoadError
+from stage_runtime.models.lora.normalise import ModuleLora, Source, normalise
 
 DEFAULT_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
-METADATA_KEY = "lora_adapter_metadata"
-_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
+METADATA_KEY = "lora_adapter_metadata"          # diffusers' LoRA adapter metadata in the safetensors header
 
 
 @dataclass(frozen=True)
@@ -83,26 +80,11 @@ def weight_file(name: str, path: str) -> Path:
     return p
 
 
-def _component_metadata(metadata: dict | None, component: str) -> dict:
-    if not metadata or METADATA_KEY not in metadata:
-        return {}
-    packed = json.loads(metadata[METADATA_KEY])
-    prefix = component + "."
-    return {k[len(prefix):]: v for k, v in packed.items() if k.startswith(prefix)}
-
-
-def _alpha(config: dict, module: str, rank: int) -> float:
-    """PEFT's alpha for ``module``: alpha_pattern (a suffix regex, as PEFT matches it), else lora_alpha, else r."""
-    for pattern, value in (config.get("alpha_pattern") or {}).items():
-        if re.match(rf"(.*\.)?({pattern})$", module):
-            return float(value)
-    return float(config["lora_alpha"]) if config.get("lora_alpha") is not None else float(rank)
-
-
-def _check_fit(name: str, key: str, module: torch.nn.Module, a: torch.Tensor, b: torch.Tensor) -> None:
+def _check_fit(source: Source, m: ModuleLora, module: torch.nn.Module) -> None:
     def refuse(reason: str):
-        raise LoraLoadError(f"LoRA adapter {name!r} does not fit the served model: key {key!r}: {reason}")
+        raise source.refuse_key(m.key, "does not fit the served model", f": {reason}")
 
+    a, b = m.a, m.b
     if isinstance(module, torch.nn.Linear):
         want_a, want_b = (a.shape[0], module.in_features), (module.out_features, a.shape[0])
     elif isinstance(module, torch.nn.Conv2d):
@@ -118,47 +100,41 @@ def _check_fit(name: str, key: str, module: torch.nn.Module, a: torch.Tensor, b:
         refuse(f"lora_B has shape {tuple(b.shape)}, the module needs {want_b}")
 
 
-def read_lora(name: str, path: str, components: dict[str, torch.nn.Module]) -> LoraWeights:
-    """Read and check one adapter file against ``components`` (prefix → module); LoraLoadError if it does not fit."""
-    file = weight_file(name, path)
-    digest = hashlib.sha256(file.read_bytes()).hexdigest()[:16]
+def _read(source_name: str, file: Path) -> tuple[dict[str, torch.Tensor], dict | None]:
+    """The file's tensors and its ``lora_adapter_metadata`` (parsed, as diffusers reads it; None without)."""
     try:
         with safe_open(str(file), framework="pt") as f:
-            metadata, keys = f.metadata(), sorted(f.keys())
-            tensors = {k: f.get_tensor(k) for k in keys}
+            header, tensors = f.metadata() or {}, {k: f.get_tensor(k) for k in f.keys()}
     except Exception as exc:       # safetensors raises its own error types for a corrupt header
-        raise LoraLoadError(f"LoRA adapter {name!r}: {str(file)!r} is not a readable safetensors file: {exc}") from None
-    if not keys:
-        raise LoraLoadError(f"LoRA adapter {name!r}: {str(file)!r} holds no tensors")
-    pairs: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
-    for key in keys:
-        component, _, rest = key.partition(".")
-        suffix = next((s for s in _SUFFIXES if rest.endswith(s)), None)
-        if suffix is None:
-            raise LoraLoadError(f"LoRA adapter {name!r}: key {key!r} is not a diffusers/PEFT LoRA factor "
-                                f"(<component>.<module>.lora_A.weight / lora_B.weight; DoRA, biases and "
-                                f"kohya-style keys are not served)")
-        if component not in components:
-            raise LoraLoadError(f"LoRA adapter {name!r} matches no module of the served model: key {key!r} targets "
-                                f"{component!r}, this model's LoRA components are {', '.join(components) or 'none'}")
-        pairs.setdefault((component, rest[:-len(suffix)]), {})[suffix] = tensors[key]
+        raise LoraLoadError(f"LoRA adapter {source_name!r}: {str(file)!r} is not a readable safetensors file: "
+                            f"{exc}") from None
+    if not tensors:
+        raise LoraLoadError(f"LoRA adapter {source_name!r}: {str(file)!r} holds no tensors")
+    try:
+        metadata = json.loads(header[METADATA_KEY]) if header.get(METADATA_KEY) else None
+    except json.JSONDecodeError as exc:
+        raise LoraLoadError(f"LoRA adapter {source_name!r}: {str(file)!r} has a {METADATA_KEY} that is not JSON: "
+                            f"{exc}") from None
+    return tensors, metadata
+
+
+def read_lora(name: str, path: str, components: dict[str, torch.nn.Module], pipeline_class: type) -> LoraWeights:
+    """Read one adapter file through ``pipeline_class``'s diffusers loader and check it against ``components``
+    (prefix → module); LoraLoadError naming the adapter, the file and the first key that does not fit."""
+    file = weight_file(name, path)
+    digest = hashlib.sha256(file.read_bytes()).hexdigest()[:16]
+    tensors, metadata = _read(name, file)
+    source = Source(name, str(file), pipeline_class, frozenset(tensors))
     modules: dict[str, dict[str, LoraFactors]] = {}
-    for (component, module_path), factors in pairs.items():
-        key = f"{component}.{module_path}{_SUFFIXES[0]}"
-        if len(factors) != 2:
-            missing = next(s for s in _SUFFIXES if s not in factors)
-            raise LoraLoadError(f"LoRA adapter {name!r}: module {component}.{module_path} has no {missing[1:]}")
-        try:
-            module = components[component].get_submodule(module_path)
-        except AttributeError:
-            raise LoraLoadError(f"LoRA adapter {name!r} matches no module of the served model: key {key!r} "
-                                f"(no module {module_path!r} in {component})") from None
-        a, b = factors[_SUFFIXES[0]], factors[_SUFFIXES[1]]
-        _check_fit(name, key, module, a, b)
-        config, rank = _component_metadata(metadata, component), a.shape[0]
-        alpha = _alpha(config, module_path, rank)
-        scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-        weight = module.weight
-        modules.setdefault(component, {})[module_path] = LoraFactors(
-            a.to(weight.device, weight.dtype), b.to(weight.device, weight.dtype), scaling)
+    for component, parts in normalise(source, tensors, metadata, components).items():
+        for module_path, m in parts.items():
+            try:
+                module = components[component].get_submodule(module_path)
+            except AttributeError:
+                raise source.refuse_key(m.key, "matches no module of the served model",
+                                        f" (no module {module_path!r} in {component})") from None
+            _check_fit(source, m, module)
+            weight = module.weight
+            modules.setdefault(component, {})[module_path] = LoraFactors(
+                m.a.to(weight.device, weight.dtype), m.b.to(weight.device, weight.dtype), m.scaling)
     return LoraWeights(name, path, digest, modules)

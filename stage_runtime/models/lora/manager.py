@@ -1,10 +1,11 @@
 """LoraManager: one rank's resident LoRA adapters over the served pipeline's components.
 
-``load`` reads and checks a file (models.lora.files), then installs a :class:`LoraHook` on each module
-it targets — once per module, kept for the life of the model (a hook with no plan is the base forward)
-— and gives the hook the adapter's factors. ``unload`` drops the factors. ``rows`` is the context a
-family puts around one fused call of a component; ``guard`` is the runner's promise check: while a
-request with adapters is in the call, every adapted module must find a row plan set.
+``load`` reads a file through the served pipeline class's diffusers loader and checks it (models.lora.files),
+then installs a :class:`LoraHook` on each module it targets — once per module, kept for the life of the
+model (a hook with no plan is the base forward) — and gives the hook the adapter's factors. ``unload``
+drops the factors. ``rows`` is the context a family puts around one fused call of a component; ``guard``
+is the runner's promise check: while a request with adapters is in the call, every adapted module must
+find a row plan set.
 
 The engine owns the names, pinning, ``max_loras`` and who uses what (engine.lora_table); this class
 only holds weights and applies them.
@@ -23,8 +24,9 @@ from stage_runtime.models.lora.layer import LoraHook, LoraSlot, RowPlan
 
 
 class LoraManager:
-    def __init__(self, components: dict[str, torch.nn.Module], device: torch.device, refusal: str | None = None,
-                 model_dir: str | None = None):
+    def __init__(self, components: dict[str, torch.nn.Module], device: torch.device, pipeline_class: type,
+                 refusal: str | None = None, model_dir: str | None = None):
+        self.pipeline_class = pipeline_class    # whose diffusers loader reads the files (its lora_state_dict)
         self.refusal = refusal          # why this stage cannot apply adapters at all (said on every load)
         self.model_dir = model_dir      # a relative adapter path is inside it
         self.components = components
@@ -39,7 +41,8 @@ class LoraManager:
             raise LoraLoadError(f"LoRA adapter {name!r} is already loaded on this rank")
         if self.refusal:
             raise LoraLoadError(f"LoRA adapter {name!r}: {self.refusal}")
-        return self.add(read_lora(name, resolve_path(name, path, self.model_dir), self.components))
+        return self.add(read_lora(name, resolve_path(name, path, self.model_dir), self.components,
+                                  self.pipeline_class))
 
     def add(self, weights: LoraWeights) -> dict:
         """Hold checked weights (``read_lora``'s): hook each module they target (once), give it the factors."""
@@ -126,7 +129,7 @@ def build_lora_manager(adapter, config, device: torch.device) -> LoraManager | N
                "on one rank (use cfg_parallel_size=1)") if cfg > 1 else (
         f"tensor_parallel_size={tp} shards the adapted layers' weights; LoRA factors are not sharded yet "
         "(use tensor_parallel_size=1)") if tp > 1 else None
-    manager = LoraManager(components, device, refusal, config.model.path)
+    manager = LoraManager(components, device, type(adapter.pipe), refusal, config.model.path)
     for spec in config.loras:
         manager.load(spec.name, spec.path)
     return manager

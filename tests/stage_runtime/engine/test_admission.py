@@ -23,17 +23,29 @@ DIT, GENERIC = f"{M}.refusals:DiTRefusals", f"{M}.refusals:GenericRefusals"
 FAMILIES = {
     "sd": model_info(edit_tasks=("img2img", "inpaint"), lora_components=("unet", "text_encoder")),
     "sdxl": model_info(pipeline_class="StableDiffusionXLPipeline", adapter=f"{M}.sdxl:StableDiffusionXLAdapter",
-                       default_guidance=5.0, edit_tasks=("img2img",)),
+                       default_guidance=5.0, edit_tasks=("img2img", "inpaint")),
     "sd3": model_info(pipeline_class="StableDiffusion3Pipeline", adapter=f"{M}.sd3:StableDiffusion3Adapter",
                       default_guidance=7.0, size_multiple=16),
     "flux": model_info(pipeline_class="FluxPipeline", adapter=f"{M}.flux:FluxAdapter", default_guidance=3.5,
-                       size_multiple=16, guidance="distilled", edit_tasks=("img2img",), edit_step_rule="flow"),
+                       size_multiple=16, guidance="distilled", edit_tasks=("img2img", "inpaint"), edit_step_rule="flow",
+                       true_cfg=True),
     "flux-schnell": model_info(pipeline_class="FluxPipeline", adapter=f"{M}.flux:FluxAdapter", default_steps=4,
-                               default_guidance=0.0, size_multiple=16, guidance="none", edit_tasks=("img2img",)),
+                               default_guidance=0.0, size_multiple=16, guidance="none",
+                               edit_tasks=("img2img", "inpaint"), true_cfg=True),
     "flux-kontext": model_info(pipeline_class="FluxKontextPipeline", adapter=f"{M}.flux_kontext:FluxKontextAdapter",
-                               default_guidance=3.5, size_multiple=16, guidance="distilled", edit_tasks=("instruct",)),
+                               default_guidance=3.5, size_multiple=16, guidance="distilled", edit_tasks=("instruct",),
+                               true_cfg=True),
+    "flux2": model_info(pipeline_class="Flux2Pipeline", adapter=f"{M}.flux2:Flux2Adapter", default_steps=50,
+                        default_guidance=4.0, size_multiple=16, guidance="distilled"),
+    "flux2-klein": model_info(pipeline_class="Flux2KleinPipeline", adapter=f"{M}.flux2_klein:Flux2KleinAdapter",
+                              default_steps=50, default_guidance=4.0, size_multiple=16),
+    "flux2-klein-distilled": model_info(pipeline_class="Flux2KleinPipeline",
+                                        adapter=f"{M}.flux2_klein:Flux2KleinAdapter", default_steps=4,
+                                        default_guidance=1.0, size_multiple=16, guidance="none"),
     "qwen-image": model_info(pipeline_class="QwenImagePipeline", adapter=f"{M}.qwen_image:QwenImageAdapter",
                              default_guidance=4.0, size_multiple=16, guidance="true_cfg"),
+    "zimage": model_info(pipeline_class="ZImagePipeline", adapter=f"{M}.zimage:ZImageAdapter", default_steps=50,
+                         default_guidance=5.0, size_multiple=16, refusals=f"{M}.refusals:ZImageRefusals"),
     "dit": model_info(pipeline_class="DiTPipeline", adapter=f"{M}.dit:DiTAdapter", default_guidance=4.0,
                       fixed_size=True, max_sequence_length=None, num_classes=1000, refusals=DIT,
                       class_labels=(("goldfish", 1), ("tench", 0))),
@@ -70,9 +82,18 @@ REFUSED = [
     ("flux-kontext", request(negative_prompt="blurry"), "negative_prompt", "'blurry'"),
     ("flux-kontext", request(edit=EditInput(IMAGE, None, 0.5)), "strength", "0.5"),
     ("flux-kontext", request(edit=EditInput(IMAGE, MASK)), "mask", "'<upload>'"),
-    ("flux", request(edit=EditInput(IMAGE, MASK)), "mask", "'<upload>'"),
+    ("flux", request(true_cfg_scale=4.0), "true_cfg_scale", "4.0"),           # no negative prompt: ignored
+    ("flux", request(negative_prompt="blurry", true_cfg_scale=1.0), "negative_prompt", "'blurry'"),
+    ("flux-kontext", request(true_cfg_scale=2.0, edit=EditInput(IMAGE)), "true_cfg_scale", "2.0"),
     ("flux", request(height=72), "height", "72"),
     ("flux-kontext", request(width=40), "width", "40"),
+    ("flux2", request(negative_prompt="blurry"), "negative_prompt", "'blurry'"),
+    ("flux2", request(edit=EditInput(IMAGE)), "image", "'<upload>'"),
+    ("flux2", request(height=72), "height", "72"),
+    ("flux2-klein", request(negative_prompt="blurry", guidance_scale=1.0), "negative_prompt", "'blurry'"),
+    ("flux2-klein", request(edit=EditInput(IMAGE)), "image", "'<upload>'"),
+    ("flux2-klein-distilled", request(guidance_scale=4.0), "guidance_scale", "4.0"),
+    ("flux2-klein-distilled", request(negative_prompt="blurry"), "negative_prompt", "'blurry'"),
     ("dit", request("1000"), "prompt", "'1000'"),
     ("dit", request(" 5000 "), "prompt", "' 5000 '"),
     ("dit", request("207", negative_prompt="blurry"), "negative_prompt", "'blurry'"),
@@ -82,13 +103,20 @@ REFUSED = [
     ("sd", request(width=60), "width", "60"),
     ("sd", request(edit=EditInput(IMAGE, MASK[:32])), "mask", "'64x32'"),
     ("sdxl", request(negative_prompt="blurry", guidance_scale=0.5), "negative_prompt", "'blurry'"),
-    ("sdxl", request(edit=EditInput(IMAGE, MASK)), "mask", "'<upload>'"),
+    ("sdxl", request(negative_prompt="blurry", true_cfg_scale=4.0), "true_cfg_scale", "4.0"),
+    ("sd", request(negative_prompt="blurry", true_cfg_scale=4.0), "true_cfg_scale", "4.0"),
+    ("qwen-image", request(negative_prompt="blurry", true_cfg_scale=4.0), "true_cfg_scale", "4.0"),
+    ("dit", request("207", true_cfg_scale=2.0), "true_cfg_scale", "2.0"),
+    ("generic-pag", request(negative_prompt="blurry", true_cfg_scale=2.0), "true_cfg_scale", "2.0"),
     ("sd3", request(negative_prompt="blurry", guidance_scale=1.0), "negative_prompt", "'blurry'"),
     ("sd3", request(height=72), "height", "72"),
     ("sd3", request(edit=EditInput(IMAGE)), "image", "'<upload>'"),
     ("qwen-image", request(negative_prompt="blurry", guidance_scale=1.0), "negative_prompt", "'blurry'"),
     ("qwen-image", request(width=72), "width", "72"),
     ("qwen-image", request(edit=EditInput(IMAGE)), "image", "'<upload>'"),
+    ("zimage", request(negative_prompt="blurry", guidance_scale=0.0), "negative_prompt", "'blurry'"),
+    ("zimage", request(height=72), "height", "72"),
+    ("zimage", request(edit=EditInput(IMAGE)), "image", "'<upload>'"),
     ("generic-bare", request(negative_prompt="blurry"), "negative_prompt", "'blurry'"),
     ("generic-bare", request(guidance_scale=7.5), "guidance_scale", "7.5"),
     ("generic-bare", request(num_outputs=2), "num_outputs", "2"),
@@ -112,6 +140,18 @@ ACCEPTED = [
     ("flux-schnell", request(guidance_scale=0.0), {"guidance_scale": 0.0}),
     ("flux-schnell", request(), {"guidance_scale": 0.0, "num_inference_steps": 4}),
     ("flux-kontext", request(edit=EditInput(IMAGE)), {}),
+    ("flux2", request(guidance_scale=2.5), {"guidance_scale": 2.5, "num_inference_steps": 50}),
+    ("flux2-klein", request(negative_prompt="blurry"), {"guidance_scale": 4.0}),
+    ("flux2-klein", request(guidance_scale=1.0, width=80), {"width": 80}),
+    ("flux2-klein-distilled", request(), {"guidance_scale": 1.0, "num_inference_steps": 4}),
+    ("flux", request(negative_prompt="blurry", true_cfg_scale=4.0), {"true_cfg_scale": 4.0}),
+    ("flux", request(negative_prompt="", true_cfg_scale=2.0), {"negative_prompt": ""}),   # as diffusers: "" is one
+    ("flux", request(true_cfg_scale=1.0), {"true_cfg_scale": 1.0}),           # 1: off, diffusers' default
+    ("flux", request(edit=EditInput(IMAGE, MASK), negative_prompt="blurry", true_cfg_scale=3.0), {}),
+    ("flux-schnell", request(negative_prompt="blurry", true_cfg_scale=2.0), {"guidance_scale": 0.0}),
+    ("flux-kontext", request(edit=EditInput(IMAGE), negative_prompt="blurry", true_cfg_scale=2.0), {}),
+    ("sdxl", request(edit=EditInput(IMAGE, MASK)), {}),
+    ("sd", request(true_cfg_scale=1.0), {}),
     ("dit", request("999"), {}),
     ("dit", request("tench"), {}),
     ("dit", request("a photo of a cat"), {}),                     # any other text: hashed to a class
@@ -122,6 +162,8 @@ ACCEPTED = [
     ("sd3", request(negative_prompt="blurry", height=80), {"height": 80}),
     ("qwen-image", request(negative_prompt="blurry"), {"guidance_scale": 4.0}),
     ("qwen-image", request(guidance_scale=1.0), {}),
+    ("zimage", request(negative_prompt="blurry", guidance_scale=0.5), {}),   # CFG at any scale > 0
+    ("zimage", request(guidance_scale=0.0), {"num_inference_steps": 50}),
     ("generic-bare", request(guidance_scale=1.0, num_inference_steps=20, height=64), {}),
     ("generic-pag", request(negative_prompt="blurry", guidance_scale=3.0, num_outputs=2), {}),
 ]
@@ -143,3 +185,15 @@ def test_a_label_of_the_models_own_table_maps_within_range_and_an_out_of_range_l
 
 def test_previews_in_step_mode_pass():
     assert admitted("sd", request(preview_every=1), mode="step").sampling.preview_every == 1
+
+
+def test_a_refused_true_cfg_field_says_what_to_send_instead():
+    cases = [("flux", request(negative_prompt="blurry"), "send true_cfg_scale > 1 with it"),
+             ("flux-schnell", request(negative_prompt="blurry"), "send true_cfg_scale > 1 with it"),
+             ("flux", request(true_cfg_scale=4.0), "send negative_prompt with it"),
+             ("sd", request(negative_prompt="blurry", true_cfg_scale=4.0), "send guidance_scale (> 1"),
+             ("qwen-image", request(true_cfg_scale=4.0), "its guidance_scale is diffusers' true_cfg_scale")]
+    for family, req, instead in cases:
+        with pytest.raises(InvalidRequestError) as err:
+            admitted(family, req)
+        assert instead in str(err.value), err.value

@@ -1,7 +1,8 @@
 """Edits beyond Stable Diffusion: FLUX.1 and SDXL img2img, FLUX.1 Kontext instruction edits. Each equals the bare
 diffusers edit pipeline for the same seed (request mode <= 1, step mode <= 2); same-shape edits fuse and each
 equals its solo run; step mode runs (and reports) the family's step count for the strength; abort mid-edit
-releases everything; a task the family cannot do is refused naming the field."""
+releases everything; a task the family cannot do is refused naming the field. (SDXL and FLUX.1 inpainting:
+test_inpaint_families.py.)"""
 
 from __future__ import annotations
 
@@ -157,16 +158,18 @@ def test_abort_mid_edit_releases_everything(case):
 def test_a_task_the_family_cannot_do_is_refused_naming_the_field(case):
     family, _, engine = case
     info = engine.model_info
-    assert info.edit_tasks == (("instruct",) if family == "kontext" else ("img2img",))
+    assert info.edit_tasks == (("instruct",) if family == "kontext" else ("img2img", "inpaint"))
+    if family != "kontext":
+        return
     mask = np.full((SIZE, SIZE), 255, np.uint8)
     with pytest.raises(InvalidRequestError, match="inpaint") as err:
         engine.add_request(edit_request(family, "no-inpaint", "a cat", 1, picture(1), mask))
     assert err.value.field == "mask"
-    if family == "kontext":                              # instruction edits have no strength
-        request = DiffusionRequest("strength", "a cat", SamplingParams(seed=1), edit=EditInput(picture(1), None, 0.5))
-        with pytest.raises(InvalidRequestError) as err:
-            engine.add_request(request)
-        assert err.value.field == "strength"
+    # instruction edits have no strength
+    request = DiffusionRequest("strength", "a cat", SamplingParams(seed=1), edit=EditInput(picture(1), None, 0.5))
+    with pytest.raises(InvalidRequestError) as err:
+        engine.add_request(request)
+    assert err.value.field == "strength"
     assert_no_state(engine)
 
 

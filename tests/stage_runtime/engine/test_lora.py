@@ -1,5 +1,6 @@
 """LoRA adapters through the real engine (in-process executor) on the tiny SD (UNet + CLIP text encoder) and
-FLUX (transformer + CLIP) pipelines, against diffusers' own load_lora_weights + set_adapters."""
+FLUX (transformer + CLIP) pipelines — and for the equality, leak and mixed-batch tests SD3, SDXL (UNet + both
+CLIP encoders) and Qwen-Image (transformer) — against diffusers' own load_lora_weights + set_adapters."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ from stage_runtime.errors import InvalidRequestError, LoraConflictError, LoraLoa
 from stage_runtime.request import DiffusionRequest, SamplingParams
 
 FAMILIES = {"sd": 7.5, "flux": 3.5}        # kind → guidance (SD: CFG rows; FLUX: distilled, no CFG rows)
-GUIDANCE = {**FAMILIES, "sd3": 7.0}
+GUIDANCE = {**FAMILIES, "sd3": 7.0, "sdxl": 5.0, "qwen-image": 4.0}    # Qwen-Image's: true CFG (prompt, negative)
 PROMPT, STEPS, SEED = "a photo of a cat", 3, 11
 
 
 def _family(kind, paths, tmp_path_factory):
     path = paths[kind]
     out = tmp_path_factory.mktemp(f"lora-{kind}")
-    gain = 0.3 if kind == "sd" else 1.0
+    gain = 0.3 if kind in ("sd", "sdxl") else 1.0
     adapters = {name: write_adapter(path, out / name, seed=seed, gain=gain) for name, seed in (("a", 1), ("b", 2))}
     return kind, path, adapters
 
@@ -32,10 +33,18 @@ def family(request, tiny_sd_path, tiny_flux_path, tmp_path_factory):
     return _family(request.param, {"sd": tiny_sd_path, "flux": tiny_flux_path}, tmp_path_factory)
 
 
-@pytest.fixture(scope="module", params=[*FAMILIES, "sd3"])
-def any_family(request, tiny_sd_path, tiny_flux_path, tiny_sd3_path, tmp_path_factory):
-    """Plus SD3 (transformer + two CLIP encoders, CFG rows) for the equality, leak and mixed-batch tests."""
-    return _family(request.param, {"sd": tiny_sd_path, "flux": tiny_flux_path, "sd3": tiny_sd3_path}, tmp_path_factory)
+@pytest.fixture(scope="module", params=list(GUIDANCE))
+def any_family(request, tiny_model, tmp_path_factory):
+    """Plus SD3 (transformer + two CLIP encoders, CFG rows), SDXL (UNet + two CLIP encoders, CFG rows) and
+    Qwen-Image (transformer; [prompt; negative] true-CFG rows) for the equality, leak and mixed-batch tests."""
+    return _family(request.param, {request.param: tiny_model(request.param)}, tmp_path_factory)
+
+
+def bare_kw(kind: str, guidance: float) -> dict:
+    """The bare call's guidance keywords: Qwen-Image's guidance_scale is diffusers' true_cfg_scale (negative " ")."""
+    if kind == "qwen-image":
+        return {"true_cfg_scale": guidance, "negative_prompt": " "}
+    return {"guidance_scale": guidance}
 
 
 def make_engine(path: str, adapters: dict[str, str], mode: str, wait_ms: float = 0, **extra) -> DiffusionEngine:
@@ -66,10 +75,12 @@ def test_adapters_equal_diffusers_set_adapters_and_scale_zero_is_the_base(any_fa
         one = run(eng, "a", g, [{"name": "a", "scale": 1.0}])
         zero = run(eng, "a0", g, [{"name": "a", "scale": 0.0}])
         two = run(eng, "ab", g, [{"name": "a", "scale": 0.7}, {"name": "b", "scale": -0.4}])
+        tolerance = 1 if mode == "request" else 2
         assert max_diff(one, bare_with_loras(path, {"a": adapters["a"]}, [1.0], PROMPT, STEPS, SEED,
-                                             guidance_scale=g)) <= 1
-        assert max_diff(two, bare_with_loras(path, adapters, [0.7, -0.4], PROMPT, STEPS, SEED, guidance_scale=g)) <= 1
-        assert max_diff(base, bare_with_loras(path, {}, None, PROMPT, STEPS, SEED, guidance_scale=g)) <= 1
+                                             **bare_kw(kind, g))) <= tolerance
+        assert max_diff(two, bare_with_loras(path, adapters, [0.7, -0.4], PROMPT, STEPS, SEED,
+                                             **bare_kw(kind, g))) <= tolerance
+        assert max_diff(base, bare_with_loras(path, {}, None, PROMPT, STEPS, SEED, **bare_kw(kind, g))) <= tolerance
         assert max_diff(zero, base) <= 1
         assert max_diff(one, base) >= 3 and max_diff(two, one) >= 3, "the adapters changed nothing"
         assert_no_state(eng)
@@ -171,8 +182,8 @@ def test_an_adapter_for_another_architecture_is_refused_at_run_time_naming_it_an
     other = dict(family_adapters_of_other_kind(family))
     eng = make_engine(path, {}, "step")
     try:
-        with pytest.raises(LoraLoadError, match=r"LoRA adapter 'x' matches no module of the served model: key "
-                                                r"'(unet|transformer)\."):
+        with pytest.raises(LoraLoadError, match=r"LoRA adapter 'x' from '.*other-(sd|flux)\.safetensors' matches no "
+                                                r"module of the served model: key '(unet|transformer)\."):
             eng.collective_rpc("load_lora", ("x", other["path"]))
         assert eng.collective_rpc("list_loras") == []
         assert runner_of(eng).adapter.loras.adapters == {}
@@ -196,19 +207,24 @@ def family_adapters_of_other_kind(family):
     return {"path": str(out)}
 
 
-@pytest.mark.parametrize("kind, mode", [("sd", "request"), ("sd", "step"), ("flux", "request"), ("flux", "step")])
-def test_an_img2img_edit_with_an_adapter_equals_diffusers_img2img_with_it(kind, mode, tiny_sd_path, tiny_flux_path,
-                                                                         tmp_path_factory):
+IMG2IMG = {"sd": ("StableDiffusionImg2ImgPipeline", 7.5, {}),            # kind → class, guidance, from_pipe keywords
+           "sdxl": ("StableDiffusionXLImg2ImgPipeline", 5.0, {"requires_aesthetics_score": False}),
+           "flux": ("FluxImg2ImgPipeline", 3.5, {})}
+
+
+@pytest.mark.parametrize("mode", ["request", "step"])
+@pytest.mark.parametrize("kind", list(IMG2IMG))
+def test_an_img2img_edit_with_an_adapter_equals_diffusers_img2img_with_it(kind, mode, tiny_model, tmp_path_factory):
+    import diffusers
     import torch
-    from diffusers import FluxImg2ImgPipeline, StableDiffusionImg2ImgPipeline
     from lora_probes import load_pipe
     from PIL import Image
 
     from stage_runtime.request import EditInput
 
-    model, g = (tiny_sd_path, 7.5) if kind == "sd" else (tiny_flux_path, 3.5)
+    (cls, g, from_pipe_kw), model = IMG2IMG[kind], tiny_model(kind)
     path = write_adapter(model, tmp_path_factory.mktemp(f"edit-lora-{kind}") / "a", seed=1,
-                         gain=0.3 if kind == "sd" else 1.0)
+                         gain=1.0 if kind == "flux" else 0.3)
     y, x = np.mgrid[0:64, 0:64] / 64
     image = ((np.stack([np.sin(6 * x), np.cos(5 * y), x * y], -1) + 1) * 127).clip(0, 255).astype(np.uint8)
     eng = make_engine(model, {"a": path}, mode)
@@ -221,11 +237,10 @@ def test_an_img2img_edit_with_an_adapter_equals_diffusers_img2img_with_it(kind, 
     pipe = load_pipe(model)
     pipe.load_lora_weights(path, adapter_name="a")
     pipe.set_adapters(["a"], [0.9])
-    cls = StableDiffusionImg2ImgPipeline if kind == "sd" else FluxImg2ImgPipeline
-    extra = {} if kind == "sd" else {"height": 64, "width": 64}
-    ref = cls.from_pipe(pipe)(
+    size = {"height": 64, "width": 64} if kind == "flux" else {}         # (SD's take the image's)
+    ref = getattr(diffusers, cls).from_pipe(pipe, **from_pipe_kw)(
         prompt=PROMPT, image=Image.fromarray(image, "RGB"), strength=0.6, num_inference_steps=6, guidance_scale=g,
-        generator=torch.Generator("cpu").manual_seed(SEED), output_type="np", **extra).images
+        generator=torch.Generator("cpu").manual_seed(SEED), output_type="np", **size).images
     assert max_diff(out, (ref * 255).round().clip(0, 255).astype(np.uint8)) <= (1 if mode == "request" else 2)
 
 
@@ -239,7 +254,7 @@ def test_two_ulysses_ranks_in_worker_processes_load_check_and_apply_the_same_ada
         eng.collective_rpc("load_lora", ("b", b))
         held = eng.rank_rpc("list_loras")
         assert [[s["name"] for s in rank] for rank in held] == [["a", "b"], ["a", "b"]]
-        with pytest.raises(LoraLoadError, match="LoRA adapter 'x' matches no module"):
+        with pytest.raises(LoraLoadError, match="LoRA adapter 'x' from .* matches no module"):
             eng.collective_rpc("load_lora", ("x", family_adapters_of_other_kind(("sd", None, {"a": a}))["path"]))
         assert [[s["name"] for s in rank] for rank in eng.rank_rpc("list_loras")] == [["a", "b"], ["a", "b"]]
         image = run(eng, "ab", 7.5, [{"name": "a", "scale": 0.7}, {"name": "b", "scale": -0.4}])
@@ -249,19 +264,21 @@ def test_two_ulysses_ranks_in_worker_processes_load_check_and_apply_the_same_ada
     assert max_diff(image, ref) <= 2
 
 
-def test_lora_rows_follow_the_block_cache_when_some_rows_skip_the_later_blocks(tiny_flux_path, tmp_path_factory):
-    """FLUX with the block cache: a request that skips blocks 1..N-1 (a huge threshold) next to one that always
-    computes (cache off): the later blocks run on the computing rows only and their LoRA plan follows them."""
-    out = tmp_path_factory.mktemp("lora-block-cache")
-    a, b = (write_adapter(tiny_flux_path, out / n, seed=s, gain=1.0) for n, s in (("a", 1), ("b", 2)))
-    eng = make_engine(tiny_flux_path, {"a": a, "b": b}, "step", cache={"mode": "block", "threshold": 10.0})
+@pytest.mark.parametrize("kind", ["flux", "qwen-image"])
+def test_lora_rows_follow_the_block_cache_when_some_rows_skip_the_later_blocks(kind, tiny_model, tmp_path_factory):
+    """FLUX and Qwen-Image (its prompt and negative rows) with the block cache: a request that skips blocks
+    1..N-1 (a huge threshold) next to one that always computes (cache off): the later blocks run on the computing
+    rows only and their LoRA plan follows them."""
+    out, path, g = tmp_path_factory.mktemp(f"lora-block-cache-{kind}"), tiny_model(kind), GUIDANCE[kind]
+    a, b = (write_adapter(path, out / n, seed=s, gain=1.0) for n, s in (("a", 1), ("b", 2)))
+    eng = make_engine(path, {"a": a, "b": b}, "step", cache={"mode": "block", "threshold": 10.0})
     sets = {"skips": ([{"name": "a"}], None), "computes": ([{"name": "b", "scale": 0.7}], "off")}
     try:
-        solo = {k: run(eng, f"solo-{k}", 3.5, loras, seed=i, cache=c, num_inference_steps=5)
+        solo = {k: run(eng, f"solo-{k}", g, loras, seed=i, cache=c, num_inference_steps=5)
                 for i, (k, (loras, c)) in enumerate(sets.items())}
         calls = count_denoiser_calls(eng)
         with eng._lock:
-            streams = {k: eng.add_request(req(f"mix-{k}", 3.5, loras, seed=i, cache=c, num_inference_steps=5))
+            streams = {k: eng.add_request(req(f"mix-{k}", g, loras, seed=i, cache=c, num_inference_steps=5))
                        for i, (k, (loras, c)) in enumerate(sets.items())}
         results = {k: s.result(timeout=120) for k, s in streams.items()}
     finally:

@@ -68,7 +68,7 @@ def test_the_key_takes_every_pixel_field_the_reference_picture_and_the_adapters(
 
     base = key()
     variants = [key(prompt="y"), key(seed=2), key(negative_prompt="n"), key(height=64), key(num_inference_steps=3),
-                key(guidance_scale=2.0), key(num_outputs=2), key(cache={"threshold": 0.1}), key(revision="r2"),
+                key(guidance_scale=2.0), key(negative_prompt="n", true_cfg_scale=4.0), key(num_outputs=2), key(cache={"threshold": 0.1}), key(revision="r2"),
                 key(loras=[{"name": "ink", "scale": 0.5}]), key(loras=[{"name": "ink", "scale": 1.0}]),
                 key(loras=[{"name": "ink", "scale": 1.0}], digests=("0123456789abcdef",)),
                 key(num_frames=9), key(fps=12), key(guidance_scale_2=3.0),      # a video's own fields

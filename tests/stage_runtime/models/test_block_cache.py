@@ -27,7 +27,10 @@ from stage_runtime.request import DiffusionRequest, SamplingParams
 FAMILIES = {"dit": ("tiny_dit_path", {"guidance_scale": 4.0}),
             "sd3": ("tiny_sd3_path", {"height": 64, "width": 64, "guidance_scale": 5.0}),
             "flux": ("tiny_flux_path", {"height": 64, "width": 64}),
-            "qwen-image": ("tiny_qwen_image_path", {"height": 64, "width": 64, "guidance_scale": 4.0})}
+            "qwen-image": ("tiny_qwen_image_path", {"height": 64, "width": 64, "guidance_scale": 4.0}),
+            "zimage": ("tiny_zimage_path", {"height": 64, "width": 64, "guidance_scale": 3.0}),
+            "flux2": ("tiny_flux2_path", {"height": 64, "width": 64}),
+            "flux2-klein": ("tiny_flux2_klein_path", {"height": 64, "width": 64, "guidance_scale": 4.0})}
 STEPS, WARMUP, FINAL = 8, 2, 1
 _ENGINES: dict[tuple[str, str], DiffusionEngine] = {}
 
@@ -61,7 +64,7 @@ class RestOfBlocks:
 
     def __init__(self, engine):
         last = cache_blocks(runner_of(engine).adapter)[-1]
-        attn = getattr(last, "attn", None) or last.attn1
+        attn = getattr(last, "attn", None) or getattr(last, "attention", None) or last.attn1     # Z-Image: attention
         self.calls = self.rows = 0
         self.handle = attn.register_forward_pre_hook(self._count, with_kwargs=True)
 
@@ -96,7 +99,7 @@ def test_threshold_zero_is_bitwise_no_cache_and_a_huge_one_computes_only_the_for
     assert runner_of(engine).num_cache_states() == 0
 
 
-@pytest.mark.parametrize("family", ["dit", "flux"])
+@pytest.mark.parametrize("family", ["dit", "flux", "flux2-klein"])   # FLUX.2: a joint [text ‖ image] last block
 def test_one_tick_mixes_a_cached_an_off_and_another_threshold_request_each_equal_to_its_solo_run(
         request, family):
     path = request.getfixturevalue(FAMILIES[family][0])
@@ -123,7 +126,8 @@ def test_one_tick_mixes_a_cached_an_off_and_another_threshold_request_each_equal
         engine.close()
 
 
-@pytest.mark.parametrize("family", ["dit", "qwen-image"])       # CFG halves stacked per wave / true CFG per request
+# CFG halves stacked per wave / true CFG per request / FLUX.2 Klein's CFG halves per request (its own step loop)
+@pytest.mark.parametrize("family", ["dit", "qwen-image", "flux2-klein"])
 def test_one_request_mode_wave_of_mixed_policies_and_two_images_each_equals_its_solo_runs(request, family):
     path = request.getfixturevalue(FAMILIES[family][0])
     config = load_config({"model": {"path": path}, "device": "cpu", "warmup": False,

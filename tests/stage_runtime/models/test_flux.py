@@ -1,6 +1,7 @@
-"""FluxPipeline (FLUX.1): its facts, its keys, CFG-parallel refused with the reason, a negative prompt refused
-(equal to the bare call, step batching of different step counts and guidance scales, abort and progress:
-its ``FAMILY`` row in the checklist, test_families.py)."""
+"""FluxPipeline (FLUX.1): its facts, its keys, a negative prompt without true CFG refused saying what to send,
+Kontext's CFG parallel refused with the reason. (True CFG itself: test_flux_true_cfg.py; CFG parallel on 2 ranks:
+distributed/test_flux_cfg_parallel.py; equal to the bare call, step batching of different step counts and guidance
+scales, abort and progress: its ``FAMILY`` row in the checklist, test_families.py.)"""
 
 from __future__ import annotations
 
@@ -27,13 +28,15 @@ def adapter(tiny_flux_path):
 def test_facts(adapter):
     info = adapter.info()
     assert (info.pipeline_class, info.adapter) == ("FluxPipeline", "stage_runtime.models.flux:FluxAdapter")
-    assert info.guidance == "distilled" and info.parallel_kinds == ("ring", "tp", "ulysses")
+    assert info.guidance == "distilled" and info.parallel_kinds == ("cfg", "ring", "tp", "ulysses") and info.true_cfg
+    assert info.edit_tasks == ("img2img", "inpaint") and info.edit_step_rule == "flow"
     assert (info.default_steps, info.default_guidance, info.default_height, info.size_multiple) == (28, 3.5, 64, 4)
     assert info.max_sequence_length == 512 and info.num_attention_heads == 2
     assert info.supports_step_execution and info.supports_request_batch
     assert info.lora_components == ("transformer", "text_encoder")     # CLIP only: T5 is not adapted
-    assert info.request_key == ("height", "width", "num_inference_steps", "guidance_scale")
-    assert info.step_key == ("height", "width")        # timesteps and guidance are per row
+    # a pipeline call takes one true CFG scale; in step mode true-CFG rows are per request
+    assert info.request_key == ("height", "width", "num_inference_steps", "guidance_scale", "true_cfg_scale")
+    assert info.step_key == ("height", "width")        # timesteps, guidance and true CFG are per row
 
 
 def test_step_key_ignores_steps_and_guidance_request_key_does_not(adapter):
@@ -41,14 +44,18 @@ def test_step_key_ignores_steps_and_guidance_request_key_does_not(adapter):
     a = DiffusionRequest("a", "x", SamplingParams(num_inference_steps=3, guidance_scale=2.0)).resolve(info)
     b = DiffusionRequest("b", "x", SamplingParams(num_inference_steps=7, guidance_scale=5.0)).resolve(info)
     c = DiffusionRequest("c", "x", SamplingParams(height=32, width=32)).resolve(info)
-    assert a.step_key == b.step_key != c.step_key
-    assert a.batch_key != b.batch_key
+    d = DiffusionRequest("d", "x", SamplingParams(num_inference_steps=3, guidance_scale=2.0, negative_prompt="y",
+                                                  true_cfg_scale=4.0)).resolve(info)
+    assert a.step_key == b.step_key == d.step_key != c.step_key
+    assert a.batch_key != b.batch_key and a.batch_key != d.batch_key
 
 
-def test_cfg_parallel_is_refused_naming_family_degree_and_reason(adapter):
-    with pytest.raises(ConfigError, match=r"^cfg_parallel_size=2 is not supported by FluxPipeline \(it runs: "
-                                          r"ring, tp, ulysses\): FLUX.1 is guidance-distilled"):
-        apply_parallelism(adapter, None, ParallelConfig(cfg_parallel_size=2))
+def test_kontext_still_refuses_cfg_parallel_with_the_reason(tiny_flux_kontext_path):
+    kontext = resolve_adapter_class(ModelConfig(path=tiny_flux_kontext_path)).load(tiny_flux_kontext_path,
+                                                                                     torch.device("cpu"))
+    with pytest.raises(ConfigError, match=r"^cfg_parallel_size=2 is not supported by FluxKontextPipeline "
+                                          r"\(it runs: no in-model parallelism\): .*conditioning tokens"):
+        apply_parallelism(kontext, None, ParallelConfig(cfg_parallel_size=2))
 
 
 def test_ulysses_degree_that_does_not_divide_the_heads_is_refused(adapter):
@@ -59,6 +66,9 @@ def test_ulysses_degree_that_does_not_divide_the_heads_is_refused(adapter):
 def test_negative_prompt_is_refused_from_the_facts_the_loaded_adapter_reports(adapter):
     info = adapter.info()
     request = DiffusionRequest("n", "x", SamplingParams(negative_prompt="blurry")).resolve(info)
-    with pytest.raises(InvalidRequestError, match="^negative_prompt='blurry': FluxPipeline is guidance-distilled"):
+    with pytest.raises(InvalidRequestError, match="^negative_prompt='blurry': FluxPipeline is guidance-distilled"
+                                                  r".*send true_cfg_scale > 1 with it"):
         type(adapter).check_request(request, info)          # what the engine calls at admission
+    true_cfg = SamplingParams(negative_prompt="blurry", true_cfg_scale=4.0)
+    type(adapter).check_request(DiffusionRequest("t", "x", true_cfg).resolve(info), info)
     type(adapter).check_request(DiffusionRequest("g", "x", SamplingParams(guidance_scale=9.0)).resolve(info), info)

@@ -62,7 +62,8 @@ def test_model_info(tiny_qwen_image_path):
         pipeline_class="QwenImagePipeline", adapter="stage_runtime.models.qwen_image:QwenImageAdapter",
         default_height=512, default_width=512, default_steps=50, default_guidance=4.0, size_multiple=8,
         fixed_size=False, supports_request_batch=True, supports_step_execution=True, num_attention_heads=4,
-        max_steps=1000, parallel_kinds=("cfg", "ring", "ulysses"), guidance="true_cfg", max_sequence_length=512)
+        max_steps=1000, parallel_kinds=("cfg", "ring", "ulysses"), guidance="true_cfg", max_sequence_length=512,
+        lora_components=("transformer",))
 
 
 def test_dynamic_shift_is_linear_in_image_tokens():

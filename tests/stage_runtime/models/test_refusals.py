@@ -10,11 +10,13 @@ import sys
 from pathlib import Path
 
 from stage_runtime.models.registry import ADAPTERS, GENERIC
-from stage_runtime.models.refusals import DiTRefusals, GenericRefusals, Refusals, class_id, refusals_path
+from stage_runtime.models.refusals import (DiTRefusals, GenericRefusals, Refusals, ZImageRefusals, class_id,
+                                           refusals_path)
 from stage_runtime.plugins import import_object
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-EXPECTED = {"DiTPipeline": DiTRefusals, "FluxPipeline": Refusals, "StableDiffusionPipeline": Refusals}
+EXPECTED = {"DiTPipeline": DiTRefusals, "FluxPipeline": Refusals, "StableDiffusionPipeline": Refusals,
+            "ZImagePipeline": ZImageRefusals}
 
 
 def test_every_registered_adapter_inherits_its_check_from_the_class_its_model_info_names():
@@ -31,7 +33,7 @@ def test_every_registered_adapter_inherits_its_check_from_the_class_its_model_in
 def test_the_refusal_classes_import_without_torch_or_diffusers():
     code = ("import sys\nfrom stage_runtime.engine.admission import family_check\n"
             "from stage_runtime.model_info import ModelInfo\n"
-            "for name in ('Refusals', 'DiTRefusals', 'GenericRefusals'):\n"
+            "for name in ('Refusals', 'DiTRefusals', 'GenericRefusals', 'ZImageRefusals'):\n"
             "    family_check(ModelInfo('P', 'a:B', 64, 64, 20, 7.5, 8, False, True, True, 4,"
             " refusals='stage_runtime.models.refusals:' + name))\n"
             "bad = [m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules]\nassert not bad, bad\n")

@@ -51,7 +51,7 @@ def test_model_info(tiny_sdxl_path):
         default_height=64, default_width=64, default_steps=30, default_guidance=5.0, size_multiple=8,
         fixed_size=False, supports_request_batch=True, supports_step_execution=True, num_attention_heads=4,
         max_steps=999, parallel_kinds=("cfg", "ulysses"), guidance="cfg", max_sequence_length=77,
-        edit_tasks=("img2img",))
+        edit_tasks=("img2img", "inpaint"), lora_components=("unet", "text_encoder", "text_encoder_2"))
 
 
 def test_request_mode_equals_the_bare_pipeline(request_engine, tiny_sdxl_path):

@@ -1,5 +1,6 @@
-"""Layerwise offload on SDXL (UNet down/mid/up blocks), Qwen-Image (dual-stream transformer blocks) and Wan (each
-expert's blocks: Wan 2.1's one transformer, Wan 2.2's two): the families declare their block lists, and the engine's
+"""Layerwise offload on SDXL (UNet down/mid/up blocks), Qwen-Image (dual-stream transformer blocks), Z-Image (its main
+single-stream layers; the refiners stay with the head), FLUX.2 [klein] (double- then single-stream blocks) and Wan
+(each expert's blocks: Wan 2.1's one transformer, Wan 2.2's two): the families declare their block lists, and the engine's
 images and videos with offload equal those without, bitwise, in request and step mode; the offloader holds nothing
 once idle and leaves no mapping behind."""
 
@@ -13,9 +14,11 @@ from offload_probes import offload_mappings
 from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
 from stage_runtime.errors import ConfigError
+from stage_runtime.models.flux2_klein import Flux2KleinAdapter
 from stage_runtime.models.qwen_image import QwenImageAdapter
 from stage_runtime.models.sdxl import StableDiffusionXLAdapter
 from stage_runtime.models.wan import WanAdapter
+from stage_runtime.models.zimage import ZImageAdapter
 from stage_runtime.offload.plan import denoiser_blocks, resolve_units
 from stage_runtime.request import DiffusionRequest, SamplingParams
 
@@ -26,6 +29,8 @@ VIDEO = {"height": 16, "width": 16, "num_frames": 9}
 # Wan 2.2's 6 steps are high-noise for 2, its 2 steps for 1: the second tick runs one request on each expert)
 FAMILIES = {"sdxl": (StableDiffusionXLAdapter, "tiny_sdxl_path", {"unet": 2 + 1 + 2}, IMAGE, (4, 3)),
             "qwen-image": (QwenImageAdapter, "tiny_qwen_image_path", {"transformer": 2}, IMAGE, (4, 3)),
+            "zimage": (ZImageAdapter, "tiny_zimage_path", {"transformer": 2}, IMAGE, (4, 3)),
+            "flux2-klein": (Flux2KleinAdapter, "tiny_flux2_klein_path", {"transformer": 1 + 2}, IMAGE, (4, 3)),
             "wan": (WanAdapter, "tiny_wan_path", {"transformer": 2}, VIDEO, (3, 2)),
             "wan22": (WanAdapter, "tiny_wan22_path", {"transformer": 2, "transformer_2": 2}, VIDEO, (6, 2))}
 
@@ -66,8 +71,8 @@ def test_the_family_declares_its_block_lists(request, family):
         names = [u.name for u in units if u.component == name]
         assert names == [f"{name}.head"] + [f"{name}.block{i}" for i in range(len(declared))]
         assert len(declared) == split[name]
-    with pytest.raises(ConfigError, match="has no block list 'single_transformer_blocks'"):
-        denoiser_blocks(next(iter(holders.values())), ("single_transformer_blocks",))
+    with pytest.raises(ConfigError, match="has no block list 'no_such_blocks'"):      # a name no denoiser has
+        denoiser_blocks(next(iter(holders.values())), ("no_such_blocks",))
 
 
 @pytest.mark.parametrize("mode", ["request", "step"])

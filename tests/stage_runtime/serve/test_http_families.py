@@ -1,6 +1,7 @@
 """Each new family served by a real stage process over HTTP: SSE progress arrives in order, then one
 completed event whose PNG equals the bare diffusers call (step mode <= 2 uint8, request mode <= 1); the
-stage drains to exit 0 and leaves nothing behind. Qwen-Image runs in step mode, the generic adapter
+stage drains to exit 0 and leaves nothing behind. Qwen-Image and Z-Image run in step mode, FLUX.2 [klein] in request
+mode (its own step loop: progress from its one forward per step), the generic adapter
 (StableDiffusionPAGPipeline) in request mode with progress from callback_on_step_end: the two progress
 mechanisms the new families add. (SDXL's progress is SD's — a UNet forward per step — and its engine-level
 stream order is checked in tests/stage_runtime/models/test_sdxl.py; a stage process costs ~10-30 s here.)"""
@@ -30,8 +31,20 @@ def bare_pag(pipe):
                 height=64, width=64, generator=generators(SEED, 1), output_type="np").images
 
 
+def bare_zimage(pipe):
+    return pipe(prompt=["a red fox"], num_inference_steps=STEPS, guidance_scale=3.0, height=64, width=64,
+                generator=generators(SEED, 1), output_type="np").images
+
+
+def bare_flux2_klein(pipe):
+    return pipe(prompt="a red fox", guidance_scale=4.0, num_inference_steps=STEPS, height=64, width=64,
+                generator=generators(SEED, 1), output_type="np").images
+
+
 # family → (path fixture, execution mode, guidance, bare call, tolerance)
 FAMILIES = {"qwen-image": ("tiny_qwen_image_path", "step", 4.0, bare_qwen, 2),
+            "zimage": ("tiny_zimage_path", "step", 3.0, bare_zimage, 2),
+            "flux2-klein": ("tiny_flux2_klein_path", "request", 4.0, bare_flux2_klein, 1),
             "generic-pag": ("tiny_pag_path", "request", 7.5, bare_pag, 1)}
 
 

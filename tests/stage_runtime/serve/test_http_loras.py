@@ -1,5 +1,6 @@
 """/v1/loras and the ``loras`` request field on the real stage process (in-process executor, step mode),
-plus the startup refusal: a startup adapter that does not fit exits 2 with a reason naming it and the key."""
+plus the startup refusal: a startup adapter that does not fit exits 2 with a reason naming it and the key —
+a misshapen PEFT file, and a kohya file made for SDXL (diffusers converts its keys, then they fit no module)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import httpx
 import numpy as np
 import pytest
 import safetensors.torch as st
+from lora_layouts import write_layout
 from lora_probes import write_adapter
 from serve_probes import decode_png
 from stage_process import StageProcess, running_stage
@@ -19,7 +21,7 @@ ARGS = ["--device", "cpu", "--executor", "uni", "--execution-mode", "step", "--m
 
 
 @pytest.fixture(scope="module")
-def adapters(tiny_sd_path, tmp_path_factory) -> dict[str, str]:
+def adapters(tiny_sd_path, tiny_sdxl_path, tmp_path_factory) -> dict[str, str]:
     out = tmp_path_factory.mktemp("http-loras")
     files = {name: write_adapter(tiny_sd_path, out / name, seed=seed) for name, seed in (("a", 1), ("b", 2))}
     tensors = st.load_file(str(Path(files["a"]) / "pytorch_lora_weights.safetensors"))
@@ -28,7 +30,9 @@ def adapters(tiny_sd_path, tmp_path_factory) -> dict[str, str]:
     st.save_file({"transformer" + k[4:] if k.startswith("unet.") else k: v for k, v in tensors.items()},
                  str(out / "flux-keys.safetensors"))
     return {**files, "misshapen": str(out / "misshapen.safetensors"), "misshapen_key": key,
-            "other": str(out / "flux-keys.safetensors")}
+            "other": str(out / "flux-keys.safetensors"), "sdxl-kohya": write_layout("kohya", tiny_sdxl_path,
+                                                                                   out / "sdxl-kohya", seed=3),
+            "sdxl-kohya_key": "key 'text_encoder_2."}
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +81,10 @@ def test_a_file_that_does_not_fit_is_refused_with_400_naming_the_adapter_and_key
         assert "LoRA adapter 'bad'" in message and adapters["misshapen_key"] in message and "shape" in message
         other = c.post("/v1/loras", json={"name": "other", "path": adapters["other"]})
         assert other.status_code == 400 and "matches no module" in other.json()["error"]["message"]
+        kohya = c.post("/v1/loras", json={"name": "kohya", "path": adapters["sdxl-kohya"]})
+        assert kohya.status_code == 400, kohya.text
+        message = kohya.json()["error"]["message"]
+        assert f"LoRA adapter 'kohya' from {adapters['sdxl-kohya']!r}" in message and "key 'text_encoder_2." in message
         bad_name = c.post("/v1/loras", json={"name": "../x", "path": adapters["b"]})
         assert bad_name.status_code == 400 and bad_name.json()["error"]["param"] == "name"
         assert [a["name"] for a in c.get("/v1/loras").json()["data"]] == ["a"]
@@ -88,9 +96,10 @@ async def test_the_lora_rpcs_are_declared_control_rpcs_over_zmq(lora_stage):
     assert [a["name"] for a in listed] == ["a"]
 
 
-def test_a_startup_adapter_that_does_not_fit_exits_2_naming_it_and_the_key(tiny_sd_path, adapters, tmp_path):
+@pytest.mark.parametrize("bad", ["misshapen", "sdxl-kohya"])
+def test_a_startup_adapter_that_does_not_fit_exits_2_naming_it_and_the_key(tiny_sd_path, adapters, tmp_path, bad):
     term = tmp_path / "termination.log"
-    stage = StageProcess(["--model", tiny_sd_path, *ARGS, "--lora", f"bad={adapters['misshapen']}"],
+    stage = StageProcess(["--model", tiny_sd_path, *ARGS, "--lora", f"bad={adapters[bad]}"],
                          tmp_path / "stage.log", termination_log=term)
     stage.start(wait_ready=False)
     try:
@@ -98,4 +107,5 @@ def test_a_startup_adapter_that_does_not_fit_exits_2_naming_it_and_the_key(tiny_
     finally:
         stage.kill()
     reason = term.read_text()
-    assert reason.startswith("LoraLoadError: ") and "'bad'" in reason and adapters["misshapen_key"] in reason
+    assert reason.startswith("LoraLoadError: ") and "'bad'" in reason and adapters[f"{bad}_key"] in reason
+    assert adapters[bad] in reason                                       # the file

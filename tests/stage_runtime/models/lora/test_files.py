@@ -1,4 +1,6 @@
-"""Reading an adapter file: PEFT's scaling from the metadata, and every refusal naming the adapter and the key."""
+"""Reading an adapter file: every layout through diffusers' own conversion (the served pipeline class's
+``lora_state_dict``, then PEFT's keys and LoraConfig), PEFT's scaling, and every refusal naming the adapter, the
+file and the first key that does not fit."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import math
 
 import pytest
 import torch
+from diffusers import FluxPipeline, StableDiffusionPipeline
 from safetensors.torch import save_file
 
 from stage_runtime.errors import LoraLoadError
@@ -25,6 +28,10 @@ def components():
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return {"unet": torch.nn.ModuleDict({"block": Block()})}
+
+
+def read(path, loader=StableDiffusionPipeline):
+    return read_lora("a", path, components(), loader)
 
 
 def factors(r=2):
@@ -49,7 +56,7 @@ def write(tmp_path, tensors, metadata=None, name="adapter.safetensors"):
     ({"unet.r": 2, "unet.lora_alpha": 8, "unet.use_rslora": True}, 8 / math.sqrt(2), 8 / math.sqrt(2)),
 ])
 def test_scaling_is_peft_alpha_over_rank(tmp_path, metadata, q_scale, conv_scale):
-    weights = read_lora("a", write(tmp_path, factors(), metadata), components())
+    weights = read(write(tmp_path, factors(), metadata))
     mods = weights.modules["unet"]
     assert mods["block.to_q"].scaling == pytest.approx(q_scale)
     assert mods["block.conv"].scaling == pytest.approx(conv_scale)
@@ -58,10 +65,35 @@ def test_scaling_is_peft_alpha_over_rank(tmp_path, metadata, q_scale, conv_scale
 
 def test_a_folder_is_read_through_its_one_adapter_file(tmp_path):
     write(tmp_path, factors(), name="pytorch_lora_weights.safetensors")
-    assert read_lora("a", str(tmp_path), components()).modules["unet"].keys() == {"block.to_q", "block.conv"}
+    assert read(str(tmp_path)).modules["unet"].keys() == {"block.to_q", "block.conv"}
 
 
-def bad(tensors, key):
+def kohya(tensors, alpha):
+    """The PEFT factors in kohya's keys (``lora_unet_<path with _>``, lora_down / lora_up, an alpha each)."""
+    out = {}
+    for key, value in tensors.items():
+        module, factor = key.removeprefix("unet.").rsplit(".lora_", 1)
+        name = "lora_unet_" + module.replace(".", "_")
+        out[f"{name}.lora_{'down' if factor.startswith('A') else 'up'}.weight"] = value
+        out[f"{name}.alpha"] = torch.tensor(alpha)
+    return out
+
+
+def test_kohya_and_the_training_script_layout_are_converted_as_diffusers_converts_them(tmp_path):
+    """kohya: alpha / r (8 / 2); diffusers' training-script layout (``.lora.down`` / ``.lora.up``, no metadata):
+    alpha = r. Each gives the PEFT file's factors."""
+    peft = factors()
+    from_kohya = read(write(tmp_path, kohya(peft, 8.0), name="k.safetensors")).modules["unet"]
+    old = {k.replace(".lora_A.", ".lora.down.").replace(".lora_B.", ".lora.up."): v for k, v in peft.items()}
+    from_old = read(write(tmp_path, old, name="o.safetensors")).modules["unet"]
+    for module in ("block.to_q", "block.conv"):
+        a, b = peft[f"unet.{module}.lora_A.weight"], peft[f"unet.{module}.lora_B.weight"]
+        for mods, scaling in ((from_kohya, 4.0), (from_old, 1.0)):
+            assert torch.equal(mods[module].a, a) and torch.equal(mods[module].b, b)
+            assert mods[module].scaling == pytest.approx(scaling)
+
+
+def bad(tensors):
     out = factors()
     out.update(tensors)
     return out
@@ -69,31 +101,58 @@ def bad(tensors, key):
 
 @pytest.mark.parametrize("tensors, message", [
     ({"text_encoder.layers.0.q_proj.lora_A.weight": torch.randn(2, 8)},
-     "LoRA adapter 'a' matches no module of the served model: key 'text_encoder.layers.0.q_proj.lora_A.weight' "
-     "targets 'text_encoder', this model's LoRA components are unet"),
+     "matches no module of the served model: key 'text_encoder.layers.0.q_proj.lora_A.weight' targets "
+     "'text_encoder', this model's LoRA components are unet"),
     ({"unet.block.to_k.lora_A.weight": torch.randn(2, 8), "unet.block.to_k.lora_B.weight": torch.randn(6, 2)},
-     "key 'unet.block.to_k.lora_A.weight' (no module 'block.to_k' in unet)"),
+     "matches no module of the served model: key 'unet.block.to_k.lora_A.weight' (no module 'block.to_k' in unet)"),
     ({"unet.block.to_q.lora_A.weight": torch.randn(2, 7)},
-     "LoRA adapter 'a' does not fit the served model: key 'unet.block.to_q.lora_A.weight': lora_A has shape "
-     "(2, 7), the module needs (2, 8)"),
+     "does not fit the served model: key 'unet.block.to_q.lora_A.weight': lora_A has shape (2, 7), the module "
+     "needs (2, 8)"),
     ({"unet.block.conv.lora_B.weight": torch.randn(4, 2, 1, 1)}, "lora_B has shape (4, 2, 1, 1), the module needs"),
     ({"unet.block.norm.lora_A.weight": torch.randn(2, 8), "unet.block.norm.lora_B.weight": torch.randn(8, 2)},
      "the module is a LayerNorm; LoRA adapts Linear and Conv2d layers"),
-    ({"lora_unet_block_to_q.lora_down.weight": torch.randn(2, 8)}, "is not a diffusers/PEFT LoRA factor"),
-    ({"unet.block.to_q.lora_magnitude_vector": torch.randn(6)}, "is not a diffusers/PEFT LoRA factor"),
+    ({"lora_unet_block_to_q.lora_down.weight": torch.randn(2, 8)},        # kohya keys among PEFT ones
+     "matches no module of the served model: key 'lora_unet_block_to_q.lora_down.weight' targets "
+     "'lora_unet_block_to_q'"),
+    ({"unet.block.to_q.lora_magnitude_vector": torch.randn(6)},
+     "has a tensor that is not a LoRA factor: key 'unet.block.to_q.lora_magnitude_vector' (lora_A.weight / "
+     "lora_B.weight; DoRA magnitudes and LoRA biases are not served)"),
+    ({"unet.block.to_q.lora_B.bias": torch.randn(6)}, "key 'unet.block.to_q.lora_B.bias'"),
 ])
-def test_refusals_name_the_adapter_and_the_first_key_that_does_not_fit(tmp_path, tensors, message):
+def test_refusals_name_the_adapter_the_file_and_the_first_key_that_does_not_fit(tmp_path, tensors, message):
+    path = write(tmp_path, bad(tensors))
     with pytest.raises(LoraLoadError) as exc:
-        read_lora("a", write(tmp_path, bad(tensors, None)), components())
-    assert message in str(exc.value)
+        read(path)
+    assert str(exc.value).startswith(f"LoRA adapter 'a' from {path!r} ") and message in str(exc.value)
+
+
+def test_a_key_renamed_by_the_conversion_is_named_as_converted_and_says_so(tmp_path):
+    tensors = kohya(factors(), 4.0)
+    tensors["lora_unet_block_to_k.lora_down.weight"] = torch.randn(2, 8)
+    tensors["lora_unet_block_to_k.lora_up.weight"] = torch.randn(6, 2)
+    with pytest.raises(LoraLoadError, match=r"matches no module of the served model: key "
+                                            r"'unet\.block\.to_k\.lora_A\.weight' \(a key of the file as diffusers' "
+                                            r"StableDiffusionPipeline converts it\) "
+                                            r"\(no module 'block\.to_k' in unet\)"):
+        read(write(tmp_path, tensors))
+
+
+def test_a_file_diffusers_refuses_is_refused_with_its_reason(tmp_path):
+    """FLUX's loader takes any ``.lora_down.weight`` file for sd-scripts' FLUX layout: an SD kohya file is not."""
+    path = write(tmp_path, kohya(factors(), 4.0))
+    with pytest.raises(LoraLoadError) as exc:
+        read_lora("a", path, {"transformer": torch.nn.ModuleDict({"block": Block()})}, FluxPipeline)
+    assert str(exc.value).startswith(f"LoRA adapter 'a' from {path!r} is not a LoRA file diffusers' "
+                                     f"FluxPipeline.lora_state_dict converts: ")
+    assert "lora_unet_block" in str(exc.value)
 
 
 def test_a_factor_without_its_pair_and_a_missing_file_are_refused(tmp_path):
     half = {k: v for k, v in factors().items() if k != "unet.block.conv.lora_B.weight"}
-    with pytest.raises(LoraLoadError, match="module unet.block.conv has no lora_B.weight"):
-        read_lora("a", write(tmp_path, half), components())
+    with pytest.raises(LoraLoadError, match="has module unet.block.conv without its lora_B.weight"):
+        read(write(tmp_path, half))
     with pytest.raises(LoraLoadError, match="'gone': path '/nowhere' is not a file or folder inside this stage"):
-        read_lora("gone", "/nowhere", components())
+        read_lora("gone", "/nowhere", components(), StableDiffusionPipeline)
     (tmp_path / "junk.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(LoraLoadError, match="is not a readable safetensors file"):
-        read_lora("j", str(tmp_path / "junk.safetensors"), components())
+        read(str(tmp_path / "junk.safetensors"))

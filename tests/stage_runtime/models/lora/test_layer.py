@@ -12,7 +12,9 @@ from stage_runtime.models.lora.manager import LoraManager
 
 
 def manager_with(module: torch.nn.Module, factors: dict[str, LoraFactors]) -> LoraManager:
-    manager = LoraManager({"unet": torch.nn.ModuleDict({"m": module})}, torch.device("cpu"))
+    from diffusers import StableDiffusionPipeline
+
+    manager = LoraManager({"unet": torch.nn.ModuleDict({"m": module})}, torch.device("cpu"), StableDiffusionPipeline)
     for name, f in factors.items():       # what load() does after read_lora
         manager.add(LoraWeights(name, "-", name * 16, {"unet": {"m": f}}))
     return manager

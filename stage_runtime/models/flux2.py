@@ -1,0 +1,170 @@
+"""FLUX.2 pipelines: ``Flux2Pipeline`` (FLUX.2 [dev]) here, ``Flux2KleinPipeline`` in ``models/flux2_klein.py``; both
+over the same ``Flux2Transformer2DModel``, VAE and scheduler, so the step math they share is ``Flux2Base``.
+
+What FLUX.2 does differently from FLUX.1 (``models/flux.py``), as diffusers 0.42.1 runs it:
+
+    prompt      one text encoder (Mistral 3 for [dev], Qwen3 for Klein) in a chat template, padded to 512 tokens;
+                the hidden states of three layers stacked per token ((10, 20, 30) / (9, 18, 27)): no pooled vector
+    latents     the VAE's latents patchified 2x2 then flattened (n, h/2 · w/2, 4C); 4-axis position ids (t, h, w, l)
+                for image and text tokens (the transformer reads the first row's)
+    schedule    sigmas 1 → 1/steps, shifted by FLUX.2's empirical ``mu`` (image tokens AND step count)
+    decode      tokens scattered back by their ids, un-normalised by the VAE's batch-norm statistics
+                (z · sqrt(var + eps) + mean), un-patchified, decoded
+    transformer 4-axis rotary over [text ‖ image]; double-stream blocks, then single-stream blocks over the joint
+                [text ‖ image] tokens (fused q/k/v + MLP projections)
+
+FLUX.2 [dev] is guidance-distilled like FLUX.1 [dev]: ``guidance_scale`` is an embedding per row, one pass, no
+negative prompt (diffusers' ``Flux2Pipeline`` takes none), hence no CFG parallel. A step is ONE transformer forward
+over every request's rows; requests of different step counts and guidance scales share it (one size: one set of
+position ids). Request mode runs the same step loop for the wave (equal to ``Flux2Pipeline.__call__`` within 1
+uint8 on the tiny model), not diffusers' call: its decode reads the VAE's batch-norm statistics outside any forward, which
+layerwise offload would not have brought in (``post_decode`` does, with a forward of the batch-norm on no rows).
+
+Ulysses and ring shard both token streams of every block (``distributed/ulysses_flux2.py``); tensor parallel is
+refused (``distributed/tensor_parallel.py`` does not shard the single-stream blocks' fused ``to_qkv_mlp_proj``). The
+block cache skips the blocks after the first double-stream block per request (``models/block_cache.py`` reads the
+last single-stream block's image tokens out of its joint output).
+
+Reference images (the pipeline's ``image``: multi-reference editing) are not served: a request with an image is a
+400 (``edit_tasks`` is empty). LoRA is not served yet (``lora_components`` is empty); the hooks are in place: every
+forward runs inside ``lora_rows("transformer")`` with its rows (a guided Klein request's twice), the prompt encoding
+inside ``batch_lora_rows`` of the encoder components.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu
+
+from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.step_contract import StepContract
+from stage_runtime.models.step_state import StepRequestState
+from stage_runtime.request import DiffusionRequest
+
+MAX_SEQUENCE_LENGTH = 512          # both pipelines' max_sequence_length default (prompts padded to it)
+
+
+def flux2_scheduler(scheduler, num_steps: int, device: torch.device, image_seq_len: int):
+    """A private copy of ``scheduler`` with the timesteps FLUX.2's ``__call__`` sets, positioned at step 0."""
+    own = copy.deepcopy(scheduler)
+    mu = compute_empirical_mu(image_seq_len=image_seq_len, num_steps=num_steps)
+    if own.config.get("use_flow_sigmas", False):
+        own.set_timesteps(num_steps, device=device, mu=mu)
+    else:
+        own.set_timesteps(sigmas=np.linspace(1.0, 1 / num_steps, num_steps), device=device, mu=mu)
+    own.set_begin_index(0)
+    return own
+
+
+class Flux2Base(StepContract, PipelineAdapter):
+    """What Flux2Pipeline and Flux2KleinPipeline share: encode, latents, schedule, the forward, the decode."""
+
+    default_steps = 50
+    default_guidance = 4.0                                          # both __call__ defaults
+    sequence_attention = "flux2"                                    # distributed/ulysses_flux2.py
+    block_lists = ("transformer_blocks", "single_transformer_blocks")
+    supports_block_cache = True
+    request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale")
+    step_key_fields = ("height", "width")                           # timesteps and guidance are per row
+
+    @property
+    def vae_scale_factor(self) -> int:
+        return int(self.pipe.vae_scale_factor)
+
+    def size_multiple(self) -> int:
+        return self.vae_scale_factor * 2                            # the VAE's factor, then 2x2 patches
+
+    def default_size(self) -> tuple[int, int]:
+        side = self.pipe.default_sample_size * self.vae_scale_factor  # what __call__ makes without a size
+        return side, side
+
+    def max_sequence_length(self) -> int:
+        return MAX_SEQUENCE_LENGTH
+
+    def num_attention_heads(self) -> int:
+        from stage_runtime.distributed.ulysses_joint import joint_attention_heads
+
+        return joint_attention_heads(self.denoiser)
+
+    def parallel_refusal(self, kind: str) -> str | None:
+        if kind == "tp":
+            return ("distributed/tensor_parallel.py does not shard FLUX.2's attention (Flux2Attention) nor the "
+                    "single-stream blocks' fused q/k/v + MLP projection (to_qkv_mlp_proj)")
+        return None
+
+    # -- the step contract's shared parts ------------------------------------------------------------------
+    def encode(self, text: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(n, 512, D) embeddings of ``text`` for n images and their (n, 512, 4) position ids."""
+        return self.pipe.encode_prompt(prompt=[text], device=self.device, num_images_per_prompt=n,
+                                       max_sequence_length=MAX_SEQUENCE_LENGTH)
+
+    def new_state(self, request: DiffusionRequest) -> StepRequestState:
+        """The prompt encoded (with the request's encoder LoRA rows), latents from its generators, its schedule."""
+        s, pipe, n = request.sampling, self.pipe, request.sampling.num_outputs
+        with self.batch_lora_rows([request], components=self.encoder_lora_components):
+            embeds, text_ids = self.encode(request.prompt, n)
+        latents, image_ids = pipe.prepare_latents(n, pipe.transformer.config.in_channels // 4, s.height, s.width,
+                                                  embeds.dtype, self.device, self.generators([request]))
+        scheduler = flux2_scheduler(pipe.scheduler, s.num_inference_steps, self.device, latents.shape[1])
+        cond = {"embeds": embeds, "text_ids": text_ids, "image_ids": image_ids}
+        return StepRequestState(request, scheduler, latents, do_cfg=False, cond=cond)
+
+    def forward(self, states: list[StepRequestState], rows: list[tuple[StepRequestState, torch.Tensor, torch.Tensor]],
+                guidance: torch.Tensor | None = None) -> torch.Tensor:
+        """ONE transformer forward over ``rows`` ((state, latents, text embeddings) in row order), each at its
+        state's timestep; the position ids are the first state's (one size, one text length per forward)."""
+        hidden = torch.cat([latents for _, latents, _ in rows])
+        timesteps = torch.cat([st.timestep.expand(len(latents)).to(latents.dtype) for st, latents, _ in rows])
+        first = states[0].cond
+        with self.lora_rows("transformer", [(st.request, len(latents)) for st, latents, _ in rows]):
+            return self.pipe.transformer(
+                hidden_states=hidden.to(self.pipe.transformer.dtype), timestep=timesteps / 1000, guidance=guidance,
+                encoder_hidden_states=torch.cat([embeds for _, _, embeds in rows]),
+                txt_ids=first["text_ids"][0], img_ids=first["image_ids"][0], joint_attention_kwargs=None,
+                return_dict=False)[0]
+
+    def post_decode(self, state: StepRequestState) -> np.ndarray:
+        """Tokens back to (n, 4C, h/2, w/2) by their ids, the batch-norm undone, un-patchified, decoded."""
+        pipe = self.pipe
+        latents = pipe._unpack_latents_with_ids(state.latents, state.cond["image_ids"])
+        bn = pipe.vae.bn
+        bn(latents[:0].to(pipe.vae.dtype))      # no rows: under offload its pre-hook makes the VAE (its buffers) resident
+        mean = bn.running_mean.view(1, -1, 1, 1).to(latents.device, latents.dtype)
+        std = torch.sqrt(bn.running_var.view(1, -1, 1, 1) + pipe.vae.config.batch_norm_eps).to(latents.device,
+                                                                                                latents.dtype)
+        latents = pipe._unpatchify_latents(latents * std + mean)
+        image = pipe.vae.decode(latents.to(pipe.vae.dtype), return_dict=False)[0]
+        return self.to_uint8(pipe.image_processor.postprocess(image, output_type="np"))
+
+
+class Flux2Adapter(Flux2Base):
+    pipeline_classes = ("Flux2Pipeline",)
+    tiny_kinds = ("flux2",)
+    guidance = "distilled"                       # a guidance embedding per row; no negative prompt
+    parallel_kinds = frozenset({"ulysses", "ring"})
+
+    def parallel_refusal(self, kind: str) -> str | None:
+        if kind == "cfg":
+            return ("FLUX.2 [dev] is guidance-distilled: guidance_scale is an embedding inside the single "
+                    "transformer pass of each step, there is no unconditional pass to put on another rank")
+        return super().parallel_refusal(kind)
+
+    # -- request mode: the step loop, to the end, for the whole wave (one row per image, in request order) ------
+    def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
+        return self.run_step_loop(requests)
+
+    # -- step contract ---------------------------------------------------------------------------------------
+    def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
+        state = self.new_state(request)
+        n = request.sampling.num_outputs
+        state.cond["guidance"] = torch.full([n], request.sampling.guidance_scale, device=self.device,
+                                            dtype=torch.float32)
+        return state
+
+    def denoise_step(self, states: list[StepRequestState]) -> list[torch.Tensor]:
+        rows = [(st, st.latents, st.cond["embeds"]) for st in states]
+        noise = self.forward(states, rows, guidance=torch.cat([st.cond["guidance"] for st in states]))
+        return self.split_rows(noise, [st.latents for st in states])
