@@ -16,6 +16,8 @@ ranks every rank simply runs the whole call (same cost as a padded chunk, and no
 equals B are split (sample, encoder_hidden_states, class_labels, per-row timesteps, also inside
 dicts/lists); everything else (0-d timesteps, scalars, None) is passed unchanged, and so are the keyword
 arguments a family names ``per_token`` (FLUX's position ids: one row per token, which a row count could equal).
+Per-row plans made for the full call (a LoRA row plan, models/lora) follow the rank's rows through the context
+``around_local(rows)`` the family hands in, entered around the local call with the rank's row indices.
 
 Installed by replacing the instance's ``forward``: the module stays in the pipeline, so its forward
 hooks/pre-hooks fire exactly once per denoiser call, with the full batch.
@@ -23,10 +25,11 @@ hooks/pre-hooks fire exactly once per denoiser call, with the full batch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ContextManager
 
 import torch
 
@@ -82,9 +85,16 @@ def _gather_output(out: Any, batch: int, per_rank: int, group) -> Any:
     return _map_tensors(out, gather)
 
 
-def enable_cfg_parallel(denoiser: torch.nn.Module, group, per_token: tuple[str, ...] = ()) -> None:
+def local_rows(batch: int, per_rank: int, rank: int, device: torch.device) -> torch.Tensor:
+    """The call's row indices this rank computes (its chunk; past the end, the last row again)."""
+    return torch.arange(rank * per_rank, (rank + 1) * per_rank, device=device).clamp_(max=batch - 1)
+
+
+def enable_cfg_parallel(denoiser: torch.nn.Module, group, per_token: tuple[str, ...] = (),
+                        around_local: Callable[[torch.Tensor], ContextManager] | None = None) -> None:
     """Split each denoiser call's rows across ``group`` and all_gather the outputs (no-op for group None); the
-    keyword arguments named in ``per_token`` are never split.
+    keyword arguments named in ``per_token`` are never split; ``around_local(rows)`` (rows: this rank's row
+    indices of the call) is entered around the local call.
 
     Every rank of ``group`` must make the same sequence of denoiser calls with the same shapes (true
     when all ranks run the same requests), which keeps the one all_gather per call symmetric.
@@ -107,8 +117,11 @@ def enable_cfg_parallel(denoiser: torch.nn.Module, group, per_token: tuple[str, 
         def split(t: torch.Tensor) -> torch.Tensor:
             return _local_rows(t, batch, per_rank, rank)
 
-        out = original(*_map_tensors(args, split),
-                       **{k: v if k in per_token else _map_tensors(v, split) for k, v in kwargs.items()})
+        scope = contextlib.nullcontext() if around_local is None else around_local(
+            local_rows(batch, per_rank, rank, torch.device("cpu")))
+        with scope:
+            out = original(*_map_tensors(args, split),
+                           **{k: v if k in per_token else _map_tensors(v, split) for k, v in kwargs.items()})
         return _gather_output(out, batch, per_rank, group)
 
     forward.__wrapped__ = original  # type: ignore[attr-defined]

@@ -6,12 +6,16 @@ As distributed/cfg_parallel.py does for tensors: every rank of the cfg group get
 computes one contiguous chunk of ``ceil(B / P)`` rows (past the end, the last row again), the chunks are
 gathered (stacked, one all_gather) and every rank returns all B rows, in the model's return type. With fewer
 rows than ranks every rank runs the whole call (no collective). Installed over the instance's ``forward``, so
-hooks on the module fire once per call with the full rows.
+hooks on the module fire once per call with the full rows; per-row plans made for the full call (LoRA) follow the
+rank's rows through ``around_local(rows)``, as in distributed/cfg_parallel.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable
+from typing import ContextManager
 
 import torch
 
@@ -30,9 +34,11 @@ def _rows(value, batch: int, index: list[int]):
     return value
 
 
-def enable_list_cfg_parallel(denoiser: torch.nn.Module, group) -> None:
+def enable_list_cfg_parallel(denoiser: torch.nn.Module, group,
+                             around_local: Callable[[torch.Tensor], ContextManager] | None = None) -> None:
     """Split the rows of each call of ``denoiser`` (its first argument: a list) across ``group`` and gather the
-    per-row outputs (no-op for group None or one rank). Every rank makes the same calls (same requests)."""
+    per-row outputs (no-op for group None or one rank); ``around_local(rows)`` is entered around the local call.
+    Every rank makes the same calls (same requests)."""
     if group is None:
         return
     if getattr(denoiser, _MARK, None) is not None:
@@ -48,8 +54,10 @@ def enable_list_cfg_parallel(denoiser: torch.nn.Module, group) -> None:
             return original(x, *args, **kwargs)
         per_rank = math.ceil(batch / size)
         index = [min(i, batch - 1) for i in range(rank * per_rank, (rank + 1) * per_rank)]
-        out = original([x[i] for i in index], *(_rows(a, batch, index) for a in args),
-                       **{k: _rows(v, batch, index) for k, v in kwargs.items()})
+        scope = contextlib.nullcontext() if around_local is None else around_local(torch.tensor(index))
+        with scope:
+            out = original([x[i] for i in index], *(_rows(a, batch, index) for a in args),
+                           **{k: _rows(v, batch, index) for k, v in kwargs.items()})
         rows = out[0] if isinstance(out, tuple) else out.sample
         if len(rows) != per_rank:
             raise RuntimeError(f"cfg-parallel denoiser returned {len(rows)} rows for {per_rank} local rows")

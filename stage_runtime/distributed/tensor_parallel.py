@@ -12,6 +12,8 @@ Megatron-style, per attention and per feed-forward of the denoiser (T ranks, ran
     FLUX single  proj_mlp, attn.to_q/k/v (pre_only)        column-parallel
     block        proj_out over [attention ‖ MLP]          row-parallel over my columns of both parts
 
+A LoRA adapter on a sharded layer is cut the same way (``shard_low_rank``: B's rows of a column-parallel layer, A's
+columns of a row-parallel one, whose delta joins the partial product before its all_reduce: ``partial_hooks``).
 Everything else (norms, modulation, embeddings, proj_out, text encoders, VAE) stays replicated, so each
 block's output is the same on every rank. Weights are cut at load from the full checkpoint (the full
 tensors are dropped once sliced). Head counts and hidden sizes the degree does not divide are refused
@@ -47,11 +49,19 @@ class ColumnParallelLinear(torch.nn.Linear):
         layer.weight = torch.nn.Parameter(full.weight.detach()[rows].clone(), requires_grad=False)
         if full.bias is not None:
             layer.bias = torch.nn.Parameter(full.bias.detach()[rows].clone(), requires_grad=False)
+        layer.rows, layer.full_in_features, layer.full_out_features = rows, full.in_features, full.out_features
         return layer
+
+    def shard_low_rank(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's part of a low-rank update ``B @ A`` of the full weight (a LoRA): B's rows of my outputs."""
+        return a, b[self.rows.to(b.device)]
 
 
 class RowParallelLinear(torch.nn.Linear):
-    """A Linear holding input columns ``cols`` of the full layer: partial product, one all_reduce, bias."""
+    """A Linear holding input columns ``cols`` of the full layer: partial product, one all_reduce, bias.
+
+    ``partial_hooks`` (called as forward hooks are, ``hook(module, (x,), partial)``) add to the partial product
+    before the all_reduce: a low-rank update sharded by ``shard_low_rank`` is summed by the same collective."""
 
     group = None
 
@@ -62,10 +72,19 @@ class RowParallelLinear(torch.nn.Linear):
         if full.bias is not None:
             layer.bias = torch.nn.Parameter(full.bias.detach().clone(), requires_grad=False)
         layer.group = group
+        layer.cols, layer.full_in_features, layer.full_out_features = cols, full.in_features, full.out_features
+        layer.partial_hooks = []
         return layer
 
+    def shard_low_rank(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's part of a low-rank update ``B @ A`` of the full weight: A's columns of my inputs."""
+        return a[:, self.cols.to(a.device)], b
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = all_reduce_sum(F.linear(x, self.weight).contiguous(), self.group)
+        partial = F.linear(x, self.weight)
+        for hook in self.partial_hooks:
+            partial = hook(self, (x,), partial)
+        out = all_reduce_sum(partial.contiguous(), self.group)
         return out if self.bias is None else out + self.bias
 
 

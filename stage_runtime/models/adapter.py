@@ -85,6 +85,10 @@ class PipelineAdapter(Refusals, ABC):
     # () = this family serves no LoRA. A family that names any must set the rows of each of them
     # (``lora_rows``) around every call of that component (models/lora).
     lora_components: ClassVar[tuple[str, ...]] = ()
+    # Modules of a LoRA component (component → module paths) whose input is the tokens of every image of a forward
+    # concatenated into one sequence, not one row per image: a per-row adapter cannot be applied there, so a file
+    # targeting one is refused at load, naming the key (Z-Image's patch and caption embedders).
+    lora_flat_modules: ClassVar[dict[str, tuple[str, ...]]] = {}
     # Loading: False materialises every weight (no meta tensors); None leaves it to diffusers, which needs it
     # on for a denoiser with modules kept in float32 (Wan's ``_keep_in_fp32_modules``).
     low_cpu_mem_usage: ClassVar[bool | None] = False
@@ -222,7 +226,18 @@ class PipelineAdapter(Refusals, ABC):
         """Split the rows of every denoiser call across ``group`` (the CFG halves, then requests)."""
         from stage_runtime.distributed.cfg_parallel import enable_cfg_parallel
 
-        enable_cfg_parallel(self.denoiser, group)
+        enable_cfg_parallel(self.denoiser, group, around_local=self.rows_on_this_rank(self.denoiser))
+
+    def rows_on_this_rank(self, module: torch.nn.Module):
+        """For a wrapper that runs a call of ``module`` on some of its rows only (a CFG-parallel rank's chunk): the
+        context factory (row indices → context) under which the call's LoRA row plans follow those rows."""
+        def scope(rows: torch.Tensor):
+            if self.loras is None:
+                return contextlib.nullcontext()
+            if isinstance(module, RoutedDenoiser):       # each part's plan is made inside, from the rows it gets
+                return module.local_rows(rows)
+            return self.loras.subset(module, rows)
+        return scope
 
     # Which attention the sequence-parallel hooks below shard (Ulysses, ring, both), hence which installer:
     # "self"  the self-attention of diffusers' BasicTransformerBlock stacks (UNet, DiT): distributed/ulysses.py

@@ -82,7 +82,8 @@ class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
         ids are per token and go whole to every rank."""
         from stage_runtime.distributed.cfg_parallel import enable_cfg_parallel
 
-        enable_cfg_parallel(self.denoiser, group, per_token=("txt_ids", "img_ids"))
+        enable_cfg_parallel(self.denoiser, group, per_token=("txt_ids", "img_ids"),
+                            around_local=self.rows_on_this_rank(self.denoiser))
 
     # -- request mode ----------------------------------------------------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:

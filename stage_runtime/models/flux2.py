@@ -26,9 +26,8 @@ block cache skips the blocks after the first double-stream block per request (``
 last single-stream block's image tokens out of its joint output).
 
 Reference images (the pipeline's ``image``: multi-reference editing) are not served: a request with an image is a
-400 (``edit_tasks`` is empty). LoRA is not served yet (``lora_components`` is empty); the hooks are in place: every
-forward runs inside ``lora_rows("transformer")`` with its rows (a guided Klein request's twice), the prompt encoding
-inside ``batch_lora_rows`` of the encoder components.
+400 (``edit_tasks`` is empty). LoRA adapts the transformer, as ``Flux2LoraLoaderMixin`` (the text encoders never):
+every forward runs inside ``lora_rows("transformer")`` with its rows (a guided Klein request's twice), in both modes.
 """
 
 from __future__ import annotations
@@ -69,6 +68,7 @@ class Flux2Base(StepContract, PipelineAdapter):
     supports_block_cache = True
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale")
     step_key_fields = ("height", "width")                           # timesteps and guidance are per row
+    lora_components = ("transformer",)                              # as Flux2LoraLoaderMixin (no text encoder)
 
     @property
     def vae_scale_factor(self) -> int:

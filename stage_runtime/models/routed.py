@@ -31,6 +31,21 @@ class RoutedDenoiser(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self._wraps: list[PartWrap] = []
+        self.local: torch.Tensor | None = None    # the rows of the call this rank runs (CFG parallel), None: all
+
+    @contextlib.contextmanager
+    def local_rows(self, rows: torch.Tensor) -> Iterator[None]:
+        """While inside, the forward's rows are the rows ``rows`` of the call a wrap's plan was made for (a
+        CFG-parallel rank's chunk): ``on_local`` maps that plan's rows to them."""
+        self.local = rows
+        try:
+            yield
+        finally:
+            self.local = None
+
+    def on_local(self, items: list) -> list:
+        """A list made for the whole call, one entry per row, cut to the rows this rank runs."""
+        return items if self.local is None else [items[i] for i in self.local.tolist()]
 
     def parts(self) -> dict[str, torch.nn.Module]:
         """The parts present, by name (their pipeline component names)."""

@@ -198,7 +198,8 @@ class WanAdapter(StepContract, PipelineAdapter):
         sets = [st.request.sampling.loras for st, r in zip(states, rows, strict=True) for _ in range(len(r))]
 
         def wrap(part: str, keep: torch.Tensor | None):
-            return self.loras.rows(part, sets if keep is None else [sets[i] for i in keep.tolist()])
+            local = self.experts.on_local(sets)            # a CFG-parallel rank runs some of the rows
+            return self.loras.rows(part, local if keep is None else [local[i] for i in keep.tolist()])
         return self.experts.around_each(wrap)
 
     def post_decode(self, state: StepRequestState) -> np.ndarray:

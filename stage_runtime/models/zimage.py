@@ -22,6 +22,9 @@ image]``, one transformer forward per step). ``cfg_truncation`` and ``cfg_normal
 pipeline's defaults (1.0: never truncated; off); no request field sets them yet (``ZImageAdapter`` subclasses
 may). Timesteps are diffusers' own: sigmas ``linspace(1, 1/steps)`` and the dynamic shift of the image token
 count when the scheduler asks for it (Z-Image-Turbo: a static shift 3).
+
+LoRA adapts the transformer (``ZImageLoraLoaderMixin``'s component), per row around each forward, except its patch
+and caption embedders: they run on every row's tokens concatenated, so a file adapting them is refused at load.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ class ZImageAdapter(ZImageRefusals, StepContract, PipelineAdapter):
     parallel_kinds = frozenset({"cfg", "ulysses", "ring"})
     sequence_attention = "zimage"                             # distributed/ulysses_zimage.py
     step_key_fields = ("height", "width")                     # timesteps, guidance and captions are per row
+    lora_components = ("transformer",)                        # as ZImageLoraLoaderMixin (the Qwen3 encoder never)
+    # their input is every row's patches / caption tokens concatenated (models/adapter.py, lora_flat_modules)
+    lora_flat_modules = {"transformer": ("all_x_embedder", "cap_embedder", "siglip_embedder")}
     # ZImagePipeline.__call__'s defaults; not request fields (a subclass may set other values)
     cfg_truncation: float = 1.0
     cfg_normalization: float = 0.0
@@ -89,7 +95,7 @@ class ZImageAdapter(ZImageRefusals, StepContract, PipelineAdapter):
         """The transformer takes its rows as lists: split those (distributed/cfg_parallel_lists.py)."""
         from stage_runtime.distributed.cfg_parallel_lists import enable_list_cfg_parallel
 
-        enable_list_cfg_parallel(self.denoiser, group)
+        enable_list_cfg_parallel(self.denoiser, group, around_local=self.rows_on_this_rank(self.denoiser))
 
     def image_tokens(self, height: int, width: int) -> int:
         """A row's image tokens as the transformer pads them (the first tokens of its sequence)."""
@@ -101,8 +107,10 @@ class ZImageAdapter(ZImageRefusals, StepContract, PipelineAdapter):
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
         s = requests[0].sampling
         self.cache_tokens = self.image_tokens(s.height, s.width)
-        return self.call_pipeline(requests, **self.prompt_kwargs(requests), cfg_truncation=self.cfg_truncation,
-                                  cfg_normalization=self.cfg_normalization, max_sequence_length=MAX_SEQUENCE_LENGTH)
+        with self.batch_lora_rows(requests, cfg_rows=2 if s.guidance_scale > self.cfg_above else 1):
+            return self.call_pipeline(requests, **self.prompt_kwargs(requests), cfg_truncation=self.cfg_truncation,
+                                      cfg_normalization=self.cfg_normalization,
+                                      max_sequence_length=MAX_SEQUENCE_LENGTH)
 
     # -- step contract ---------------------------------------------------------------------------------------
     def prepare_encode(self, request: DiffusionRequest) -> StepRequestState:
@@ -147,7 +155,8 @@ class ZImageAdapter(ZImageRefusals, StepContract, PipelineAdapter):
                 timesteps.append((1000 - st.timestep.expand(n)) / 1000)
         s = states[0].request.sampling
         self.cache_tokens = self.image_tokens(s.height, s.width)
-        out = self.pipe.transformer(latents, torch.cat(timesteps), captions, return_dict=False)[0]
+        with self.lora_rows("transformer", [(st.request, len(st.latents) * (2 if st.do_cfg else 1)) for st in states]):
+            out = self.pipe.transformer(latents, torch.cat(timesteps), captions, return_dict=False)[0]
         preds, row = [], 0
         for st in states:
             n = len(st.latents)

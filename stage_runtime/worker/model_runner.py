@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -57,7 +58,9 @@ class DiffusionModelRunner:
         self.prompt_cache = None                               # cache.prompt_max_bytes > 0 and a text encoder
         self.writes_checkpoints = True        # this rank writes its replica's step checkpoints (the worker says)
 
-    def load_model(self) -> ModelInfo:
+    def load_model(self, parallelize: Callable[[object], None] | None = None) -> ModelInfo:
+        """Load the model; ``parallelize(adapter)`` (the worker's distributed.apply) runs before the startup LoRA
+        adapters are read, so their factors are cut to the tensor-parallel shards and hook the sharded layers."""
         adapter_cls = resolve_adapter_class(self.config.model)
         self.adapter = adapter_cls.load(self.config.model.path, self.device, self.config.model.dtype)
         if self.config.limits.decode_tile_side is not None:
@@ -66,6 +69,8 @@ class DiffusionModelRunner:
             self.adapter, self.config), fingerprint=step_checkpoint.model_fingerprint(self.adapter))
         self.offloader = build_offloader(self.config.offload, self.adapter, self.device)
         self.prompt_cache = prompt_cache.install(self.adapter.pipe, self.config.cache.prompt_max_bytes)
+        if parallelize is not None:
+            parallelize(self.adapter)
         self.adapter.loras = build_lora_manager(self.adapter, self.config, self.device)   # startup adapters
         return self.model_info
 

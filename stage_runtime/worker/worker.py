@@ -61,9 +61,8 @@ class DiffusionWorker:
         self.model_runner.writes_checkpoints = self.groups.is_replica_leader     # one writer per replica
 
     def load_model(self) -> ModelInfo:
-        info = self.model_runner.load_model()
-        apply_parallelism(self.model_runner.adapter, self.groups, self.config.parallel)
-        return info
+        return self.model_runner.load_model(
+            parallelize=lambda adapter: apply_parallelism(adapter, self.groups, self.config.parallel))
 
     def execute_model(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
         return self.model_runner.execute_model(sched_out)

@@ -29,12 +29,20 @@ SD3_TRANSFORMER_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj")
 QWEN_TRANSFORMER_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "img_mlp.net.0.proj")
 # Wan: self- and cross-attention projections and the feed-forward's linears (what step-distillation LoRAs adapt)
 WAN_TRANSFORMER_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "net.0.proj", "net.2")
+# FLUX.2: double-stream attention and feed-forward, the single-stream blocks' fused q/k/v + MLP projection
+FLUX2_TRANSFORMER_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "linear_in", "to_qkv_mlp_proj")
+# Z-Image: attention and SwiGLU feed-forward of the refiners and main layers, and the main layers' adaLN modulation
+ZIMAGE_TRANSFORMER_TARGETS = (r".*(attention\.(to_q|to_k|to_v|to_out\.0)|feed_forward\.w[123]"
+                              r"|refiner\.\d+\.adaLN_modulation\.0|layers\.\d+\.adaLN_modulation\.0)")
 DENOISER = {"StableDiffusionPipeline": ("unet", SD_UNET_TARGETS),
             "StableDiffusionXLPipeline": ("unet", SD_UNET_TARGETS),
             "QwenImagePipeline": ("transformer", QWEN_TRANSFORMER_TARGETS),
             "FluxPipeline": ("transformer", FLUX_TRANSFORMER_TARGETS),
             "FluxKontextPipeline": ("transformer", FLUX_TRANSFORMER_TARGETS),
             "StableDiffusion3Pipeline": ("transformer", SD3_TRANSFORMER_TARGETS),
+            "Flux2Pipeline": ("transformer", FLUX2_TRANSFORMER_TARGETS),
+            "Flux2KleinPipeline": ("transformer", FLUX2_TRANSFORMER_TARGETS),
+            "ZImagePipeline": ("transformer", ZIMAGE_TRANSFORMER_TARGETS),
             "WanPipeline": ("transformer", WAN_TRANSFORMER_TARGETS),
             "WanImageToVideoPipeline": ("transformer", WAN_TRANSFORMER_TARGETS)}
 

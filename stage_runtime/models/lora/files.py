@@ -85,8 +85,10 @@ def _check_fit(source: Source, m: ModuleLora, module: torch.nn.Module) -> None:
         raise source.refuse_key(m.key, "does not fit the served model", f": {reason}")
 
     a, b = m.a, m.b
-    if isinstance(module, torch.nn.Linear):
-        want_a, want_b = (a.shape[0], module.in_features), (module.out_features, a.shape[0])
+    if isinstance(module, torch.nn.Linear):          # a tensor-parallel shard: the full layer's shapes
+        in_features = getattr(module, "full_in_features", module.in_features)
+        out_features = getattr(module, "full_out_features", module.out_features)
+        want_a, want_b = (a.shape[0], in_features), (out_features, a.shape[0])
     elif isinstance(module, torch.nn.Conv2d):
         if module.groups != 1 or module.dilation != (1, 1):
             refuse("grouped or dilated Conv2d layers are not adapted")
@@ -98,6 +100,10 @@ def _check_fit(source: Source, m: ModuleLora, module: torch.nn.Module) -> None:
         refuse(f"lora_A has shape {tuple(a.shape)}, the module needs {want_a}")
     if tuple(b.shape) != want_b:
         refuse(f"lora_B has shape {tuple(b.shape)}, the module needs {want_b}")
+
+
+def _within(module_path: str, prefix: str) -> bool:
+    return module_path == prefix or module_path.startswith(prefix + ".")
 
 
 def _read(source_name: str, file: Path) -> tuple[dict[str, torch.Tensor], dict | None]:
@@ -118,9 +124,12 @@ def _read(source_name: str, file: Path) -> tuple[dict[str, torch.Tensor], dict |
     return tensors, metadata
 
 
-def read_lora(name: str, path: str, components: dict[str, torch.nn.Module], pipeline_class: type) -> LoraWeights:
+def read_lora(name: str, path: str, components: dict[str, torch.nn.Module], pipeline_class: type,
+              flat_modules: dict[str, tuple[str, ...]] | None = None) -> LoraWeights:
     """Read one adapter file through ``pipeline_class``'s diffusers loader and check it against ``components``
-    (prefix → module); LoraLoadError naming the adapter, the file and the first key that does not fit."""
+    (prefix → module); LoraLoadError naming the adapter, the file and the first key that does not fit, or that
+    targets one of ``flat_modules`` (component → module paths whose input is every row's tokens concatenated).
+    A tensor-parallel layer's factors are cut to the rank's shard (its ``shard_low_rank``)."""
     file = weight_file(name, path)
     digest = hashlib.sha256(file.read_bytes()).hexdigest()[:16]
     tensors, metadata = _read(name, file)
@@ -133,8 +142,17 @@ def read_lora(name: str, path: str, components: dict[str, torch.nn.Module], pipe
             except AttributeError:
                 raise source.refuse_key(m.key, "matches no module of the served model",
                                         f" (no module {module_path!r} in {component})") from None
+            flat = next((p for p in (flat_modules or {}).get(component, ()) if _within(module_path, p)), None)
+            if flat is not None:
+                raise source.refuse_key(m.key, "targets a module this stage cannot adapt per request", (
+                    f": {component}.{flat} runs on the tokens of every image of a forward concatenated into one "
+                    "sequence, so one image's adapters cannot be told from another's (adapt the blocks instead)"))
             _check_fit(source, m, module)
+            a, b = m.a, m.b
+            if hasattr(module, "shard_low_rank"):
+                a, b = module.shard_low_rank(a, b)
             weight = module.weight
             modules.setdefault(component, {})[module_path] = LoraFactors(
-                m.a.to(weight.device, weight.dtype), m.b.to(weight.device, weight.dtype), m.scaling)
+                a.to(weight.device, weight.dtype).contiguous(), b.to(weight.device, weight.dtype).contiguous(),
+                m.scaling)
     return LoraWeights(name, path, digest, modules)

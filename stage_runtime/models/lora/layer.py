@@ -45,17 +45,14 @@ class RowPlan:
         return cls(len(row_sets), groups)
 
 
-    def subset(self, keep: torch.Tensor) -> "RowPlan":
-        """The plan for the rows ``keep`` (ascending indices into this plan's rows), renumbered."""
-        position = {row: i for i, row in enumerate(keep.tolist())}
-        groups = []
+    def subset(self, keep: torch.Tensor, device: torch.device) -> "RowPlan":
+        """The plan for the rows ``keep`` (indices into this plan's rows, renumbered 0..; a row may come twice: CFG
+        parallel pads a rank's chunk by repeating the last row)."""
+        sets: list[AdapterSet] = [()] * self.rows
         for idx, adapter_set in self.groups:
-            rows = range(self.rows) if idx is None else idx.tolist()
-            mine = [position[r] for r in rows if r in position]
-            if mine:
-                idx = None if len(mine) == len(position) else torch.tensor(mine, device=keep.device)
-                groups.append((idx, adapter_set))
-        return RowPlan(len(position), tuple(groups))
+            for row in (range(self.rows) if idx is None else idx.tolist()):
+                sets[row] = adapter_set
+        return RowPlan.of([sets[row] for row in keep.tolist()], device)
 
 
 @dataclass

@@ -25,10 +25,11 @@ from stage_runtime.models.lora.layer import LoraHook, LoraSlot, RowPlan
 
 class LoraManager:
     def __init__(self, components: dict[str, torch.nn.Module], device: torch.device, pipeline_class: type,
-                 refusal: str | None = None, model_dir: str | None = None):
+                 model_dir: str | None = None,
+                 flat_modules: dict[str, tuple[str, ...]] | None = None):
         self.pipeline_class = pipeline_class    # whose diffusers loader reads the files (its lora_state_dict)
-        self.refusal = refusal          # why this stage cannot apply adapters at all (said on every load)
         self.model_dir = model_dir      # a relative adapter path is inside it
+        self.flat_modules = flat_modules or {}  # modules a file may not target (PipelineAdapter.lora_flat_modules)
         self.components = components
         self.device = device
         self.slots = {name: LoraSlot(name) for name in components}
@@ -39,10 +40,8 @@ class LoraManager:
         """Read, check and hold adapter ``name``; its summary. LoraLoadError naming the first bad key."""
         if name in self.adapters:
             raise LoraLoadError(f"LoRA adapter {name!r} is already loaded on this rank")
-        if self.refusal:
-            raise LoraLoadError(f"LoRA adapter {name!r}: {self.refusal}")
         return self.add(read_lora(name, resolve_path(name, path, self.model_dir), self.components,
-                                  self.pipeline_class))
+                                  self.pipeline_class, self.flat_modules))
 
     def add(self, weights: LoraWeights) -> dict:
         """Hold checked weights (``read_lora``'s): hook each module they target (once), give it the factors."""
@@ -52,7 +51,11 @@ class LoraManager:
                 hook = self.hooks.get((component, module_path))
                 if hook is None:
                     hook = LoraHook(module_path, self.slots[component])
-                    self.components[component].get_submodule(module_path).register_forward_hook(hook)
+                    module = self.components[component].get_submodule(module_path)
+                    if hasattr(module, "partial_hooks"):      # row-parallel: added before its all_reduce
+                        module.partial_hooks.append(hook)
+                    else:
+                        module.register_forward_hook(hook)
                     self.hooks[(component, module_path)] = hook
                 hook.factors[name] = factors
         self.adapters[name] = weights
@@ -85,14 +88,14 @@ class LoraManager:
 
     @contextlib.contextmanager
     def subset(self, module: torch.nn.Module, keep: torch.Tensor) -> Iterator[None]:
-        """While part of a call runs on the rows ``keep`` only (the block cache's computing rows), the plan of
-        the component ``module`` belongs to follows them."""
+        """While part of a call runs on the rows ``keep`` only (the block cache's computing rows, a CFG-parallel
+        rank's chunk), the plan of the component ``module`` belongs to follows them."""
         slot = next((self.slots[c] for c, m in self.components.items() if m is module), None)
         plan = None if slot is None else slot.plan
         if plan is None:
             yield
             return
-        slot.plan = plan.subset(keep)
+        slot.plan = plan.subset(keep, self.device)
         try:
             yield
         finally:
@@ -124,12 +127,8 @@ def build_lora_manager(adapter, config, device: torch.device) -> LoraManager | N
             raise LoraLoadError(f"loras: {type(adapter.pipe).__name__} serves no LoRA adapters "
                                 f"(adapter {type(adapter).__name__} declares no LoRA components)")
         return None
-    cfg, tp = config.parallel.cfg_parallel_size, config.parallel.tensor_parallel_size
-    refusal = (f"cfg_parallel_size={cfg} splits the denoiser's rows across ranks; per-row LoRA needs every row "
-               "on one rank (use cfg_parallel_size=1)") if cfg > 1 else (
-        f"tensor_parallel_size={tp} shards the adapted layers' weights; LoRA factors are not sharded yet "
-        "(use tensor_parallel_size=1)") if tp > 1 else None
-    manager = LoraManager(components, device, type(adapter.pipe), refusal, config.model.path)
+    manager = LoraManager(components, device, type(adapter.pipe), config.model.path,
+                          adapter.lora_flat_modules)
     for spec in config.loras:
         manager.load(spec.name, spec.path)
     return manager

@@ -15,7 +15,8 @@ from stage_runtime.errors import InvalidRequestError, LoraConflictError, LoraLoa
 from stage_runtime.request import DiffusionRequest, SamplingParams
 
 FAMILIES = {"sd": 7.5, "flux": 3.5}        # kind → guidance (SD: CFG rows; FLUX: distilled, no CFG rows)
-GUIDANCE = {**FAMILIES, "sd3": 7.0, "sdxl": 5.0, "qwen-image": 4.0}    # Qwen-Image's: true CFG (prompt, negative)
+# Qwen-Image's: true CFG (prompt, negative); FLUX.2 [dev]: an embedding; Klein and Z-Image: CFG rows
+GUIDANCE = {**FAMILIES, "sd3": 7.0, "sdxl": 5.0, "qwen-image": 4.0, "flux2": 4.0, "flux2-klein": 4.0, "zimage": 5.0}
 PROMPT, STEPS, SEED = "a photo of a cat", 3, 11
 
 
@@ -36,7 +37,8 @@ def family(request, tiny_sd_path, tiny_flux_path, tmp_path_factory):
 @pytest.fixture(scope="module", params=list(GUIDANCE))
 def any_family(request, tiny_model, tmp_path_factory):
     """Plus SD3 (transformer + two CLIP encoders, CFG rows), SDXL (UNet + two CLIP encoders, CFG rows) and
-    Qwen-Image (transformer; [prompt; negative] true-CFG rows) for the equality, leak and mixed-batch tests."""
+    Qwen-Image (transformer; [prompt; negative] true-CFG rows), FLUX.2 [dev] and [klein] and Z-Image (transformer;
+    Klein and Z-Image with CFG rows) for the equality, leak and mixed-batch tests."""
     return _family(request.param, {request.param: tiny_model(request.param)}, tmp_path_factory)
 
 

@@ -156,3 +156,34 @@ def test_a_factor_without_its_pair_and_a_missing_file_are_refused(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(LoraLoadError, match="is not a readable safetensors file"):
         read(str(tmp_path / "junk.safetensors"))
+
+
+def test_a_module_that_runs_on_every_rows_tokens_concatenated_is_refused_naming_the_key(tmp_path):
+    """Z-Image's patch and caption embedders (``PipelineAdapter.lora_flat_modules``): one image's adapters cannot be
+    told from another's there; the blocks are adapted."""
+    save_file(factors(), str(tmp_path / "a.safetensors"))
+    assert set(read_lora("a", str(tmp_path / "a.safetensors"), components(), StableDiffusionPipeline,
+                         {"unet": ("block.norm",)}).modules["unet"]) == {"block.to_q", "block.conv"}
+    with pytest.raises(LoraLoadError, match=r"targets a module this stage cannot adapt per request: key "
+                                            r"'unet.block.conv.lora_A.weight': unet.block.conv runs on the tokens of "
+                                            r"every image of a forward concatenated"):
+        read_lora("a", str(tmp_path / "a.safetensors"), components(), StableDiffusionPipeline, {"unet": ("block.conv",)})
+
+
+def test_a_tensor_parallel_layer_gets_its_shard_of_the_factors_checked_against_the_full_layer(tmp_path):
+    """A column-parallel layer keeps B's rows of its outputs, a row-parallel one A's columns of its inputs; the
+    shapes are checked against the full layer's."""
+    from stage_runtime.distributed.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    full = components()
+    sharded = components()
+    sharded["unet"].block.to_q = ColumnParallelLinear.shard(full["unet"].block.to_q, torch.tensor([2, 3, 4]))
+    tensors = factors()
+    save_file(tensors, str(tmp_path / "a.safetensors"))
+    q = read_lora("a", str(tmp_path / "a.safetensors"), sharded, StableDiffusionPipeline).modules["unet"]["block.to_q"]
+    assert torch.equal(q.a, tensors["unet.block.to_q.lora_A.weight"])
+    assert torch.equal(q.b, tensors["unet.block.to_q.lora_B.weight"][2:5])
+    sharded["unet"].block.to_q = RowParallelLinear.shard(full["unet"].block.to_q, torch.tensor([4, 5, 6, 7]), None)
+    q = read_lora("a", str(tmp_path / "a.safetensors"), sharded, StableDiffusionPipeline).modules["unet"]["block.to_q"]
+    assert torch.equal(q.a, tensors["unet.block.to_q.lora_A.weight"][:, 4:])
+    assert torch.equal(q.b, tensors["unet.block.to_q.lora_B.weight"])

@@ -70,19 +70,30 @@ def test_a_wrong_row_count_or_a_missing_plan_under_the_guard_is_an_error():
         assert torch.equal(module(torch.ones(4, 8)), torch.nn.Linear.forward(module, torch.ones(4, 8)))
 
 
-def test_cfg_parallel_refuses_every_adapter_naming_why():
+def test_a_family_without_lora_components_refuses_startup_adapters_naming_why():
     from types import SimpleNamespace
 
     from stage_runtime.config import load_config
     from stage_runtime.errors import LoraLoadError
     from stage_runtime.models.lora.manager import build_lora_manager
 
-    adapter = SimpleNamespace(pipe=SimpleNamespace(unet=torch.nn.Linear(2, 2)), lora_components=("unet",))
-    config = load_config({"model": {"path": "/m"}, "parallel": {"cfg_parallel_size": 2}})
-    manager = build_lora_manager(adapter, config, torch.device("cpu"))
-    with pytest.raises(LoraLoadError, match="'a': cfg_parallel_size=2 splits the denoiser's rows across ranks"):
-        manager.load("a", "/anything")
     with pytest.raises(LoraLoadError, match="serves no LoRA adapters"):
-        build_lora_manager(SimpleNamespace(pipe=adapter.pipe, lora_components=()),
+        build_lora_manager(SimpleNamespace(pipe=SimpleNamespace(unet=torch.nn.Linear(2, 2)), lora_components=()),
                            load_config({"model": {"path": "/m"}, "loras": [{"name": "a", "path": "/a"}]}),
                            torch.device("cpu"))
+
+
+def test_a_plan_cut_to_some_rows_follows_them_even_a_repeated_row():
+    """A CFG-parallel rank's chunk (``[2, 3, 3]``: the last row repeated as padding) or the block cache's
+    computing rows: each kept row carries the set it had, renumbered."""
+    from stage_runtime.models.lora.layer import RowPlan
+
+    a, b = (("a", 1.0),), (("b", 0.5),)
+    plan = RowPlan.of([a, (), b, a], torch.device("cpu"))
+    cut = plan.subset(torch.tensor([2, 3, 3]), torch.device("cpu"))
+    sets = [()] * cut.rows
+    for idx, s in cut.groups:
+        for row in range(cut.rows) if idx is None else idx.tolist():
+            sets[row] = s
+    assert cut.rows == 3 and sets == [b, a, a]
+    assert plan.subset(torch.tensor([1]), torch.device("cpu")).groups == ()
