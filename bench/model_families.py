@@ -56,6 +56,25 @@ def call_true_cfg(pipe, prompts, seeds, steps, size, guidance):
                 width=size, num_inference_steps=steps, generator=_gens(seeds), output_type="np").images
 
 
+def picture(size: int, seed: int = 0):
+    """The edit families' input picture: a smooth random RGB gradient at the output size (uint8)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:size, 0:size] / size
+    base = np.stack([np.sin(6 * x + rng.uniform(0, 3)), np.cos(5 * y), x * y], -1)
+    return ((base + 1) * 127).clip(0, 255).astype(np.uint8)
+
+
+def call_edit(pipe, prompts, seeds, steps, size, guidance):
+    """Qwen-Image-Edit(-Plus): an instruction edit of ``picture`` with true CFG against " " (the stage's default)."""
+    from PIL import Image
+
+    image = Image.fromarray(picture(size), "RGB")
+    return pipe(image=image, prompt=prompts, negative_prompt=[" "] * len(prompts), true_cfg_scale=guidance,
+                height=size, width=size, num_inference_steps=steps, generator=_gens(seeds), output_type="np").images
+
+
 def build_pag(root: str) -> str:
     """StableDiffusionPAGPipeline from the tiny SD components: the generic adapter's family."""
     import diffusers
@@ -77,6 +96,7 @@ class Family:
     kind: str | None = None                    # make_tiny_model kind; else ``build(root) -> path``
     build: Callable[[str], str] | None = None
     step_mode: bool = True
+    edit: bool = False                         # requests carry ``picture`` (an instruction edit)
 
 
 FAMILIES: dict[str, Family] = {
@@ -87,6 +107,8 @@ FAMILIES: dict[str, Family] = {
     "zimage": Family(call_cfg, 3.0, kind="zimage"),     # CFG at any scale > 0; its negative prompt defaults to ""
     "flux2": Family(call_cfg, 4.0, kind="flux2"),       # FLUX.2 [dev]: guidance-distilled, like FLUX.1
     "flux2-klein": Family(call_cfg, 4.0, kind="flux2-klein"),   # real CFG against "" (diffusers: two passes a step)
+    "qwen-image-edit": Family(call_edit, 4.0, kind="qwen-image-edit", edit=True),
+    "qwen-image-edit-plus": Family(call_edit, 4.0, kind="qwen-image-edit-plus", edit=True),
     "generic:StableDiffusionPAGPipeline": Family(call_cfg_empty_negative, 7.5, build=build_pag, step_mode=False),
 }
 
@@ -101,7 +123,12 @@ def bench_family(name: str, family: Family, args, root: str) -> None:
     from stage_runtime.models.tiny import make_tiny_model
 
     path = family.build(root) if family.build else str(make_tiny_model(f"{root}/{family.kind}", kind=family.kind))
-    bare = DiffusionPipeline.from_pretrained(path, local_files_only=True, low_cpu_mem_usage=False)
+    extra = {}
+    if family.edit:                 # transformers builds the folder's Qwen2-VL processor only with torchvision
+        from stage_runtime.models.qwen_vl_processor import load_processor
+
+        extra["processor"] = load_processor(path)
+    bare = DiffusionPipeline.from_pretrained(path, local_files_only=True, low_cpu_mem_usage=False, **extra)
     bare.set_progress_bar_config(disable=True)
 
     def make(mode: str, seqs: int):
@@ -125,17 +152,22 @@ def bench_family(name: str, family: Family, args, root: str) -> None:
         with torch.inference_mode():         # what the runner wraps its calls in
             return to_u8(family.bare_call(bare, [prompt], [seed], args.steps, args.size, family.guidance))
 
+    from stage_runtime.request import DiffusionRequest, EditInput, SamplingParams
+
+    edit = EditInput(picture(args.size)) if family.edit else None
+
+    def request(rid, prompt, seed):
+        return DiffusionRequest(rid, prompt, SamplingParams(seed=seed, **sampling), edit=edit)
+
     def run_engine(key):
-        return lambda prompt, seed: engines[key].generate(prompt, seed=seed, **sampling).images
+        return lambda prompt, seed: engines[key].add_request(request(f"{key}{seed}", prompt, seed)).result(
+            timeout=600).images
 
     def run_seq4(prompt, seed):
         return [run_bare(f"{prompt} {j}", seed + j) for j in range(4)]
 
     def run_batch4(prompt, seed):
-        from stage_runtime.request import DiffusionRequest, SamplingParams
-
-        streams = [engines["batch"].add_request(DiffusionRequest(f"b{seed}-{j}", f"{prompt} {j}",
-                                                                 SamplingParams(seed=seed + j, **sampling)))
+        streams = [engines["batch"].add_request(request(f"b{seed}-{j}", f"{prompt} {j}", seed + j))
                    for j in range(4)]
         return [s.result(timeout=600).images for s in streams]
 

@@ -48,20 +48,36 @@ class StableDiffusionEditMixin:
     # -- request mode: ONE diffusers call for key-compatible edits (same task, strength, size, steps) ----
     def run_edit_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
         s, edit, rows = requests[0].sampling, requests[0].edit, self.image_rows(requests)
-        kwargs = {"image": [pil_image(r.edit, s.height, s.width) for r in rows], "strength": edit.strength}
-        if edit.task == "inpaint":
-            kwargs["mask_image"] = [pil_mask(r.edit, s.height, s.width) for r in rows]
-        return self.call_pipeline(requests, self._edit_pipelines()[edit.task], **self.prompt_kwargs(requests),
-                                  **kwargs)
+        if edit.task == "img2img":
+            return self.call_pipeline(requests, self._edit_pipelines()["img2img"], **self.prompt_kwargs(requests),
+                                      image=[pil_image(r.edit, s.height, s.width) for r in rows],
+                                      strength=edit.strength)
+        # The inpaint pipeline encodes a prompt's picture once for its num_images_per_prompt, with the first
+        # generator; a fused call of several requests would encode one picture per row. So each request's latents
+        # are encoded here, as its solo call would, and handed over as the image (4-channel latents are taken as
+        # they are): an inpaint equals its solo diffusers call whatever it is fused with. They go in as
+        # ``masked_image_latents`` too, which a 4-channel UNet never reads: the pipeline would otherwise mask the
+        # latents with the picture-sized mask.
+        generators, latents, row = self.generators(requests), [], 0     # the encode draws first, then the call
+        for r in requests:
+            n = r.sampling.num_outputs
+            latents.append(self.edit_image_latents(r, generators[row:row + n], self.pipe.unet.dtype))
+            row += n
+        return self.call_pipeline(requests, self._edit_pipelines()["inpaint"], generators,
+                                  **self.prompt_kwargs(requests), image=torch.cat(latents),
+                                  masked_image_latents=torch.cat(latents),
+                                  mask_image=[pil_mask(r.edit, s.height, s.width) for r in rows],
+                                  strength=edit.strength)
 
     # -- step mode ----------------------------------------------------------------------------------------
     def edit_image_latents(self, request: DiffusionRequest, generators: list, dtype: torch.dtype,
                            rows: int | None = None) -> torch.Tensor:
         """(n, 4, h, w) scaled VAE latents of the request's image for its n images: the image encoded ``rows``
-        times (default n: once per image, with that image's generator, as the img2img pipelines encode the image
-        repeated per row; 1: once, with the first generator, repeated — SDXL's inpaint pipeline)."""
+        times (default: n for img2img, once per image with that image's generator, as the img2img pipelines encode
+        the image repeated per row; 1 for inpainting, once with the first generator, repeated, as the inpaint
+        pipelines encode a prompt's picture for num_images_per_prompt)."""
         s, pipe, n = request.sampling, self.pipe, request.sampling.num_outputs
-        rows = n if rows is None else rows
+        rows = (1 if request.edit.task == "inpaint" else n) if rows is None else rows
         image = pipe.image_processor.preprocess(pil_image(request.edit, s.height, s.width), height=s.height,
                                                 width=s.width)
         image = torch.cat([image] * rows).to(self.device, pipe.vae.dtype)    # (SDXL may run its VAE in float32)

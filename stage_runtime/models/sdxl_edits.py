@@ -67,10 +67,9 @@ class StableDiffusionXLEditMixin(StableDiffusionEditMixin):
 
     def edit_image_latents(self, request: DiffusionRequest, generators: list, dtype: torch.dtype,
                            rows: int | None = None) -> torch.Tensor:
-        """The SD encode (``sd``), in float32 where the VAE needs it; an inpaint's image once (``rows`` 1)."""
+        """The SD encode (``sd``: an inpaint's image once), in float32 where the VAE needs it."""
         with self.vae_upcast():
-            once = 1 if request.edit.task == "inpaint" else rows
-            return super().edit_image_latents(request, generators, dtype, once)
+            return super().edit_image_latents(request, generators, dtype, rows)
 
     def run_edit_batch(self, requests: list[DiffusionRequest], embeddings: dict | None = None) -> dict[str, np.ndarray]:
         s, edit, rows = requests[0].sampling, requests[0].edit, self.image_rows(requests)

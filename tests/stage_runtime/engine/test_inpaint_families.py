@@ -1,4 +1,4 @@
-"""Inpainting on SDXL (``StableDiffusionXLInpaintPipeline``, a 4-channel UNet) and FLUX.1 (``FluxInpaintPipeline``),
+"""Inpainting on Stable Diffusion (``StableDiffusionInpaintPipeline``), SDXL (``StableDiffusionXLInpaintPipeline``, a 4-channel UNet) and FLUX.1 (``FluxInpaintPipeline``),
 served from their generation folders: the edit pipelines are built over the SAME modules (no weight copied).
 Each inpaint equals the bare diffusers inpaint pipeline for the same seed (request mode <= 1, step mode <= 2),
 n images as its ``num_images_per_prompt``; same-shape inpaints fuse into one call (request mode) or share ticks
@@ -13,8 +13,8 @@ import functools
 import numpy as np
 import pytest
 import torch
-from diffusers import FluxImg2ImgPipeline, FluxInpaintPipeline, StableDiffusionXLImg2ImgPipeline
-from diffusers import StableDiffusionXLInpaintPipeline
+from diffusers import FluxImg2ImgPipeline, FluxInpaintPipeline, StableDiffusionImg2ImgPipeline
+from diffusers import StableDiffusionInpaintPipeline, StableDiffusionXLImg2ImgPipeline, StableDiffusionXLInpaintPipeline
 from engine_probes import (assert_no_state, count_denoiser_calls, max_diff, phased, progress_of, runner_of,
                            wait_until)
 from PIL import Image
@@ -28,6 +28,7 @@ STEPS, SIZE, STRENGTH = 10, 64, 0.55
 # family → (tiny folder fixture, bare inpaint and img2img pipelines, guidance, steps diffusers runs at STRENGTH):
 # 10 × 0.55 = 5.5: SDXL's int(steps × strength) runs 5, FLUX's steps − int(steps − steps × strength) runs 6.
 FAMILIES = {
+    "sd": ("tiny_sd_path", StableDiffusionInpaintPipeline, StableDiffusionImg2ImgPipeline, 7.5, 5),
     "sdxl": ("tiny_sdxl_path", StableDiffusionXLInpaintPipeline, StableDiffusionXLImg2ImgPipeline, 5.0, 5),
     "flux": ("tiny_flux_path", FluxInpaintPipeline, FluxImg2ImgPipeline, 3.5, 6),
 }
