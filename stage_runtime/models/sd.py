@@ -46,10 +46,12 @@ class StableDiffusionEditMixin:
         return self._edit_pipes
 
     # -- request mode: ONE diffusers call for key-compatible edits (same task, strength, size, steps) ----
-    def run_edit_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
+    def run_edit_batch(self, requests: list[DiffusionRequest], prompts: dict | None = None) -> dict[str, np.ndarray]:
+        """``prompts``: the call's prompt keywords (default: the prompts as text; SDXL hands its fused embeddings)."""
         s, edit, rows = requests[0].sampling, requests[0].edit, self.image_rows(requests)
+        prompts = self.prompt_kwargs(requests) if prompts is None else prompts
         if edit.task == "img2img":
-            return self.call_pipeline(requests, self._edit_pipelines()["img2img"], **self.prompt_kwargs(requests),
+            return self.call_pipeline(requests, self._edit_pipelines()["img2img"], **prompts,
                                       image=[pil_image(r.edit, s.height, s.width) for r in rows],
                                       strength=edit.strength)
         # The inpaint pipeline encodes a prompt's picture once for its num_images_per_prompt, with the first
@@ -63,8 +65,8 @@ class StableDiffusionEditMixin:
             n = r.sampling.num_outputs
             latents.append(self.edit_image_latents(r, generators[row:row + n], self.pipe.unet.dtype))
             row += n
-        return self.call_pipeline(requests, self._edit_pipelines()["inpaint"], generators,
-                                  **self.prompt_kwargs(requests), image=torch.cat(latents),
+        return self.call_pipeline(requests, self._edit_pipelines()["inpaint"], generators, **prompts,
+                                  image=torch.cat(latents),
                                   masked_image_latents=torch.cat(latents),
                                   mask_image=[pil_mask(r.edit, s.height, s.width) for r in rows],
                                   strength=edit.strength)

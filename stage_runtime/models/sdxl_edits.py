@@ -9,9 +9,9 @@ embeddings (as the generation path); step mode is Stable Diffusion's edit math (
     inpaint   the image encoded ONCE with the request's first generator and repeated (SDXL's inpaint
               pipeline encodes a prompt's image once for ``num_images_per_prompt``); strength 1 starts from pure
               noise; after every step the unmasked region is put back (the image latents noised to the next
-              timestep). Request mode hands the fused call those latents as ``image`` (the pipeline takes
-              4-channel latents as they are, and then encodes no masked picture), so an inpaint equals its solo
-              diffusers call whatever it is batched with.
+              timestep). Request mode hands the fused call those latents as ``image`` (and as
+              ``masked_image_latents``, which a 4-channel UNet never reads; ``sd``'s call), so an inpaint equals
+              its solo diffusers call whatever it is batched with.
 
 The VAE encodes in float32 when its config says ``force_upcast`` (as the pipelines do). Fresh generators in step
 mode: the pipelines draw the image's latent sample, then the noise, then (Euler) each step's noise from the same
@@ -29,7 +29,6 @@ import numpy as np
 import torch
 from diffusers import StableDiffusionXLImg2ImgPipeline, StableDiffusionXLInpaintPipeline
 
-from stage_runtime.models.edit_images import pil_image, pil_mask
 from stage_runtime.models.sd import StableDiffusionEditMixin
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
@@ -72,21 +71,8 @@ class StableDiffusionXLEditMixin(StableDiffusionEditMixin):
             return super().edit_image_latents(request, generators, dtype, rows)
 
     def run_edit_batch(self, requests: list[DiffusionRequest], embeddings: dict | None = None) -> dict[str, np.ndarray]:
-        s, edit, rows = requests[0].sampling, requests[0].edit, self.image_rows(requests)
-        embeddings = self.fused_embeddings(requests) if embeddings is None else embeddings
-        if edit.task == "img2img":
-            return self.call_pipeline(
-                requests, self._edit_pipelines()["img2img"], **embeddings,
-                image=[pil_image(r.edit, s.height, s.width) for r in rows], strength=edit.strength)
-        generators, latents, row = self.generators(requests), [], 0     # the encode draws first, then the call
-        for r in requests:
-            n = r.sampling.num_outputs
-            latents.append(self.edit_image_latents(r, generators[row:row + n], self.pipe.unet.dtype))
-            row += n
-        return self.call_pipeline(requests, self._edit_pipelines()["inpaint"], generators,
-                                  **embeddings, image=torch.cat(latents),
-                                  mask_image=[pil_mask(r.edit, s.height, s.width) for r in rows],
-                                  strength=edit.strength)
+        """SD's edit call (``sd``) with SDXL's fused prompt embeddings."""
+        return super().run_edit_batch(requests, self.fused_embeddings(requests) if embeddings is None else embeddings)
 
     def prepare_edit(self, request: DiffusionRequest, state: StepRequestState, generators=None) -> None:
         generators = self.generators([request])
