@@ -40,7 +40,8 @@ def test_model_info(adapter):
         fixed_size=False, supports_request_batch=True, supports_step_execution=True, num_attention_heads=4,
         max_steps=1000, parallel_kinds=("ring", "ulysses"), guidance="distilled", max_sequence_length=512,
         refusals="stage_runtime.models.refusals:Refusals",
-        request_key=("height", "width", "num_inference_steps", "guidance_scale"), step_key=("height", "width"))
+        request_key=("height", "width", "num_inference_steps", "guidance_scale"), step_key=("height", "width"),
+        lora_components=("transformer",))
 
 
 @pytest.mark.parametrize("steps, side", [(3, 64), (6, 64), (4, 32)])

@@ -68,7 +68,8 @@ def test_model_info(tiny_flux2_klein_path):
         fixed_size=False, supports_request_batch=True, supports_step_execution=True, num_attention_heads=4,
         max_steps=1000, parallel_kinds=("cfg", "ring", "ulysses"), guidance="cfg", max_sequence_length=512,
         refusals="stage_runtime.models.refusals:Refusals",
-        request_key=("height", "width", "num_inference_steps", "guidance_scale"), step_key=("height", "width"))
+        request_key=("height", "width", "num_inference_steps", "guidance_scale"), step_key=("height", "width"),
+        lora_components=("transformer",))
 
 
 @pytest.mark.parametrize("mode, tolerance", [("request", 1), ("step", 2)])

@@ -85,7 +85,8 @@ def test_model_info(tiny_zimage_path):
         default_width=64, default_steps=50, default_guidance=5.0, size_multiple=4, fixed_size=False,
         supports_request_batch=True, supports_step_execution=True, num_attention_heads=4, max_steps=1000,
         parallel_kinds=("cfg", "ring", "ulysses"), guidance="cfg", max_sequence_length=512,
-        step_key=("height", "width"), refusals="stage_runtime.models.refusals:ZImageRefusals")
+        step_key=("height", "width"), refusals="stage_runtime.models.refusals:ZImageRefusals",
+        lora_components=("transformer",))
 
 
 def test_the_tiny_tokenizer_templates_the_prompt_as_qwen3_does(tiny_zimage_path):
