@@ -39,8 +39,9 @@ class Targets:
 
     period: float
     timeout: float
-    autoscaling: bool  # record the in-flight load (operator autoscaling)
+    autoscaling: bool  # record the load (operator autoscaling)
     window: float  # how much load history autoscaling needs
+    metric: str  # what the load is: inflight (requests) or cost (outstanding pixel-steps)
     pods: dict[str, tuple[str, str, bool]]  # uid -> (pod, base url, active: serving and not draining)
     api_key: str | None = None  # spec.auth: the Bearer key for /v1/stats
 
@@ -53,9 +54,13 @@ class StageMemory:
     aborts: dict[tuple[str, str], dict[str, Any]] = dataclasses.field(default_factory=dict)
     api_key: str | None = None  # read from spec.auth.secretRef at each reconcile (a rotated key follows)
     quota_refused: dict[str, str] = dataclasses.field(default_factory=dict)  # pods the last apply could not create
+    metric: str = "inflight"  # what `samples` measure: a new autoscaling.metric starts a new history
 
-    def record_load(self, at: float, in_flight: int, window: float) -> None:
-        self.samples.append((at, in_flight))
+    def record_load(self, at: float, demand: int, window: float, metric: str = "inflight") -> None:
+        if metric != self.metric:
+            self.samples.clear()
+            self.metric = metric
+        self.samples.append((at, demand))
         while len(self.samples) > 1 and self.samples[1][0] <= at - window:  # keep one sample from before
             self.samples.popleft()
 
@@ -173,7 +178,9 @@ class Controller:
 
     def _with_memory(self, stage: Stage, observed: Observed) -> Observed:
         memory = self.remember(stage.namespace, stage.name)
-        return dataclasses.replace(observed, health=memory.health.snapshot(), load_samples=tuple(memory.samples),
+        samples = tuple(memory.samples) if stage.spec is None or memory.metric == autoscale.metric_of(stage.spec) \
+            else ()  # measured in another unit than the spec's metric asks: none yet
+        return dataclasses.replace(observed, health=memory.health.snapshot(), load_samples=samples,
                                    quota_refused=dict(memory.quota_refused))
 
     def _done(self, stage: Stage, observed: Observed, plan: Plan) -> None:
@@ -197,7 +204,7 @@ class Controller:
         window = max(a.scale_up_stabilization_seconds or 0, a.scale_down_stabilization_seconds or 300)
         memory.targets = Targets(spec.health_check.period_seconds, spec.health_check.timeout_seconds,
                                  a.mode == "Operator" and not stage.deleting,  # no load to record while it drains
-                                 window + 2 * spec.health_check.period_seconds, pods,
+                                 window + 2 * spec.health_check.period_seconds, autoscale.metric_of(spec), pods,
                                  memory.api_key)
 
     # -- spec.loras, live on every ready replica (lora_sync) ---------------------------------------------------
@@ -258,6 +265,6 @@ class Controller:
                 answered.append(health)
         memory.health.forget_except(set(targets.pods))
         if targets.autoscaling and answered:  # no answer is no measurement (never a reason to scale down)
-            memory.record_load(at, autoscale.demand(answered), targets.window)
+            memory.record_load(at, autoscale.demand(answered, targets.metric), targets.window, targets.metric)
             changed = True  # the stabilization windows move with time: let the reconcile look
         return changed, targets.period
