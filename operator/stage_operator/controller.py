@@ -101,6 +101,9 @@ class Controller:
         observed = self.kube.observe(stage, nodes=None, now=format_time(at))
         if needs_nodes(stage, observed):
             observed = dataclasses.replace(observed, nodes=self.kube.list_nodes())
+            if stage.spec.pod_template.resource_claims:
+                observed = dataclasses.replace(observed, dra=self.kube.read_dra(
+                    stage.namespace, stage.spec.pod_template.resource_claims))
         if stage.spec is not None and stage.spec.model.source is not None and stage.spec.model.source.image \
                 and stage.spec.model.image_volume == "auto":
             observed = dataclasses.replace(observed, image_volumes=self.kube.image_volumes())
