@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from stage_operator import autoscale, lora_sync, metrics, stage_http
+from stage_operator import autoscale, lora_sync, metrics, stage_gauges, stage_http
 from stage_operator.clock import format_time
 from stage_operator.health import HealthBook
 from stage_operator.kube import ApiError, Kube
@@ -79,6 +79,7 @@ class Controller:
 
     def forget(self, namespace: str, name: str) -> None:
         self.memory.pop((namespace, name), None)
+        stage_gauges.forget(namespace, name)
         if (lock := self._locks.get((namespace, name))) is not None and not lock.locked():
             del self._locks[(namespace, name)]
 
@@ -190,6 +191,8 @@ class Controller:
         metrics.RECONCILES.labels(result="changed" if plan.writes else "unchanged").inc()
         if plan.writes:
             log.info("stage %s/%s: %s", stage.namespace, stage.name, plan.summary())
+        stage_gauges.publish(stage.namespace, stage.name, stage_gauges.merged(stage.status, plan.status),
+                             stage.spec.replicas if stage.spec is not None else None)
         self._publish_targets(stage, observed)
 
     def _publish_targets(self, stage: Stage, observed: Observed) -> None:
