@@ -83,7 +83,8 @@ def test_dra_resource_slices_admit_a_stage_that_fits_and_refuse_one_that_does_no
         cluster.apply(dra_stage('too-big', 8, 'eight-gpus'))
         pod = wait_for(lambda: cluster.pods('fits').get('fits-0'), what='the fitting stage\'s pod')
         assert pod['spec']['resourceClaims'] == [{'name': 'gpus', 'resourceClaimTemplateName': 'two-gpus'}]
-        assert cluster.condition('fits', 'Accepted')['status'] == 'True'
+        accepted = wait_for(lambda: cluster.condition('fits', 'Accepted'), what='the fitting stage decided')
+        assert accepted['status'] == 'True'                               # written after the pod's create
         refused = wait_for(lambda: cluster.condition('too-big', 'Accepted'), what='the big one decided')
         assert (refused['status'], refused['reason']) == ('False', 'InsufficientGPUCapacity')
         assert refused['message'] == (
