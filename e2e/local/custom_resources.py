@@ -18,6 +18,8 @@ from e2e.local.kube_store import Call, Obj, _error
 
 CRDS = kmock.resource('apiextensions.k8s.io/v1/customresourcedefinitions')
 REPO_CRDS = Path(__file__).resolve().parents[2] / 'crds'  # the product's generated CRDs
+# CRDs of other projects a cluster the operator works with has installed: the inference gateway's InferencePool
+CLUSTER_CRDS = Path(__file__).resolve().parent / 'crds'
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,7 +45,7 @@ import yaml
 from kmock._internal import enums, parsing, rendering
 
 from e2e.local import openapi, pod_logs, service_proxy, tables
-from e2e.local.custom_resources import REPO_CRDS, CustomResource, CustomResources
+from e2e.local.custom_resources import CLUSTER_CRDS, REPO_CRDS, CustomResource, CustomResources
 from e2e.local.kube_store import Call, KubeStore, Obj, _api_version, _labels_match
 
 VERBS = ('create', 'delete', 'deletecollection', 'get', 'list', 'patch', 'update', 'watch')
@@ -61,6 +61,10 @@ BUILTINS = [  # resource, kind, namespaced, subresources, short names
     ('networking.k8s.io/v1/networkpolicies', 'NetworkPolicy', True, (), ('netpol',)),
     ('coordination.k8s.io/v1/leases', 'Lease', True, (), ()),
     ('policy/v1/poddisruptionbudgets', 'PodDisruptionBudget', True, ('status',), ('pdb',)),
+    ('resource.k8s.io/v1/resourceslices', 'ResourceSlice', False, (), ()),
+    ('resource.k8s.io/v1/deviceclasses', 'DeviceClass', False, (), ()),
+    ('resource.k8s.io/v1/resourceclaimtemplates', 'ResourceClaimTemplate', True, (), ()),
+    ('resource.k8s.io/v1/resourceclaims', 'ResourceClaim', True, ('status',), ()),
     ('apiextensions.k8s.io/v1/customresourcedefinitions', 'CustomResourceDefinition', False, ('status',), ('crd',)),
     ('kopf.dev/v1/kopfpeerings', 'KopfPeering', True, (), ()),
     ('kopf.dev/v1/clusterkopfpeerings', 'ClusterKopfPeering', False, (), ()),
@@ -332,10 +336,13 @@ def _status(code: int, reason: str, message: str) -> Obj:
 def running(emulator: KubeEmulator | None = None, *, crds: str | Path | None = REPO_CRDS, port: int | None = None,
             timeout: float = 10) -> Iterator[KubeEmulator]:
     """Serve the emulator on localhost (a free port unless given) from a thread with its own event loop, with
-    the CRDs of a folder registered (the repository's crds/ by default; None: none)."""
+    the CRDs of a folder registered (the repository's crds/ by default, with the other projects' CRDs of
+    e2e/local/crds: the InferencePool; None: none)."""
     emulator = KubeEmulator() if emulator is None else emulator
     if crds is not None:
         emulator.register_crds(crds)
+        if crds == REPO_CRDS:
+            emulator.register_crds(CLUSTER_CRDS)
     loop, ready, stop, failures = asyncio.new_event_loop(), threading.Event(), asyncio.Event(), []
 
     async def serve() -> None:

@@ -222,7 +222,31 @@ def test_scale_patch_describe_and_delete(kubectl, api, http):
 
 def test_crds_are_listed_and_come_from_the_crds_folder(kubectl):
     names = kubectl('get', 'crd', '-o', 'name').stdout.split()
-    assert names == ['customresourcedefinition.apiextensions.k8s.io/diffusionstages.diffstage.io']
+    assert names == ['customresourcedefinition.apiextensions.k8s.io/diffusionstages.diffstage.io',
+                     # another project's, as a cluster with an inference gateway has it (e2e/local/crds)
+                     'customresourcedefinition.apiextensions.k8s.io/inferencepools.inference.networking.k8s.io']
     crd = kubectl.json('get', 'crd', 'diffusionstages.diffstage.io')
     shipped = yaml.safe_load((Path(scenario.ROOT) / 'crds' / 'diffusionstage.yaml').read_text())
     assert crd['spec'] == shipped['spec']
+
+
+POOL = {'apiVersion': 'inference.networking.k8s.io/v1', 'kind': 'InferencePool', 'metadata': {'name': 'by-hand'},
+        'spec': {'selector': {'matchLabels': {'app': 'x'}}, 'targetPorts': [{'number': 8000}],
+                 'endpointPickerRef': {'name': 'epp', 'port': {'number': 9002}}}}
+
+
+def test_kubectl_applies_an_inference_pool_with_its_defaults_and_refuses_a_broken_one(kubectl, api):
+    """The local cluster knows the InferencePool CRD (e2e/local/crds): the published defaults and CEL rules apply."""
+    applied = kubectl('apply', '-f', '-', input=yaml.safe_dump(POOL))
+    assert applied.stdout.strip() == 'inferencepool.inference.networking.k8s.io/by-hand created', applied
+    stored = api.get('inferencepools', 'by-hand')
+    assert stored['spec']['appProtocol'] == 'http'
+    assert stored['spec']['endpointPickerRef'] == {'name': 'epp', 'port': {'number': 9002}, 'group': '',
+                                                   'kind': 'Service', 'failureMode': 'FailClose'}
+    assert kubectl('get', 'infpool', '-o', 'name').stdout.split() == ['inferencepool.inference.networking.k8s.io/by-hand']
+    broken = {**POOL, 'metadata': {'name': 'broken'},
+              'spec': {**POOL['spec'], 'endpointPickerRef': {'name': 'epp'}, 'targetPorts': [{'number': 8000}] * 2}}
+    refused = kubectl('apply', '-f', '-', input=yaml.safe_dump(broken), check=False)
+    assert refused.returncode != 0 and api.get('inferencepools', 'broken') is None
+    assert "port is required when kind is 'Service'" in refused.stderr and 'port number must be unique' in refused.stderr
+    kubectl('delete', 'infpool', 'by-hand')

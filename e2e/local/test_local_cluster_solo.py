@@ -131,3 +131,86 @@ def test_a_changed_spec_loras_reaches_the_running_replica_without_a_restart_and_
     failed = scenario.wait_for(lambda: (st := scenario.status(cluster, name)).get('loraSync', {}).get('errors')
                                and st, 60, 'the refused adapter in status.loraSync.errors')
     assert 'ghost' in failed['loraSync']['errors'][0] and failed['loraSync']['applied'][-1]['name'] == 'pixel'
+
+
+def pool_members(cluster) -> list[str]:
+    """The InferencePool's endpoints by the endpoint picker's rule: Ready, labels match, not terminating."""
+    from support.endpoint_picker import pool_members as members
+    pool = cluster.emulator.get('inferencepools', NAME)
+    return members(pool, cluster.pods(NAME)) if pool else []
+
+
+def pod_url(cluster, index: int) -> str:
+    pod = next(p for p in cluster.pods(NAME) if p['metadata']['name'] == f'{NAME}-{index}')
+    return f"http://{pod['status']['podIP']}:8000"
+
+
+async def test_cost_autoscaling_scales_out_and_the_inference_pool_drops_the_fenced_replica(solo):
+    """spec.autoscaling.metric cost: one large request at a time (below maxNumSeqs 2, so `inflight` would hold at 1)
+    is more outstanding pixel-steps than the target: the stage scales out to 2, and both replicas join the
+    operator's InferencePool. Scaled back in while both are busy, the victim is fenced and drains: still Ready and
+    not terminating, yet out of the pool (the picker's membership rule) and out of the Service."""
+    cluster, name, url = solo
+    target = 1_000_000                             # pixel-steps per replica: a 64x64 1000-step image is 4 M
+    cluster.patch_spec(name, {
+        'healthCheck': {'periodSeconds': 1},
+        'routing': {'inferencePool': {'endpointPicker': {'name': 'epp'}}},
+        'autoscaling': {'mode': 'Operator', 'minReplicas': 1, 'maxReplicas': 2, 'metric': 'cost',
+                        'targetCostPerReplica': target, 'scaleUpStabilizationSeconds': 0,
+                        'scaleDownStabilizationSeconds': 600}})
+    scenario.wait_for(lambda: pool_members(cluster) == [f'{name}-0'], 60, 'the InferencePool over the replica',
+                      lambda: cluster.emulator.get('inferencepools', name))
+    pool = cluster.emulator.get('inferencepools', name)
+    assert pool['spec']['selector']['matchLabels'] == cluster.emulator.get('services', name)['spec']['selector']
+    stop = asyncio.Event()
+    async with httpx.AsyncClient(timeout=300) as http:
+        loops = [asyncio.create_task(_busy(http, url, 'big', stop))]        # one large request after another
+        try:
+            # (async waits from here on: the load runs on this event loop)
+            decided = await async_wait_until(
+                lambda: (a := scenario.status(cluster, name).get('autoscaling') or {}).get('desiredReplicas') == 2
+                and a, 90, 'the cost autoscaler to want 2 replicas')
+            assert decided['metric'] == 'cost' and decided['metricValue'] > target, decided
+            assert decided['reason'].startswith('outstanding pixel-steps'), decided
+            in_flight = (await http.get(f'{url}/v1/stats')).json()
+            assert in_flight['waiting'] + in_flight['running'] <= 1 < 2   # maxNumSeqs 2: inflight keeps 1 replica
+            await async_wait_until(lambda: scenario.is_ready(cluster, name, 2), 180, 'two replicas Ready')
+            await async_wait_until(lambda: pool_members(cluster) == [f'{name}-0', f'{name}-1'], 30, 'both in the pool')
+            # both replicas kept busy (two requests at a time each); scaling in fences one, which then drains
+            urls = [pod_url(cluster, 0), pod_url(cluster, 1)]
+            loops += [asyncio.create_task(_busy(http, u, f'hold-{i}-{k}', stop)) for i, u in enumerate(urls)
+                      for k in range(2)]
+            for i, u in enumerate(urls):
+                await async_wait_until(lambda u=u: _running(http, u), 60, f'replica {i} busy')
+            cluster.patch_spec(name, {'autoscaling': {'targetCostPerReplica': 10 ** 12,
+                                                      'scaleDownStabilizationSeconds': 0}})
+            fenced = await async_wait_until(lambda: next((p for p in cluster.pods(name) if p['metadata']['labels'].get(
+                'diffstage.io/serving') == 'false'), None), 60, 'a replica fenced by the scale-in')
+            assert fenced['metadata']['name'] == f'{name}-1' and not fenced['metadata'].get('deletionTimestamp')
+            assert any(c['type'] == 'Ready' and c['status'] == 'True' for c in fenced['status']['conditions'])
+            assert pool_members(cluster) == [f'{name}-0']                 # out of the pool while it drains ...
+            assert cluster.services.endpoints('default', name) == [urls[0]]   # ... as out of the Service
+            assert await _running(http, urls[1]), 'it still runs its requests'
+        finally:
+            stop.set()
+            for pod in cluster.pods(name):
+                await http.post(f"http://{pod['status']['podIP']}:8000/v1/abort", json={'all': True})
+            await asyncio.gather(*loops, return_exceptions=True)
+    scenario.wait_for(lambda: len(cluster.pods(name)) == 1, 60, 'the drained replica to go')
+    cluster.patch_spec(name, {'routing': None})
+    scenario.wait_for(lambda: cluster.emulator.get('inferencepools', name) is None, 30, 'the pool deleted')
+
+
+async def _busy(http: httpx.AsyncClient, base: str, tag: str, stop: asyncio.Event) -> None:
+    """Large requests one after another until `stop` (each is 4 M pixel-steps, a few seconds here)."""
+    body = {'prompt': tag, 'size': '64x64', 'num_inference_steps': 1000, 'cache': 'off'}
+    n = 0
+    while not stop.is_set():
+        n += 1
+        answer = await http.post(f'{base}/v1/images/generations', json={**body, 'request_id': f'{tag}-{n}'})
+        assert answer.status_code in (200, 409), answer.text            # 409: aborted at the end
+
+
+async def _running(http: httpx.AsyncClient, base: str) -> bool:
+    rows = (await http.get(f'{base}/v1/requests')).json()['requests']
+    return any(r['state'] == 'running' for r in rows)

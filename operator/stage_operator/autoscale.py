@@ -1,6 +1,7 @@
 """Operator-driven autoscaling, pure: desired replicas = ceil(demand / target per replica) within
-[min, max] (demand: the requests in flight on the serving replicas plus the video jobs queued in the stage's job
-store, which no replica holds yet), stabilized with separate windows (HPA's rule, made strict): scale up to the smallest
+[min, max] (demand, `autoscaling.metric` inflight: the requests in flight on the serving replicas plus the video
+jobs queued in the stage's job store, which no replica holds yet; cost: the outstanding pixel-steps the serving
+replicas report, so one 1024² 50-step request weighs what 60 small ones do), stabilized with separate windows (HPA's rule, made strict): scale up to the smallest
 recommendation seen over the whole up window, down to the largest seen over the whole down window; a
 window that the samples do not yet cover changes nothing. The operator records the decision in
 `status.autoscaling` and never writes `spec`."""
@@ -16,13 +17,21 @@ from stage_operator.api.spec import StageSpec
 from stage_operator.clock import format_time
 from stage_operator.health import PodHealth
 
-Sample = tuple[float, int]  # (time, demand: waiting + running over the active replicas + queued video jobs)
+Sample = tuple[float, int]  # (time, demand over the active replicas: in flight + queued video jobs, or cost)
+WORDS = {"inflight": "in-flight", "cost": "outstanding pixel-steps"}
 
 
-def demand(answered: Sequence[PodHealth]) -> int:
-    """The load to scale on, from the probes of the serving replicas that answered: their requests in flight (a
-    running video job is one of them), plus the video jobs queued in the shared store, counted once (every replica
-    counts the same store; the largest count is the newest)."""
+def metric_of(spec: StageSpec) -> str:
+    return spec.autoscaling.metric or "inflight"
+
+
+def demand(answered: Sequence[PodHealth], metric: str = "inflight") -> int:
+    """The load to scale on, from the probes of the serving replicas that answered. inflight: their requests in
+    flight (a running video job is one of them), plus the video jobs queued in the shared store, counted once (every
+    replica counts the same store; the largest count is the newest). cost: their outstanding pixel-steps (a stage
+    too old to report it counts 0)."""
+    if metric == "cost":
+        return sum(h.cost or 0 for h in answered)
     in_flight = sum(h.in_flight or 0 for h in answered)
     return in_flight + max((int((h.jobs or {}).get("queued") or 0) for h in answered), default=0)
 
@@ -34,15 +43,20 @@ class Policy:
     target: int
     up_window: float
     down_window: float
+    metric: str = "inflight"
 
     @classmethod
     def of(cls, spec: StageSpec) -> Policy:
         a = spec.autoscaling
         high = a.max_replicas if a.max_replicas is not None else max(spec.replicas, 1)
         low = min(a.min_replicas if a.min_replicas is not None else 1, high)
-        return cls(low, high, a.target_in_flight_per_replica or spec.engine.max_num_seqs,
+        metric = metric_of(spec)
+        target = (a.target_cost_per_replica or 1) if metric == "cost" else (
+            a.target_in_flight_per_replica or spec.engine.max_num_seqs)
+        return cls(low, high, target,
                    a.scale_up_stabilization_seconds if a.scale_up_stabilization_seconds is not None else 0,
-                   a.scale_down_stabilization_seconds if a.scale_down_stabilization_seconds is not None else 300)
+                   a.scale_down_stabilization_seconds if a.scale_down_stabilization_seconds is not None else 300,
+                   metric)
 
     def clamp(self, replicas: int) -> int:
         return max(self.low, min(self.high, replicas))
@@ -68,12 +82,13 @@ def stabilized(current: int, samples: Sequence[Sample], now: float, policy: Poli
         return current, "no load samples yet"
     latest = samples[-1][1]
     up = _window(samples, now, policy.up_window)
+    word = WORDS[policy.metric]
     if up is not None and (low := min(policy.recommend(v) for _, v in up)) > current:
-        return low, (f"in-flight {latest} over target {policy.target} per replica for {policy.up_window:g}s: "
+        return low, (f"{word} {latest} over target {policy.target} per replica for {policy.up_window:g}s: "
                      f"scale up to {low}")
     down = _window(samples, now, policy.down_window)
     if down is not None and (high := max(policy.recommend(v) for _, v in down)) < current:
-        return high, (f"in-flight at most {max(v for _, v in down)} for {policy.down_window:g}s (target "
+        return high, (f"{word} at most {max(v for _, v in down)} for {policy.down_window:g}s (target "
                       f"{policy.target} per replica): scale down to {high}")
     return current, ""
 
@@ -89,7 +104,8 @@ def decide(spec: StageSpec, previous: Mapping[str, Any] | None, samples: Sequenc
     if start is None or desired != start:
         reason = why if start is not None else (f"start at {desired} (spec.replicas {spec.replicas} within "
                                                 f"[{policy.low}, {policy.high}])")
-        status = {"desiredReplicas": desired, "reason": reason, "lastScaleTime": format_time(now)}
+        status = {"desiredReplicas": desired, "metric": policy.metric, "reason": reason,
+                  "lastScaleTime": format_time(now)}
         if metric is not None:
             status["metricValue"] = metric
         event = None

@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from stage_operator import autoscale, lora_sync, metrics, stage_http
+from stage_operator import autoscale, lora_sync, metrics, stage_gauges, stage_http
 from stage_operator.clock import format_time
 from stage_operator.health import HealthBook
 from stage_operator.kube import ApiError, Kube
@@ -39,8 +39,9 @@ class Targets:
 
     period: float
     timeout: float
-    autoscaling: bool  # record the in-flight load (operator autoscaling)
+    autoscaling: bool  # record the load (operator autoscaling)
     window: float  # how much load history autoscaling needs
+    metric: str  # what the load is: inflight (requests) or cost (outstanding pixel-steps)
     pods: dict[str, tuple[str, str, bool]]  # uid -> (pod, base url, active: serving and not draining)
     api_key: str | None = None  # spec.auth: the Bearer key for /v1/stats
 
@@ -53,9 +54,13 @@ class StageMemory:
     aborts: dict[tuple[str, str], dict[str, Any]] = dataclasses.field(default_factory=dict)
     api_key: str | None = None  # read from spec.auth.secretRef at each reconcile (a rotated key follows)
     quota_refused: dict[str, str] = dataclasses.field(default_factory=dict)  # pods the last apply could not create
+    metric: str = "inflight"  # what `samples` measure: a new autoscaling.metric starts a new history
 
-    def record_load(self, at: float, in_flight: int, window: float) -> None:
-        self.samples.append((at, in_flight))
+    def record_load(self, at: float, demand: int, window: float, metric: str = "inflight") -> None:
+        if metric != self.metric:
+            self.samples.clear()
+            self.metric = metric
+        self.samples.append((at, demand))
         while len(self.samples) > 1 and self.samples[1][0] <= at - window:  # keep one sample from before
             self.samples.popleft()
 
@@ -74,6 +79,7 @@ class Controller:
 
     def forget(self, namespace: str, name: str) -> None:
         self.memory.pop((namespace, name), None)
+        stage_gauges.forget(namespace, name)
         if (lock := self._locks.get((namespace, name))) is not None and not lock.locked():
             del self._locks[(namespace, name)]
 
@@ -96,6 +102,9 @@ class Controller:
         observed = self.kube.observe(stage, nodes=None, now=format_time(at))
         if needs_nodes(stage, observed):
             observed = dataclasses.replace(observed, nodes=self.kube.list_nodes())
+            if stage.spec.pod_template.resource_claims:
+                observed = dataclasses.replace(observed, dra=self.kube.read_dra(
+                    stage.namespace, stage.spec.pod_template.resource_claims))
         if stage.spec is not None and stage.spec.model.source is not None and stage.spec.model.source.image \
                 and stage.spec.model.image_volume == "auto":
             observed = dataclasses.replace(observed, image_volumes=self.kube.image_volumes())
@@ -173,13 +182,17 @@ class Controller:
 
     def _with_memory(self, stage: Stage, observed: Observed) -> Observed:
         memory = self.remember(stage.namespace, stage.name)
-        return dataclasses.replace(observed, health=memory.health.snapshot(), load_samples=tuple(memory.samples),
+        samples = tuple(memory.samples) if stage.spec is None or memory.metric == autoscale.metric_of(stage.spec) \
+            else ()  # measured in another unit than the spec's metric asks: none yet
+        return dataclasses.replace(observed, health=memory.health.snapshot(), load_samples=samples,
                                    quota_refused=dict(memory.quota_refused))
 
     def _done(self, stage: Stage, observed: Observed, plan: Plan) -> None:
         metrics.RECONCILES.labels(result="changed" if plan.writes else "unchanged").inc()
         if plan.writes:
             log.info("stage %s/%s: %s", stage.namespace, stage.name, plan.summary())
+        stage_gauges.publish(stage.namespace, stage.name, stage_gauges.merged(stage.status, plan.status),
+                             stage.spec.replicas if stage.spec is not None else None)
         self._publish_targets(stage, observed)
 
     def _publish_targets(self, stage: Stage, observed: Observed) -> None:
@@ -197,7 +210,7 @@ class Controller:
         window = max(a.scale_up_stabilization_seconds or 0, a.scale_down_stabilization_seconds or 300)
         memory.targets = Targets(spec.health_check.period_seconds, spec.health_check.timeout_seconds,
                                  a.mode == "Operator" and not stage.deleting,  # no load to record while it drains
-                                 window + 2 * spec.health_check.period_seconds, pods,
+                                 window + 2 * spec.health_check.period_seconds, autoscale.metric_of(spec), pods,
                                  memory.api_key)
 
     # -- spec.loras, live on every ready replica (lora_sync) ---------------------------------------------------
@@ -258,6 +271,6 @@ class Controller:
                 answered.append(health)
         memory.health.forget_except(set(targets.pods))
         if targets.autoscaling and answered:  # no answer is no measurement (never a reason to scale down)
-            memory.record_load(at, autoscale.demand(answered), targets.window)
+            memory.record_load(at, autoscale.demand(answered, targets.metric), targets.window, targets.metric)
             changed = True  # the stabilization windows move with time: let the reconcile look
         return changed, targets.period

@@ -22,6 +22,7 @@ class ProbeResult:
     startup: dict | None = None  # /v1/stats.startup: {phase, phases: {name: seconds}, model_bytes}
     loras: tuple[str, ...] | None = None  # names from /v1/loras (None: not asked or not answered)
     jobs: dict | None = None  # /v1/stats.jobs: {here, queued, in_progress, completed, failed} (a stage with a store)
+    cost: int | None = None  # /v1/stats.cost.outstanding: the pixel-steps left in flight (None: an older stage)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class PodHealth:
     startup: dict | None = None  # what the stage said of its startup (phase while loading, durations after)
     loras: tuple[str, ...] | None = None  # the LoRA adapters the stage has loaded (its /v1/loras)
     jobs: dict | None = None  # the video jobs it runs (here) and the store's by status, at its last scan
+    cost: int | None = None  # outstanding pixel-steps (remaining steps x pixels x frames x outputs in flight)
 
     @property
     def jobs_here(self) -> int:
@@ -77,7 +79,7 @@ class HealthBook:
                             result.state, result.waiting, result.running,
                             result.startup if result.startup is not None else (old.startup if old else None),
                             result.loras if result.loras is not None else (old.loras if old else None),
-                            result.jobs)
+                            result.jobs, result.cost)
         self._pods[uid] = new
         shown = ("health", "failures", "waiting", "running", "state", "loading_phase", "loras", "jobs")
         changed = old is None or any(getattr(old, k) != getattr(new, k) for k in shown)

@@ -1,6 +1,6 @@
 """The one module that talks to the Kubernetes API (the official client's transport and auth, plain JSON).
 
-Reads: the stage, its pods (by label), its Service, ConfigMap, PodDisruptionBudget and NetworkPolicy, the
+Reads: the stage, its pods (by label), its Service, ConfigMap, PodDisruptionBudget, NetworkPolicy and InferencePool, the
 job store's PersistentVolumeClaim (spec.jobs.claimName, by name), the nodes, the auth Secret (spec.auth.secretRef,
 by name). Writes: `apply(stage, plan)` in the plan's order (deletes, creates, patches, status, events), and nothing
 else. Every write is a JSON merge patch or a create/delete by name.
@@ -16,9 +16,11 @@ from typing import Any
 
 import kubernetes
 
+from stage_operator import dra
 from stage_operator.api.meta import GROUP, LABEL_STAGE, PLURAL, VERSION
 from stage_operator.builders.children import configmap_name
 from stage_operator.builders.disruption import pdb_name
+from stage_operator.builders.inference_pool import inference_pool_name
 from stage_operator.builders.networkpolicy import network_policy_name
 from stage_operator.observed import Observed
 from stage_operator.plan import Plan
@@ -30,7 +32,9 @@ IMAGE_VOLUMES_SINCE = (1, 35)  # the ImageVolume feature gate is on by default f
 _CORE_PLURALS = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Secret": "secrets",
                  "PersistentVolumeClaim": "persistentvolumeclaims"}
 _PATHS = {"PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
-          "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies")}
+          "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
+          "InferencePool": ("/apis/inference.networking.k8s.io/v1", "inferencepools")}
+DRA_API = "/apis/resource.k8s.io/v1"
 QUOTA_REFUSAL = "exceeded quota"  # the ResourceQuota admission plugin's 403 message: `exceeded quota: NAME, ...`
 
 
@@ -111,6 +115,21 @@ class Kube:
     def list_nodes(self) -> list[dict[str, Any]]:
         return self.request("GET", "/api/v1/nodes")["items"]
 
+    def read_dra(self, namespace: str, claims: list[dict[str, Any]]) -> dra.Inventory:
+        """What the capacity check needs of Dynamic Resource Allocation (resource.k8s.io/v1): each pod claim's
+        ResourceClaimTemplate or ResourceClaim (by name), the DeviceClasses and the ResourceSlices. A cluster
+        without the API (404) has none of them."""
+        objects = {}
+        for entry in claims:
+            source = dra.claim_source(entry)
+            if source is not None:
+                plural = "resourceclaimtemplates" if source[0] == "ResourceClaimTemplate" else "resourceclaims"
+                objects[entry.get("name", "")] = self.request(
+                    "GET", f"{DRA_API}/namespaces/{namespace}/{plural}/{source[1]}")
+        classes = (self.request("GET", f"{DRA_API}/deviceclasses") or {}).get("items") or []
+        slices = (self.request("GET", f"{DRA_API}/resourceslices") or {}).get("items") or []
+        return dra.Inventory(objects, classes, slices)
+
     def observe(self, stage: Stage, *, nodes: list[dict[str, Any]] | None, now: str) -> Observed:
         pods = self.request("GET", self.core_path("Pod", stage.namespace),
                             query={"labelSelector": f"{LABEL_STAGE}={stage.name}"})["items"]
@@ -122,8 +141,11 @@ class Kube:
         jobs = stage.spec.jobs if stage.spec is not None else None
         claim = self.request("GET", self.core_path("PersistentVolumeClaim", stage.namespace, jobs.claim_name)) \
             if jobs is not None else None
+        pool = None
+        if stage.wants_inference_pool or stage.status.get("inferencePool"):  # read only where one is or was
+            pool = self.request("GET", self.core_path("InferencePool", stage.namespace, inference_pool_name(stage)))
         return Observed(pods=owned, service=service, configmap=configmap, pdb=pdb, nodes=nodes, now=now,
-                        network_policy=policy, jobs_claim=claim)
+                        network_policy=policy, jobs_claim=claim, inference_pool=pool)
 
     def read_api_key(self, namespace: str, name: str, key: str) -> str | None:
         """The first key in the stage's auth Secret (RBAC: `get` on secrets in that namespace); None when
@@ -146,6 +168,10 @@ class Kube:
             try:
                 self.request("POST", self.core_path(obj["kind"], ns), body=obj)
             except ApiError as exc:
+                if exc.status == 404 and obj["kind"] == "InferencePool":   # its CRD is not installed: say so
+                    log.warning("cannot create InferencePool %s/%s: the InferencePool CRD (inference.networking.k8s.io"
+                                "/v1) is not installed in the cluster: %s", ns, obj["metadata"]["name"], exc)
+                    continue
                 if exc.status == 403 and obj["kind"] == "Pod" and QUOTA_REFUSAL in str(exc):
                     refused[obj["metadata"]["name"]] = str(exc).split(" answered 403: ", 1)[-1]
                     log.info("%s refused by a ResourceQuota: %s", obj["metadata"]["name"], exc)

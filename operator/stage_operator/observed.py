@@ -162,7 +162,9 @@ class Observed:
     configmap: Mapping[str, Any] | None = None
     pdb: Mapping[str, Any] | None = None  # the stage's PodDisruptionBudget
     network_policy: Mapping[str, Any] | None = None  # the stage's NetworkPolicy
+    inference_pool: Mapping[str, Any] | None = None  # the stage's InferencePool (read with spec.routing.inferencePool)
     nodes: Sequence[Mapping[str, Any]] | None = None
+    dra: Any = None  # dra.Inventory, read with the nodes when the pods claim devices (podTemplate.resourceClaims)
     jobs_claim: Mapping[str, Any] | None = None  # spec.jobs.claimName's PersistentVolumeClaim (None: not found)
     now: str = "1970-01-01T00:00:00Z"  # for lastTransitionTime
     at: float | None = None  # the same moment in epoch seconds (sub-second), for deadlines; default: `now`

@@ -20,6 +20,7 @@ from stage_operator.api.meta import LABEL_SERVING
 from stage_operator.builders.children import build_configmap, build_service
 from stage_operator.builders.disruption import build_pdb, pdb_name
 from stage_operator.builders.event import build_event
+from stage_operator.builders.inference_pool import build_inference_pool, inference_pool_name
 from stage_operator.builders.networkpolicy import build_network_policy, network_policy_name
 from stage_operator.builders.pod import build_pod
 from stage_operator.observed import Observed, PodView
@@ -30,8 +31,10 @@ FENCE = {"metadata": {"labels": {LABEL_SERVING: "false"}}}
 
 
 def needs_nodes(stage: Stage, observed: Observed) -> bool:
-    """Whether the capacity check needs the node list: GPUs requested and replicas to create or a failed check."""
-    if stage.spec is None or stage.deleting or not stage.spec.resources.gpu_resource_name:
+    """Whether the capacity check needs the node list (and, with device claims, the DRA inventory): GPUs or devices
+    requested and replicas to create or a failed check."""
+    if stage.spec is None or stage.deleting or not (stage.spec.resources.gpu_resource_name
+                                                    or stage.spec.pod_template.resource_claims):
         return False
     pods = observed.pod_views()
     replicas = stage.spec.replicas
@@ -72,7 +75,8 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
     requeue = None
     if spec is not None:
         fit = jobs_store.check(spec.jobs, observed.jobs_claim, stage.namespace)
-        fit = capacity.check(spec.resources, observed.nodes) if fit.ok else fit  # no claim: no pod, GPUs or not
+        fit = capacity.check(spec.resources, observed.nodes, spec.pod_template.resource_claims or (),
+                             observed.dra) if fit.ok else fit  # no claim: no pod, GPUs or not
         desired, autoscaling = spec.replicas, None
         if spec.autoscaling.mode == "Operator":  # the operator's own decision instead of spec.replicas
             desired, autoscaling, event = autoscale.decide(spec, stage.status.get("autoscaling"),
@@ -99,7 +103,7 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
                                quota_refused=observed.quota_refused)
         requeue = _soonest(scaled.requeue_after, decisions.drains.requeue_after, rs.requeue_after,
                            target.requeue_after,
-                           jobs_store.RECHECK_SECONDS if fit.reason == jobs_store.MISSING else None)
+                           jobs_store.RECHECK_SECONDS if fit.reason == jobs_store.MISSING else None, fit.recheck)
         applied = (observed.lora_sync.applied if observed.lora_sync is not None
                    else lora_sync.applied(stage.status, spec.loras))
         if fit.ok or observed.configmap is not None:   # new replicas start with the LoRA list applied everywhere
@@ -111,6 +115,7 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
             _child("NetworkPolicy", build_network_policy(stage), observed.network_policy, ("spec",), plan)
         elif not spec.network_policy.enabled and observed.network_policy is not None:
             plan.delete.append(Delete("NetworkPolicy", network_policy_name(stage), "NetworkPolicyDisabled"))
+        _inference_pool(stage, fit.ok, observed.inference_pool, plan)
         plan.create.extend(build_pod(template, i, desired_hash, observed.image_volumes) for i in decisions.create)
         plan.patch.extend(Patch("Pod", name, FENCE) for name in rs.fence)
         plan.delete.extend(Delete("Pod", name, "Restart") for _, name in rs.recreate)
@@ -119,6 +124,8 @@ def reconcile(stage: Stage, observed: Observed) -> Plan:
     status = report.build_status(stage, pods, fit, decisions, desired_hash, observed.now, extras)
     if spec is not None:
         events += _lora_sync(stage, observed, status)
+        if stage.wants_inference_pool and (fit.ok or observed.inference_pool is not None):
+            status["inferencePool"] = inference_pool_name(stage)
     events = _decisions_explained(stage, plan, status) + events
     if observed.abort is not None:
         events.append(_abort_event(observed.abort))
@@ -143,6 +150,16 @@ def _lora_sync(stage: Stage, observed: Observed, status: dict[str, Any]) -> list
     if synced.errors and list(synced.errors) != list((before or {}).get("errors") or ()):
         out.append(("Warning", "LoraSyncFailed", "; ".join(synced.errors)))
     return out
+
+
+def _inference_pool(stage: Stage, fits: bool, observed: Any, plan: Plan) -> None:
+    """spec.routing.inferencePool: the pool over the serving selector (created once the stage fits, like the
+    Service); without it, the pool the operator made before (status.inferencePool) is deleted."""
+    if stage.wants_inference_pool:
+        if fits or observed is not None:
+            _child("InferencePool", build_inference_pool(stage), observed, ("spec",), plan)
+    elif stage.status.get("inferencePool"):
+        plan.delete.append(Delete("InferencePool", inference_pool_name(stage), "RoutingRemoved"))
 
 
 def _pdb(stage: Stage, replicas: int, observed: Any, plan: Plan) -> None:

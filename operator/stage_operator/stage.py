@@ -23,6 +23,12 @@ class Stage:
     status: Mapping[str, Any] = field(default_factory=dict)
     deleting: bool = False
 
+    @property
+    def wants_inference_pool(self) -> bool:
+        """spec.routing.inferencePool is set (and the stage is not being deleted: then garbage collection has it)."""
+        return (self.spec is not None and not self.deleting and self.spec.routing is not None
+                and self.spec.routing.inference_pool is not None)
+
     def owner_reference(self) -> dict[str, Any]:
         return {"apiVersion": API_VERSION, "kind": KIND, "name": self.name, "uid": self.uid,
                 "controller": True, "blockOwnerDeletion": True}

@@ -53,10 +53,11 @@ async def probe(session: aiohttp.ClientSession, base: str, timeout: float, api_k
             stats = await _json(response)
         startup = stats.get("startup")
         loras = await _lora_names(session, base, limit, api_key) if stats.get("state") == "ready" else None
-        jobs = stats.get("jobs")
+        jobs, cost = stats.get("jobs"), stats.get("cost")
         return ProbeResult(at, state=stats.get("state"), waiting=int(stats.get("waiting", 0)),
                            running=int(stats.get("running", 0)), startup=startup if isinstance(startup, dict) else None,
-                           loras=loras, jobs=_job_counts(jobs) if isinstance(jobs, dict) else None)
+                           loras=loras, jobs=_job_counts(jobs) if isinstance(jobs, dict) else None,
+                           cost=int(cost.get("outstanding") or 0) if isinstance(cost, dict) else None)
     except _ERRORS as exc:
         return ProbeResult(at, error=_why(exc))
 

@@ -18,6 +18,7 @@ from typing import Any
 from stage_runtime.checkpoint import check_resume
 from stage_runtime.config import StageConfig
 from stage_runtime.engine.admission import admit, check_execution_mode, family_check
+from stage_runtime.engine.cost_meter import CostMeter
 from stage_runtime.engine.limits import max_request_cost
 from stage_runtime.engine.lora_table import LORA_RPCS, LoraTable
 from stage_runtime.engine.observers import ExecuteObservers
@@ -65,6 +66,7 @@ class DiffusionEngine:
             raise
         self.outputs = OutputTable(self._lock, self.executor, config.scheduler.streaming_output)
         self.counters = self.outputs.counters
+        self.cost = CostMeter()                  # outstanding pixel-steps and work done (``load_snapshot``)
         self.max_request_cost = max_request_cost(config.limits, self.model_info)
         self.watchdog = StepWatchdog(config.limits, self._fail_stalled)      # armed once ready
         self.result_cache = ResultCache.from_config(config)      # off (never hits) unless result_max_bytes > 0
@@ -287,7 +289,9 @@ class DiffusionEngine:
 
     def _finalize_locked(self, request_ids: list[str]) -> None:
         """Each terminal request leaves the scheduler and is delivered exactly once."""
-        self.outputs.finalize([self.scheduler.pop_request_state(rid) for rid in request_ids])
+        states = [self.scheduler.pop_request_state(rid) for rid in request_ids]
+        self.cost.finished(states)
+        self.outputs.finalize(states)
 
     # -- failure and close -----------------------------------------------------------------------------
     def _fail_stalled(self, reason: str) -> None:
@@ -345,6 +349,12 @@ class DiffusionEngine:
         with self._lock:
             return {"waiting": self.scheduler.num_waiting_reqs, "running": self.scheduler.num_running_reqs,
                     "capacity": self.scheduler.max_num_running_reqs, **self.counters}
+
+    def load_snapshot(self) -> dict[str, Any]:
+        """Outstanding and completed work in pixel-steps, the completion rate, the waiting requests' adapters
+        (``engine.cost_meter``: ``/v1/stats`` and ``/metrics``)."""
+        with self._lock:
+            return self.cost.snapshot(self.scheduler.live_states(list(self.outputs.streams)))
 
     def _live_requests(self) -> list[DiffusionRequest]:
         """The requests in flight (waiting, running, preempted); under the lock (the LoRA table's port)."""

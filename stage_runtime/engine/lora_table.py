@@ -159,9 +159,12 @@ class LoraTable:
             return {"name": name, "unloaded": True}
 
     def metrics(self) -> dict:
+        """Counts for ``/metrics``, and what the endpoint picker's LoRA gauge shows: the resident adapters'
+        ``names``, ``max_loras``, and ``serves_loras`` (whether the model takes adapters at all)."""
         with self._lock:
             return {"resident": len(self.entries), "requests_by_adapter": dict(self.requests_by_adapter),
-                    "operations": dict(self.counters)}
+                    "operations": dict(self.counters), "names": sorted(self.entries), "max_loras": self.max_loras,
+                    "serves_loras": bool(self.model_info.lora_components)}
 
     # -- internals ---------------------------------------------------------------------------------------
     def _victim_locked(self) -> str | None:

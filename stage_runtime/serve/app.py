@@ -60,10 +60,10 @@ async def abort(request: web.Request) -> web.Response:
     return web.json_response(request.app[SERVICE].abort(body.request_ids, all=body.all))
 
 
-def stage_stats(app: web.Application) -> dict:
+def stage_stats(app: web.Application, work: dict | None = None) -> dict:
     """``/v1/stats``: the service's, and ``jobs`` when the stage keeps video jobs (``--job-store``)."""
     jobs = app.get(JOBS)
-    return {**app[SERVICE].stats(), **({"jobs": jobs.stats()} if jobs is not None else {})}
+    return {**app[SERVICE].stats(work), **({"jobs": jobs.stats()} if jobs is not None else {})}
 
 
 async def stats(request: web.Request) -> web.Response:
@@ -103,9 +103,10 @@ async def ready(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
+    work = service.work()
     if service.engine is not None:
-        service.metrics.observe_loras(service.engine.loras.metrics())
-    return web.Response(body=service.metrics.render(stage_stats(request.app)),
+        service.metrics.observe_loras(service.engine.loras.metrics(), work["waiting_loras"])
+    return web.Response(body=service.metrics.render(stage_stats(request.app, work)),
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -7,13 +7,14 @@ observer; waiting/running, worker liveness and state are read from ``/v1/stats``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from stage_runtime.jobs.record import STATUSES
+from stage_runtime.serve.fleet_metrics import FleetCollector
 
 __all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "StageMetrics"]
 
@@ -49,8 +50,8 @@ class StageMetrics:
                                          "cache", registry=r)
         self.exec_seconds = Histogram(f"{PREFIX}request_exec_seconds", "First execution to the terminal output",
                                       buckets=SECONDS, registry=r)
-        self.e2e_seconds = Histogram(f"{PREFIX}request_e2e_seconds", "Admission to the terminal output",
-                                     buckets=SECONDS, registry=r)
+        self.e2e_seconds = Histogram(f"{PREFIX}request_e2e_seconds", "Admission to the terminal output, by the "
+                                     "outcome of requests that ran", ["outcome"], buckets=SECONDS, registry=r)
         self.step_seconds = Histogram(f"{PREFIX}denoise_step_seconds", "Wall time of one denoising step "
                                       "(one tick in step mode; wave time / steps in request mode)",
                                       buckets=FAST_SECONDS, registry=r)
@@ -78,10 +79,14 @@ class StageMetrics:
                                    ["adapter"], registry=r)
         self.lora_operations = Gauge(f"{PREFIX}lora_operations", "LoRA adapter operations since start, by kind "
                                      "(loads, unloads, evictions, refused)", ["kind"], registry=r)
+        self.fleet = FleetCollector()      # utilisation, the LoRA gauge for the endpoint picker, the cost signal
+        r.register(self.fleet)
 
     # -- observation ------------------------------------------------------------------------------------
-    def observe_loras(self, snapshot: Mapping[str, Any]) -> None:
-        """Scrape-time LoRA gauges from ``LoraTable.metrics()``."""
+    def observe_loras(self, snapshot: Mapping[str, Any], waiting: Sequence[str] = ()) -> None:
+        """Scrape-time LoRA gauges from ``LoraTable.metrics()``; ``waiting``: the adapters waiting requests name."""
+        if snapshot.get("serves_loras"):
+            self.fleet.observe_loras(snapshot["names"], waiting, snapshot["max_loras"])
         self.lora_resident.set(snapshot["resident"])
         for adapter, n in snapshot["requests_by_adapter"].items():
             self.lora_requests.labels(adapter).set(n)
@@ -106,7 +111,7 @@ class StageMetrics:
         if outcome == "deadline_exceeded" and timings.get("exec_ms") == 0 and "queue_ms" in timings:
             self.deadline_queue_seconds.observe(timings["queue_ms"] / 1e3)
         for key, hist in (("queue_ms", self.queue_seconds), ("exec_ms", self.exec_seconds),
-                          ("e2e_ms", self.e2e_seconds)):
+                          ("e2e_ms", self.e2e_seconds.labels(outcome))):
             if key in timings:
                 hist.observe(timings[key] / 1e3)
 
@@ -121,6 +126,7 @@ class StageMetrics:
         self.waiting.set(stats["waiting"])
         self.running.set(stats["running"])
         self.capacity.set(stats["capacity"])
+        self.fleet.observe(stats)
         self.state.state(stats["state"])
         if "jobs" in stats:
             self.jobs_here.set(stats["jobs"]["here"])

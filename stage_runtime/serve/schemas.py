@@ -197,6 +197,16 @@ class JobsView(BaseModel):
     failed: int
 
 
+class CostView(BaseModel):
+    """``cost`` in ``/v1/stats``: the replica's work in pixel-steps (pixels × frames × outputs per denoising step;
+    ``engine.cost_meter``): left to do over the requests in flight, done so far, and done per second lately."""
+
+    model_config = ConfigDict(extra="forbid")
+    outstanding: int
+    completed_total: int
+    rate: float
+
+
 class StageStats(BaseModel):
     """``GET /v1/stats`` — what the operator polls. Exactly these keys (``offload`` only with offload on, ``jobs``
     only with a job store)."""
@@ -213,6 +223,7 @@ class StageStats(BaseModel):
     topology: str
     workers: list[WorkerStatus]
     startup: StartupView
+    cost: CostView
     offload: list[dict[str, Any]] | None = None
     jobs: JobsView | None = None
 

@@ -206,18 +206,27 @@ class StageService:
         return self.engine.collective_rpc(method, args, kwargs, timeout, unique_reply_rank, abort_with)
 
     # -- introspection ----------------------------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
+    def work(self) -> dict[str, Any]:
+        """The engine's ``load_snapshot`` (outstanding and completed pixel-steps, rate, waiting adapters)."""
+        if self.engine is None:
+            return {"outstanding": 0, "completed_total": 0, "rate": 0.0, "waiting_loras": []}
+        return self.engine.load_snapshot()
+
+    def stats(self, work: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``/v1/stats``; ``work``: a ``work()`` snapshot already taken (``/metrics`` shares one)."""
         p = self.config.parallel
         if self.engine is not None:
             load = self.engine.stats()
         else:
             load = {"waiting": 0, "running": 0, "capacity": self.config.scheduler.max_num_seqs,
                     "finished_total": 0, "aborted_total": 0, "failed_total": 0}
+        work = self.work() if work is None else work
         return {"state": self.state, "waiting": load["waiting"], "running": load["running"],
                 "capacity": load["capacity"], "finished_total": load["finished_total"],
                 "aborted_total": load["aborted_total"], "failed_total": load["failed_total"],
                 "world_size": p.world_size, "topology": p.describe(), "workers": self.workers(),
                 "startup": self.startup.view(),
+                "cost": {k: work[k] for k in ("outstanding", "completed_total", "rate")},
                 **({"offload": self.offload} if self.config.offload.mode != "none" else {})}
 
     def workers(self) -> list[dict[str, Any]]:

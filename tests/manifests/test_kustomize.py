@@ -54,6 +54,25 @@ def test_monitoring_overlay_adds_a_servicemonitor_for_the_metrics_service():
     assert 'Service' in validate(docs)
 
 
+@needs_kubectl
+def test_monitoring_overlay_scrapes_every_stage_pod_and_ships_the_dashboard():
+    from stage_operator.builders.pod import build_pod
+    from stage_operator.stage import parse_stage
+
+    docs = build(MANIFESTS / 'overlays' / 'monitoring')
+    monitor = by_kind(docs, 'PodMonitor')
+    pod = build_pod(parse_stage({'metadata': {'name': 'tiny', 'namespace': 'team', 'uid': 'u', 'generation': 1},
+                                 'spec': {'model': {'builtin': 'tiny-sd'}}}), 0)
+    assert monitor['spec']['selector']['matchLabels'].items() <= pod['metadata']['labels'].items()
+    assert monitor['spec']['podMetricsEndpoints'][0]['port'] in {p['name'] for p in pod['spec']['containers'][0]['ports']}
+    assert monitor['spec']['namespaceSelector'] == {'any': True}
+    dashboard = next(d for d in docs if d['kind'] == 'ConfigMap' and d['metadata']['name'] == 'diffstage-grafana-dashboard')
+    assert dashboard['metadata']['labels']['grafana_dashboard'] == '1'
+    shipped = (MANIFESTS / 'components' / 'servicemonitor' / 'grafana-dashboard.json').read_text()
+    assert dashboard['data'] == {'diffstage.json': shipped}
+    assert by_kind(docs, 'ServiceMonitor')['spec']['endpoints'][0]['honorLabels'] is True
+
+
 def test_probes_and_the_metrics_service_match_the_operator_command():
     docs = [d for d in yaml.safe_load_all((MANIFESTS / 'base' / 'operator.yaml').read_text()) if d]
     service = yaml.safe_load((MANIFESTS / 'base' / 'metrics-service.yaml').read_text())

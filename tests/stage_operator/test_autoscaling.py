@@ -53,7 +53,8 @@ def test_decide_records_the_decision_and_never_touches_spec():
     desired, status, event = decide(s, None, [], NOW)
     assert desired == 2 and status['desiredReplicas'] == 2 and event is None and 'start at 2' in status['reason']
     desired, status, event = decide(s, status, samples((0, 5)), NOW)
-    assert desired == 3 and status == {'desiredReplicas': 3, 'metricValue': 5.0, 'lastScaleTime': format_time(NOW),
+    assert desired == 3 and status == {'desiredReplicas': 3, 'metric': 'inflight', 'metricValue': 5.0,
+                                       'lastScaleTime': format_time(NOW),
                                        'reason': status['reason']} and 'scale up to 3' in status['reason']
     assert event[:2] == ('Normal', 'ScaledUp') and event[2].startswith('2 → 3')
     assert decide(s, status, samples((0, 5)), NOW + 1) == (3, None, None), 'unchanged: nothing to write'

@@ -16,6 +16,10 @@ ANNOTATION_DRAINING = f"{GROUP}/draining-since"  # set when the drain fences the
 ANNOTATION_DRAIN_REASON = f"{GROUP}/drain-reason"  # why it leaves: ScaleDown, Outdated, StageDeleted
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "diffstage-operator"
+# The inference gateway's endpoint picker chooses how to read a pod's /metrics by this label (its engineConfigs:
+# manifests/inference-gateway/endpoint-picker-config.yaml); podTemplate.labels may set another value.
+LABEL_ENGINE_TYPE = "llm-d.ai/engine-type"
+ENGINE_TYPE = "diffstage"
 
 OPERATOR_NAMESPACE = "diffstage-system"  # manifests/base: where the operator's pods run (NetworkPolicy peer)
 OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "diffstage-operator"}

@@ -19,6 +19,7 @@ from stage_operator.api.jobs import Jobs
 from stage_operator.api.meta import DEFAULT_GPU_RESOURCE, DEFAULT_IMAGE
 from stage_operator.api.model import ModelSource
 from stage_operator.api.pod import Auth, NetworkPolicy, PodTemplate
+from stage_operator.api.routing import Routing
 from stage_runtime.config import LORA_NAME_PATTERN, ConfigError, ParallelConfig
 
 _CAMEL = ApiModel.model_config
@@ -146,8 +147,12 @@ class Abort(ApiModel):
         "true: abort every request in flight on every pod. Exactly one of requestIds or all: true."))
 
 
-_OPERATOR_ONLY = ("minReplicas", "maxReplicas", "targetInFlightPerReplica",
+_OPERATOR_ONLY = ("minReplicas", "maxReplicas", "metric", "targetInFlightPerReplica", "targetCostPerReplica",
                   "scaleUpStabilizationSeconds", "scaleDownStabilizationSeconds")
+COST_NEEDS_TARGET = ("autoscaling.metric cost needs targetCostPerReplica: the outstanding pixel-steps (remaining "
+                     "steps x pixels x frames x outputs) one replica should hold, e.g. 52428800 for one 1024x1024 "
+                     "50-step request")
+TARGET_NEEDS_COST = "autoscaling.targetCostPerReplica applies only with metric cost"
 
 
 SCALE_TO_ZERO = ("autoscaling.minReplicas 0 is refused with mode Operator: a stage at 0 has no pod to probe, so "
@@ -168,6 +173,9 @@ class Autoscaling(ApiModel):
             "'autoscaling.minReplicas (' + string(self.minReplicas) + ') must not exceed maxReplicas ('"
             " + string(self.maxReplicas) + ')'"),
         cel("self.mode != 'Operator' || !has(self.minReplicas) || self.minReplicas >= 1", f"'{SCALE_TO_ZERO}'"),
+        cel("!has(self.metric) || self.metric != 'cost' || has(self.targetCostPerReplica)", f"'{COST_NEEDS_TARGET}'"),
+        cel("!has(self.targetCostPerReplica) || (has(self.metric) && self.metric == 'cost')",
+            f"'{TARGET_NEEDS_COST}'"),
     ]})
     mode: Literal["None", "External", "Operator"] = Field("None", description=(
         "None (default): spec.replicas is yours; External: an HPA or KEDA scales through /scale; Operator: the "
@@ -176,9 +184,16 @@ class Autoscaling(ApiModel):
         "Operator mode: the fewest replicas (default 1). 0 is refused: nothing could scale the stage back up."))
     max_replicas: int | None = Field(None, ge=1, description=(
         "Operator mode, required there: the most replicas (at least minReplicas)."))
+    metric: Literal["inflight", "cost"] | None = Field(None, description=(
+        "Operator mode: what to scale on. inflight (default): requests waiting + running; cost: their outstanding "
+        "work in pixel-steps (remaining steps x pixels x frames x outputs, each replica's /v1/stats cost), so a few "
+        "large requests scale out where as many small ones would not."))
     target_in_flight_per_replica: int | None = Field(None, ge=1, description=(
-        "Operator mode: in-flight requests (waiting + running) per replica to aim for: desired replicas = "
-        "ceil(in flight / this). Default: engine.maxNumSeqs."))
+        "Operator mode, metric inflight: in-flight requests (waiting + running) per replica to aim for: desired "
+        "replicas = ceil(in flight / this). Default: engine.maxNumSeqs."))
+    target_cost_per_replica: int | None = Field(None, ge=1, description=(
+        "Operator mode, metric cost (required there): outstanding pixel-steps per replica to aim for: desired "
+        "replicas = ceil(total outstanding / this). One 1024x1024 50-step image is 52428800."))
     scale_up_stabilization_seconds: int | None = Field(None, ge=0, description=(
         "Operator mode: scale up only to the smallest recommendation seen over this many seconds (default 0: "
         "at once)."))
@@ -192,6 +207,10 @@ class Autoscaling(ApiModel):
     def _wakes_up(self) -> Autoscaling:
         if self.mode == "Operator" and self.min_replicas == 0:
             raise ValueError(SCALE_TO_ZERO)
+        if self.metric == "cost" and self.target_cost_per_replica is None:
+            raise ValueError(COST_NEEDS_TARGET)
+        if self.target_cost_per_replica is not None and self.metric != "cost":
+            raise ValueError(TARGET_NEEDS_COST)
         return self
 
 
@@ -270,6 +289,7 @@ class StageSpec(ApiModel):
     auth: Auth | None = None
     jobs: Jobs | None = None  # None: the job API is off; the wire form (hence the digest) of other stages is unchanged
     network_policy: NetworkPolicy = Field(default_factory=NetworkPolicy)
+    routing: Routing | None = None  # None: no change to the wire form (and digest) of stages without it
     # None (not []) when unset: the spec's wire form, hence its rollout digest, is unchanged for stages without it
     loras: list[LoraAdapter] | None = Field(None, max_length=64, description=(
         "LoRA adapters every replica holds (at most 64, unique names): loaded at startup, and a changed list is "

@@ -143,8 +143,11 @@ class AutoscalingStatus(ApiModel):
 
     desired_replicas: int | None = Field(None, description=(
         "The replicas the operator runs now; spec.replicas is not written."))
+    metric: str | None = Field(None, description=(
+        "What the decision scaled on: inflight (requests waiting + running) or cost (outstanding pixel-steps)."))
     metric_value: float | None = Field(None, description=(
-        "Total in-flight requests (waiting + running) at the decision."))
+        "The metric's total over the serving replicas at the decision: in-flight requests (plus the queued video "
+        "jobs with spec.jobs), or outstanding pixel-steps."))
     reason: str | None = Field(None, description="Why, in words: the load against the target over the window.")
     last_scale_time: str | None = Field(None, description="When desiredReplicas last changed (RFC 3339).")
 
@@ -239,3 +242,6 @@ class StageStatus(ApiModel):
     model: ModelStatus | None = None
     rollout: RolloutStatus | None = None
     jobs: JobsStatus | None = None
+    inference_pool: str | None = Field(None, description=(
+        "The InferencePool (inference.networking.k8s.io/v1) the operator owns for this stage "
+        "(spec.routing.inferencePool); it deletes it when that field is removed."))

@@ -1,7 +1,8 @@
 """The stage's NetworkPolicy (pure): ingress to the stage's pods, per port.
 
-    http (8000)  from `spec.networkPolicy.httpFrom` (default: every pod in the stage's namespace) and the operator
-                 (it probes /health and /v1/stats and posts /v1/abort)
+    http (8000)  from `spec.networkPolicy.httpFrom` (default: every pod in the stage's namespace), the operator
+                 (it probes /health and /v1/stats and posts /v1/abort) and, with
+                 `spec.routing.inferencePool.gatewayNamespace`, every pod of the inference gateway's namespace
     zmq  (5570)  from the stage's own pods and the operator only: the ZMQ surface is cluster-internal
 
 Egress is not restricted. The kubelet's probes come from the node and are not subject to it on the common CNIs.
@@ -28,6 +29,17 @@ def operator_peer() -> dict[str, Any]:
             "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}
 
 
+def namespace_peer(namespace: str) -> dict[str, Any]:
+    return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
+
+
+def _gateway(stage: Stage) -> list[dict[str, Any]]:
+    """The inference gateway's proxies (another namespace, usually) reach the pods the endpoint picker chose."""
+    routing = stage.spec.routing
+    pool = routing.inference_pool if routing is not None else None
+    return [namespace_peer(pool.gateway_namespace)] if pool is not None and pool.gateway_namespace else []
+
+
 def build_network_policy(stage: Stage) -> dict[str, Any]:
     assert stage.spec is not None, "build children only for a valid spec"
     http_from = stage.spec.network_policy.http_from
@@ -37,5 +49,6 @@ def build_network_policy(stage: Stage) -> dict[str, Any]:
             "spec": {"podSelector": {"matchLabels": stage_selector(stage.name)}, "policyTypes": ["Ingress"],
                      "ingress": [
                          {"ports": [{"port": HTTP_PORT, "protocol": "TCP"}],
-                          "from": [*(SAME_NAMESPACE if http_from is None else http_from), operator_peer()]},
+                          "from": [*(SAME_NAMESPACE if http_from is None else http_from), *_gateway(stage),
+                                   operator_peer()]},
                          {"ports": [{"port": ZMQ_PORT, "protocol": "TCP"}], "from": [own, operator_peer()]}]}}

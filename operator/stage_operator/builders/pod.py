@@ -7,8 +7,9 @@ import hashlib
 import json
 from typing import Any
 
-from stage_operator.api.meta import (API_KEY_FILE, AUTH_DIR, CONFIG_DIR, HTTP_PORT, JOBS_DIR, LABEL_REPLICA,
-                                     LABEL_SERVING, LABEL_TEMPLATE_HASH, TERMINATION_LOG, ZMQ_PORT)
+from stage_operator.api.meta import (API_KEY_FILE, AUTH_DIR, CONFIG_DIR, ENGINE_TYPE, HTTP_PORT, JOBS_DIR,
+                                     LABEL_ENGINE_TYPE, LABEL_REPLICA, LABEL_SERVING, LABEL_TEMPLATE_HASH,
+                                     TERMINATION_LOG, ZMQ_PORT)
 from stage_operator.api.spec import StageSpec
 from stage_operator.builders.children import build_configmap, configmap_name, owned_metadata, stage_labels
 from stage_operator.builders.model_delivery import model_delivery
@@ -157,9 +158,11 @@ def template_hash(stage: Stage, image_volumes: bool = False) -> str:
 
 def build_pod(stage: Stage, index: int, pod_hash: str | None = None, image_volumes: bool = False) -> dict[str, Any]:
     """The user's podTemplate labels and annotations first, the operator's over them (CEL refuses the
-    operator's keys in the template; this order keeps them the operator's even without admission)."""
+    operator's keys in the template; this order keeps them the operator's even without admission). The endpoint
+    picker's engine label is a default the template may override (it is not in the template hash: adding it
+    rolls no pod; pods made before it carry it once replaced)."""
     tpl = stage.spec.pod_template
-    labels = {**(tpl.labels or {}), **stage_labels(stage), LABEL_REPLICA: str(index), LABEL_SERVING: "true",
+    labels = {LABEL_ENGINE_TYPE: ENGINE_TYPE, **(tpl.labels or {}), **stage_labels(stage), LABEL_REPLICA: str(index), LABEL_SERVING: "true",
               LABEL_TEMPLATE_HASH: pod_hash or template_hash(stage, image_volumes)}
     metadata = owned_metadata(stage, pod_name(stage, index), labels)
     if tpl.annotations:

@@ -118,11 +118,22 @@ CEL_CASES = [
     ('operator-needs-max', {'autoscaling': {'mode': 'Operator'}},
      ['spec.autoscaling: autoscaling.mode Operator needs maxReplicas']),
     ('fields-without-operator-mode', {'autoscaling': {'mode': 'External', 'maxReplicas': 4}},
-     ['spec.autoscaling: autoscaling.mode is External: minReplicas, maxReplicas, targetInFlightPerReplica, '
-      'scaleUpStabilizationSeconds, scaleDownStabilizationSeconds apply only with mode Operator']),
+     ['spec.autoscaling: autoscaling.mode is External: minReplicas, maxReplicas, metric, targetInFlightPerReplica, '
+      'targetCostPerReplica, scaleUpStabilizationSeconds, scaleDownStabilizationSeconds apply only with mode '
+      'Operator']),
     ('fields-with-mode-none', {'autoscaling': {'targetInFlightPerReplica': 2}},
-     ['spec.autoscaling: autoscaling.mode is None: minReplicas, maxReplicas, targetInFlightPerReplica, '
-      'scaleUpStabilizationSeconds, scaleDownStabilizationSeconds apply only with mode Operator']),
+     ['spec.autoscaling: autoscaling.mode is None: minReplicas, maxReplicas, metric, targetInFlightPerReplica, '
+      'targetCostPerReplica, scaleUpStabilizationSeconds, scaleDownStabilizationSeconds apply only with mode '
+      'Operator']),
+    ('cost-needs-a-target', {'autoscaling': {'mode': 'Operator', 'maxReplicas': 4, 'metric': 'cost'}},
+     ['spec.autoscaling: autoscaling.metric cost needs targetCostPerReplica: the outstanding pixel-steps (remaining '
+      'steps x pixels x frames x outputs) one replica should hold, e.g. 52428800 for one 1024x1024 50-step '
+      'request']),
+    ('cost-target-without-cost', {'autoscaling': {'mode': 'Operator', 'maxReplicas': 4,
+                                                  'targetCostPerReplica': 1000}},
+     ['spec.autoscaling: autoscaling.targetCostPerReplica applies only with metric cost']),
+    ('cost-with-its-target', {'autoscaling': {'mode': 'Operator', 'maxReplicas': 4, 'metric': 'cost',
+                                              'targetCostPerReplica': 1000}}, []),
     ('drain-timeout-any-mode', {'autoscaling': {'drainTimeoutSeconds': 5}}, []),
     ('backoff-inverted', {'restartPolicy': {'backoffInitialSeconds': 60, 'backoffMaxSeconds': 30}},
      ['spec.restartPolicy: restartPolicy.backoffInitialSeconds (60) must not exceed backoffMaxSeconds (30)']),
@@ -153,7 +164,7 @@ def test_every_cel_rule_is_exercised_by_a_failing_case():
     for path, node in _nodes(version_schema(CRD)):
         rules.update(r['messageExpression'] for r in node.get('x-kubernetes-validations', ()))
     failing = {m.split(': ', 1)[1] for _, spec, msgs in CEL_CASES for m in msgs}
-    assert len(rules) == 18 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
+    assert len(rules) == 20 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
 
 
 def _nodes(node, path=''):

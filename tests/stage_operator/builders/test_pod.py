@@ -37,7 +37,8 @@ def test_name_labels_and_owner(index):
     assert meta['name'] == f'tiny-{index}' and meta['namespace'] == 'team'
     assert meta['labels'] == {'diffstage.io/stage': 'tiny', 'diffstage.io/replica': str(index),
                               'diffstage.io/serving': 'true', 'diffstage.io/template-hash': template_hash(st),
-                              'app.kubernetes.io/managed-by': 'diffstage-operator'}
+                              'app.kubernetes.io/managed-by': 'diffstage-operator',
+                              'llm-d.ai/engine-type': 'diffstage'}   # the endpoint picker's engineConfigs entry
     assert meta['ownerReferences'] == [{'apiVersion': 'diffstage.io/v1alpha1', 'kind': 'DiffusionStage', 'name': 'tiny',
                                         'uid': 'uid-9', 'controller': True, 'blockOwnerDeletion': True}]
     assert pod['spec']['restartPolicy'] == 'Never'
@@ -236,6 +237,12 @@ def test_operator_owned_fields_cannot_be_overridden():
         bad = parse_stage({**body, 'spec': {**copy.deepcopy(BASE), 'podTemplate': {field: value}}})
         assert bad.spec is None and f'unknown field spec.podTemplate.{field}' in bad.error, field
     assert owned.items() <= build_pod(st, 0)['metadata']['labels'].items()
+
+
+def test_the_endpoint_picker_engine_label_is_a_default_the_template_may_override():
+    assert build_pod(stage(), 0)['metadata']['labels']['llm-d.ai/engine-type'] == 'diffstage'
+    mine = stage(podTemplate={'labels': {'llm-d.ai/engine-type': 'diffstage-v2'}})
+    assert build_pod(mine, 0)['metadata']['labels']['llm-d.ai/engine-type'] == 'diffstage-v2'
 
 
 def test_pod_template_labels_roll_the_pods():

@@ -163,7 +163,7 @@ async def test_stats_requests_and_metrics_reflect_the_traffic(stage, http):
     stats0 = (await http.get("/v1/stats")).json()
     metrics0 = metric_samples((await http.get("/metrics")).text)
     assert set(stats0) == {"state", "waiting", "running", "capacity", "finished_total", "aborted_total",
-                           "failed_total", "world_size", "topology", "workers", "startup"}
+                           "failed_total", "world_size", "topology", "workers", "startup", "cost"}
     assert stats0["state"] == "ready" and stats0["capacity"] == 1
     assert f"world_size={stats0['world_size']}" in stats0["topology"]
     assert [w["rank"] for w in stats0["workers"]] == list(range(stats0["world_size"]))
@@ -200,7 +200,8 @@ async def test_stats_requests_and_metrics_reflect_the_traffic(stage, http):
     assert delta("diffstage_requests_total", (("outcome", "completed"),)) == 1
     assert delta("diffstage_requests_total", (("outcome", "aborted"),)) == 1
     assert delta("diffstage_images_generated_total") == 2
-    assert delta("diffstage_request_e2e_seconds_count") == 2           # the aborted one ran too
+    assert delta("diffstage_request_e2e_seconds_count", (("outcome", "completed"),)) == 1
+    assert delta("diffstage_request_e2e_seconds_count", (("outcome", "aborted"),)) == 1   # it ran too
     assert delta("diffstage_request_queue_seconds_count") == 2
     assert delta("diffstage_denoise_step_seconds_count") >= 2
     assert delta("diffstage_batch_size_count") >= 2

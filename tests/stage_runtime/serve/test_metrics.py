@@ -8,6 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from stage_runtime.serve.metrics import OUTCOMES, StageMetrics
 
 STATS = {"state": "ready", "waiting": 3, "running": 2, "capacity": 4,
+         "cost": {"outstanding": 4096 * 30, "completed_total": 4096 * 12, "rate": 512.0},
          "workers": [{"rank": 0, "pid": 10, "alive": True}, {"rank": 1, "pid": 11, "alive": False}]}
 
 
@@ -27,8 +28,9 @@ def test_every_outcome_is_exported_from_the_start_and_counted():
     assert counts == {"completed": 1, "aborted": 1, "failed": 0, "dead": 0, "invalid": 0, "rejected": 1,
                       "unavailable": 0, "deadline_exceeded": 0}
     assert got[("diffstage_images_generated_total", ())] == 2
-    assert got[("diffstage_request_e2e_seconds_count", ())] == 2
-    assert abs(got[("diffstage_request_e2e_seconds_sum", ())] - 0.209) < 1e-9
+    assert got[("diffstage_request_e2e_seconds_count", (("outcome", "completed"),))] == 1
+    assert got[("diffstage_request_e2e_seconds_count", (("outcome", "aborted"),))] == 1
+    assert abs(got[("diffstage_request_e2e_seconds_sum", (("outcome", "completed"),))] - 0.205) < 1e-9
     assert got[("diffstage_request_exec_seconds_bucket", (("le", "0.25"),))] == 2
 
 
