@@ -127,7 +127,7 @@ async def test_the_endpoint_picker_reads_waiting_running_utilisation_and_adapter
                 stats = (await http.get("/v1/stats")).json()
                 return (stats["running"], stats["waiting"]) == (4, 1)
 
-            await wait_until(four_running_one_waiting, 60, "four requests running and one waiting")
+            await wait_until(four_running_one_waiting, 120, "four requests running and one waiting")
             loaded = extract((await http.get("/metrics")).text, config)
             assert (loaded["WaitingQueueSize"], loaded["RunningRequestsSize"]) == (1, 4)
             assert loaded["KVCacheUsagePercent"] == 1.0                  # every batch slot busy
@@ -141,7 +141,7 @@ async def test_the_endpoint_picker_reads_waiting_running_utilisation_and_adapter
                 cost = (await http.get("/v1/stats")).json()["cost"]
                 return cost if cost["completed_total"] > first["completed_total"] and cost["rate"] > 0 else None
 
-            later = await wait_until(worked, 30, "completed pixel-steps and a completion rate")
+            later = await wait_until(worked, 120, "completed pixel-steps and a completion rate")
             assert later["outstanding"] < first["outstanding"]
         finally:
             await http.post("/v1/abort", json={"request_ids": ids})
