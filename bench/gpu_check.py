@@ -37,10 +37,17 @@ sys.path.insert(0, str(HERE))
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 os.environ.update(OFFLINE)
 
+from gpucheck.families import uncovered  # noqa: E402
+from gpucheck.ranks import PLANS_2, PLANS_4  # noqa: E402
 from gpucheck.report import FAILING, Row, anchors_section, environment, read_rows, table  # noqa: E402
+from gpucheck.sizes import MODELS  # noqa: E402
+from gpucheck.target import DTYPES  # noqa: E402
+from stage_runtime.model_catalog import tiny_kinds  # noqa: E402
 
-# seconds per part: (on a GPU, in the dry run); the sum on a GPU leaves room for starting the parts in 8 minutes
-BUDGETS = {1: (150.0, 100.0), 2: (100.0, 70.0), 3: (190.0, 60.0)}
+# seconds per part: (on a GPU, in the dry run). The sums bound the whole run (< 8 min on a GPU, < 3 min dry) unless a
+# part hangs: a part still running GRACE_S after its budget is killed.
+BUDGETS = {1: (150.0, 95.0), 2: (100.0, 50.0), 3: (190.0, 30.0)}
+FAMILY_SHARE = 0.7                  # of part 1's budget, for the families; the rest for offload, preemption, ranks
 GRACE_S = 20.0
 PARTS = (1, 2, 3)
 
@@ -51,6 +58,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--parts", default="1,2,3", help="which of parts 1-3 to run (part 4 always runs), e.g. 1,3")
     ap.add_argument("--json", default=".gpu-check/report.json", help="where the JSON report goes")
     ap.add_argument("--budget-scale", type=float, default=1.0, help="multiply every part's time budget")
+    ap.add_argument("--grace-s", type=float, default=GRACE_S, help="a part still running this long after its "
+                    "budget is killed")
     ap.add_argument("--dtypes", default="bfloat16,float16", help="part 1's dtypes on the GPU")
     ap.add_argument("--families", default="", help="part 1: only these tiny kinds (default: every served one)")
     ap.add_argument("--parallel-dtype", default="float32", help="part 2's dtype (tiny models)")
@@ -72,9 +81,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if not set(args.part_list) <= set(PARTS):
         ap.error(f"--parts={args.parts!r}: expected part numbers from 1 to 3, e.g. 1,3")
     args.models = [m for m in args.models.split(",") if m]
+    if unknown := [m for m in args.models if m not in MODELS]:
+        ap.error(f"--models={args.models!r}: {unknown} unknown; expected some of {', '.join(MODELS)}")
     args.families = [k for k in args.families.split(",") if k]
+    if unknown := [k for k in args.families if k not in tiny_kinds()]:
+        ap.error(f"--families={args.families!r}: {unknown} are not served kinds ({', '.join(tiny_kinds())})")
     args.plans = [p.strip() for p in args.plans.split(",") if p.strip()]
+    if unknown := [p for p in args.plans if p not in {**PLANS_2, **PLANS_4}]:
+        ap.error(f"--plans={args.plans!r}: {unknown} unknown; expected some of {', '.join({**PLANS_2, **PLANS_4})}")
     args.dtype_list = tuple(d for d in args.dtypes.split(",") if d)
+    if not args.dtype_list or (unknown := [d for d in args.dtype_list if d not in DTYPES]):
+        ap.error(f"--dtypes={args.dtypes!r}: expected some of {', '.join(DTYPES)}")
     return args
 
 
@@ -104,7 +121,7 @@ def run_part(args: argparse.Namespace) -> int:
         if args.run_part == 1:
             from gpucheck import families, forkstart, residency
 
-            families.run(target, Clock(min(clock.left(), 0.6 * args.budget)), emit, root, args.families)
+            families.run(target, Clock(min(clock.left(), FAMILY_SHARE * args.budget)), emit, root, args.families)
             residency.run(target, clock, emit, root)
             forkstart.run(target, clock, emit, root)
         elif args.run_part == 2:
@@ -120,10 +137,10 @@ def run_part(args: argparse.Namespace) -> int:
 
 
 # -- the parent: every part, the table, the report -----------------------------------------------------------------
-def hygiene_rows(part: int, outcome, budget: float) -> list[Row]:
+def hygiene_rows(part: int, outcome, budget: float, grace: float) -> list[Row]:
     """Part 4's rows for one part: its end, and what it left (swept here; a clean part leaves nothing)."""
     ended = {"done": ("ok", f"done in {outcome.wall_s:.0f} s of {budget:.0f} s"),
-             "over budget": ("budget", f"killed after {outcome.wall_s:.0f} s (budget {budget:.0f} s + {GRACE_S:.0f})"),
+             "over budget": ("budget", f"killed after {outcome.wall_s:.0f} s (budget {budget:.0f} s + {grace:g})"),
              "crashed": ("error", f"exit code {outcome.returncode} after {outcome.wall_s:.0f} s")}[outcome.status]
     last = (outcome.output_tail.strip().splitlines() or [""])[-1][:200]
     rows = [Row(4, f"part {part} ran and ended", ended[0], ended[1], "" if outcome.status == "done" else last,
@@ -162,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             rows_file = work / f"part{part}.jsonl"
             cmd = [sys.executable, str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:]),
                    "--run-part", str(part), "--rows", str(rows_file), "--work", str(work), "--budget", str(budget)]
-            outcome = supervise(cmd, budget, GRACE_S, work / f"part{part}.log", env=child_env)
-            part_rows = read_rows(rows_file) + hygiene_rows(part, outcome, budget)
+            outcome = supervise(cmd, budget, args.grace_s, work / f"part{part}.log", env=child_env)
+            part_rows = read_rows(rows_file) + hygiene_rows(part, outcome, budget, args.grace_s)
             bad = sum(r.status in FAILING for r in part_rows)
             print(f"part {part}: {outcome.status} in {outcome.wall_s:.0f} s (budget {budget:.0f} s), "
                   f"{len(part_rows)} rows, {bad} failed", flush=True)
@@ -172,21 +189,27 @@ def main(argv: list[str] | None = None) -> int:
                            "processes_left": outcome.processes_left, "segments_left": outcome.segments_left}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    missing, kinds = uncovered(), tiny_kinds()
+    rows.append(Row(4, "every served family has a bare call", "error" if missing else "ok",
+                    f"{len(kinds) - len(missing)} of {len(kinds)} tiny kinds", f"missing: {missing}" if missing else
+                    "(gpucheck/families.py CALLS)", {"missing": missing}))
     devices = env.get("visible_devices", 0)
     rows.append(Row(4, "one GPU, offline", "ok", f"1 of {devices} visible GPUs" if devices else "cpu dry run",
                     "every part ran with " + ", ".join(f"{k}={v}" for k, v in {**one_gpu, **OFFLINE}.items()),
                     {"visible_devices": devices, **one_gpu, **OFFLINE}))
     wall = time.monotonic() - started
     failed = [r for r in rows if r.status in FAILING]
+    not_run = [r for r in rows if r.status == "budget"]
     text = f"{table(rows)}\n\n{anchors_section(rows)}".rstrip()
     print(f"\n{text}")
     report = {"mode": "cpu dry run" if args.cpu_dry_run else "gpu", "environment": env, "wall_s": wall,
-              "parts": parts, "rows": [r.__dict__ for r in rows], "ok": not failed,
+              "parts": parts, "rows": [r.__dict__ for r in rows], "ok": not failed, "complete": not not_run,
               "args": {k: v for k, v in vars(args).items() if k not in ("run_part", "rows", "work", "budget")}}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1, default=str))
     Path(args.json).with_suffix(".txt").write_text(f"# GPU check — {mode}; torch {env['torch']}\n{text}\n")
-    print(f"\n{len(rows)} rows, {len(failed)} failed; {wall:.0f} s; report: {args.json} (the table: "
+    print(f"\n{len(rows)} rows, {len(failed)} failed, {len(not_run)} not run for lack of time; {wall:.0f} s; "
+          f"report: {args.json} (the table: "
           f"{Path(args.json).with_suffix('.txt')})")
     return 1 if failed else 0
 

@@ -45,6 +45,13 @@ CALLS: dict[str, Call] = {
 }
 
 
+def uncovered() -> list[str]:
+    """Served tiny kinds without a row in CALLS (torch-free: the adapters' declarations, read by model_catalog)."""
+    from stage_runtime.model_catalog import tiny_kinds
+
+    return [kind for kind in tiny_kinds() if kind not in CALLS]
+
+
 def picture(side: int, mirrored: bool = False) -> np.ndarray:
     """A deterministic uint8 (side, side, 3) picture: colour gradients and a bright square."""
     ramp = np.linspace(0, 255, side, dtype=np.float32)
