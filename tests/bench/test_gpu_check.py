@@ -149,8 +149,13 @@ def test_part_3_measures_engine_vs_bare_step_batches_and_offload_tiers_next_to_a
     assert part["sdxl step-mode batch 4 vs sequential"]["data"]["gain"] > 0
     tiers = {(r["data"]["mode"], r["data"]["tier"]) for r in part.values() if r["data"].get("prepare_s") is not None}
     assert tiers == {("model", "cpu<->cpu"), ("layerwise", "cpu<->cpu"), ("layerwise", "cpu<->disk")}
-    for topic in ("overhead", "sdxl step", "batching", "offload"):
-        assert f"  [{topic}] " in run.output                             # each anchor printed once, by topic
+    printed = [line for line in run.output.splitlines() if re.match(r"  \[[a-z ]+\] ", line)]
+    assert sorted({line.split("]")[0][3:] for line in printed}) == ["batching", "offload", "overhead", "sdxl step"]
+    assert len(printed) == len(set(printed))                             # each anchor once
+    docs = (ROOT / "docs" / "testing.md").read_text()
+    for line in printed:                                                 # and each the docs' table lists
+        source = line.rsplit("; ", 1)[1].rstrip(")")
+        assert f"| {source} |" in docs, f"docs/testing.md lists no anchor from {source}"
 
 
 def test_the_dry_run_leaves_no_process_and_no_shm_segment(dry_run):
