@@ -28,7 +28,7 @@ def pick_backend(models: dict, references: dict, target, dtype: str, clock, emit
     if target.dry:
         emit("backend", "info", "gloo", "cpu dry run: gloo on CPU processes (NCCL not tried)", backend="gloo")
         return "gloo"
-    answers = launch(2, job(PLANS_2["cfg 2"], models, target, dtype, "nccl"), min(150.0, max(30.0, clock.left())))
+    answers = launch(2, job(PLANS_2["cfg 2"], models, target, dtype, "nccl"), min(45.0, max(20.0, clock.left() / 3)))
     problems = errors(answers)
     if not problems and worst_diff(answers, references) <= TOLERANCE:
         emit("backend", "info", "nccl", "NCCL accepted two ranks on one device", backend="nccl")
@@ -55,7 +55,7 @@ def run(target, clock, emit, root: str, dtype: str = "float32", plans: list[str]
         if clock.spent(need_s=10):
             emit(check, "budget", "", clock.reason(), plan=plan)
             continue
-        answers = launch(world, job(plan, models, target, dtype, backend), max(20.0, clock.left()))
+        answers = launch(world, job(plan, models, target, dtype, backend), max(20.0, min(90.0, clock.left())))
         problems = errors(answers)
         if problems:
             status = "budget" if all(s == "timeout" for s, _ in answers.values()) else "FAIL"

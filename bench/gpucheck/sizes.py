@@ -94,10 +94,10 @@ def on_device(cls, config: dict, device, dtype, seed: int):
     finally:
         torch.set_default_dtype(previous)
     keep = getattr(module, "_keep_in_fp32_modules", None) or ()
-    if keep and dtype != torch.float32:                   # as from_pretrained(dtype=...) leaves them (Wan's norms)
-        for name, sub in module.named_modules():
+    if keep and dtype != torch.float32:                   # as from_pretrained(dtype=...) loads them (Wan's norms)
+        for name, param in module.named_parameters():
             if any(part in keep for part in name.split(".")):
-                sub.to(torch.float32)
+                param.data = param.data.float()
     return module.eval()
 
 

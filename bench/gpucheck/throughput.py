@@ -131,10 +131,10 @@ def offload_arm(folder, spec, shape, target, dtype, args, mode, tier_name, base_
     runner = DiffusionModelRunner(config(folder, spec, target, "step", dtype), target.torch_device)
     try:
         runner.load_model()
-        target.reset_peak()
         start = time.perf_counter()
-        attach_offloader(runner, target, mode, tier_name)
+        attach_offloader(runner, target, mode, tier_name)          # copies every weight to the tier, releases it
         prepared = time.perf_counter() - start
+        target.reset_peak()                                        # from here: what offloading keeps on the device
         times = tick_times(runner, spec, shape, target, 1, args.ticks, f"{mode}-{tier_name}-")
         peak, stats = target.peak_bytes(), runner.offload_stats()
     finally:
@@ -184,12 +184,16 @@ def measure(name: str, target, clock, emit, root: str, args) -> None:
 
 
 def run(target, clock, emit, root: str, args) -> None:
-    for name in args.models:
+    """Each model in turn; a model's offload arms stop at its share of what is left, so the next one gets its own."""
+    from gpucheck.budget import Clock
+
+    for i, name in enumerate(args.models):
         if clock.spent(need_s=args.model_s):
             emit(f"{name} throughput", "budget", "", clock.reason(), model=name)
             continue
+        share = Clock(clock.left() / (len(args.models) - i))
         try:
-            measure(name, target, clock, emit, root, args)
+            measure(name, target, share, emit, root, args)
         except Exception as exc:  # noqa: BLE001 - one model's failure is a row; the next model still runs
             emit(f"{name} throughput", "error", "", f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
                  model=name)
