@@ -63,7 +63,7 @@ def read_rows(path: str | Path) -> list[Row]:
     return rows
 
 
-def format_row(row: Row, detail_chars: int = 110) -> str:
+def format_row(row: Row, detail_chars: int = 140) -> str:
     detail = row.detail if len(row.detail) <= detail_chars else row.detail[:detail_chars - 1] + "…"
     return f"{row.part:>4}  {row.check:<44.44} {row.status:<6} {row.figure:<42} {detail}".rstrip()
 

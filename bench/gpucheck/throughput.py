@@ -66,8 +66,9 @@ def request_mode(folder, spec, pipe, shape, target, dtype, args, emit) -> None:
         engine.close()
     ratios = [e / b for e, b in zip(times["engine"], times["bare"], strict=True)]
     emit(f"{spec.name} request mode: engine / bare", "info", f"{statistics.median(ratios):.3f}x per pair",
-         f"bare {statistics.median(times['bare']):.2f} s, engine {statistics.median(times['engine']):.2f} s "
-         f"(n={args.runs}, {args.steps} steps); max|diff| {diff}; peak {gib(peak)} [overhead]",
+         f"min-max {min(ratios):.3f}-{max(ratios):.3f} (n={args.runs}); bare {statistics.median(times['bare']):.2f} s, "
+         f"engine {statistics.median(times['engine']):.2f} s ({args.steps} steps); max|diff| {diff}; peak {gib(peak)} "
+         "[overhead]",
          model=spec.name, bare_s=times["bare"], engine_s=times["engine"], ratios=ratios, max_diff=diff,
          peak_bytes=peak, steps=args.steps, anchor="overhead")
 

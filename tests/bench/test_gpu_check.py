@@ -2,8 +2,8 @@
 float32, toy sizes, gloo) to one table and a JSON report and leaves no process or /dev/shm segment behind; a part
 that overruns its budget is killed and reported, not waited for.
 
-The dry run here is reduced to keep the suite short (two families, one real-size model, three parallel plans:
-every part and every kind of check still runs); ``bench/gpu_check.py --cpu-dry-run`` alone runs all of them.
+The dry run here is reduced to keep the suite short (two families, one part-3 model, two parallel plans: every
+part and every kind of check still runs, the ring's host staging and a world of 4 among them); ``bench/gpu_check.py --cpu-dry-run`` alone runs all of them.
 Its budgets are tripled here so that a busy machine does not turn checks into "not run" rows.
 """
 
@@ -22,7 +22,7 @@ from support.waiting import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_check.py"
 FAMILIES = ("sd", "wan")
-PLANS = ("cfg 2", "ring 2", "tp 2 x cfg 2")
+PLANS = ("ring 2", "tp 2 x cfg 2")
 REDUCED = ["--families", ",".join(FAMILIES), "--models", "sdxl", "--plans", ",".join(PLANS), "--budget-scale", "3"]
 
 
@@ -136,7 +136,7 @@ def test_part_2_runs_each_plan_over_gloo_equal_to_one_rank(dry_run):
     assert part[0]["check"] == "backend" and part[0]["data"]["backend"] == "gloo"
     plans = [r for r in part if "plan" in r["data"]]
     assert [r["check"].split(" on ")[0] for r in plans] == list(PLANS)
-    assert [r["data"]["world"] for r in plans] == [2, 2, 4]
+    assert [r["data"]["world"] for r in plans] == [2, 4]
     assert all(r["status"] == "ok" and r["data"]["max_diff"] <= 2 for r in plans)
 
 
