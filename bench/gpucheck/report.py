@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import subprocess
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -40,9 +41,11 @@ class RowsFile:
 
     def __init__(self, path: str | Path, part: int):
         self.path, self.part = Path(path), part
+        self.started = time.monotonic()
 
     def __call__(self, check: str, status: str, figure: str = "", detail: str = "", **data) -> Row:
-        row = Row(self.part, check, status, figure, detail, data)
+        """Write a row; its data get ``at_s``, the seconds since the part began (where its time went)."""
+        row = Row(self.part, check, status, figure, detail, {**data, "at_s": round(time.monotonic() - self.started, 1)})
         with self.path.open("a", encoding="utf-8") as out:
             out.write(json.dumps(asdict(row), default=str) + "\n")
             out.flush()
@@ -88,7 +91,7 @@ def environment(cuda: bool) -> dict:
     import torch
 
     env = {"python": platform.python_version(), "torch": torch.__version__, "host": platform.node(),
-           "cpu_count": os.cpu_count()}
+           "cpu_count": os.cpu_count(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
     if not cuda:
         return {**env, "gpu": "cpu dry run", "driver": "cpu dry run", "cuda": "cpu dry run"}
     props = torch.cuda.get_device_properties(0)
