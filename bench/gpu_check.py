@@ -3,8 +3,8 @@
     make gpu-check                               # = .venv/bin/python bench/gpu_check.py
     .venv/bin/python bench/gpu_check.py --cpu-dry-run        # every part on CPU: float32, toy sizes, gloo
 
-Parts (docs/testing.md, "The GPU check"), each in a child process with a time budget, each row printed and
-written to the JSON report as soon as it is known:
+Parts (docs/testing.md, "The GPU check"), each in a child process with a time budget; a part's rows are kept as
+soon as it has them, and the JSON report (with the table beside it) is rewritten after every part:
 
 1. correctness on CUDA: every served family (tiny models) in bfloat16 and float16, request and step mode, against
    the bare diffusers call on the same device; model and layerwise offload to the host and disk tiers bitwise
@@ -39,7 +39,7 @@ os.environ.update(OFFLINE)
 
 from gpucheck.families import uncovered  # noqa: E402
 from gpucheck.ranks import PLANS_2, PLANS_4  # noqa: E402
-from gpucheck.report import FAILING, Row, anchors_section, environment, read_rows, table  # noqa: E402
+from gpucheck.report import FAILING, Row, anchors_section, environment, format_row, read_rows, table  # noqa: E402
 from gpucheck.sizes import MODELS  # noqa: E402
 from gpucheck.target import DTYPES  # noqa: E402
 from stage_runtime.model_catalog import tiny_kinds  # noqa: E402
@@ -158,6 +158,33 @@ def hygiene_rows(part: int, outcome, budget: float, grace: float) -> list[Row]:
     return rows
 
 
+def final_rows(env: dict, one_gpu: dict) -> list[Row]:
+    """Part 4's rows about the whole run: every served family covered; one GPU, offline."""
+    missing, kinds = uncovered(), tiny_kinds()
+    devices = env.get("visible_devices", 0)
+    return [Row(4, "every served family has a bare call", "error" if missing else "ok",
+                f"{len(kinds) - len(missing)} of {len(kinds)} tiny kinds",
+                f"missing: {missing}" if missing else "(gpucheck/families.py CALLS)", {"missing": missing}),
+            Row(4, "one GPU, offline", "ok", f"1 of {devices} visible GPUs" if devices else "cpu dry run",
+                "every part ran with " + ", ".join(f"{k}={v}" for k, v in {**one_gpu, **OFFLINE}.items()),
+                {"visible_devices": devices, **one_gpu, **OFFLINE})]
+
+
+def write_report(args, env: dict, header: str, rows: list[Row], parts: dict, wall: float) -> str:
+    """The JSON report and the table beside it, rewritten after every part (a run cut short keeps what it did)."""
+    failed = [r for r in rows if r.status in FAILING]
+    text = f"{table(rows)}\n\n{anchors_section(rows)}".rstrip()
+    report = {"mode": "cpu dry run" if args.cpu_dry_run else "gpu", "environment": env, "wall_s": wall,
+              "parts": parts, "rows": [r.__dict__ for r in rows], "ok": not failed,
+              "complete": set(parts) == set(args.part_list) and not any(r.status == "budget" for r in rows),
+              "args": {k: v for k, v in vars(args).items() if k not in ("run_part", "rows", "work", "budget")}}
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1, default=str))
+    path.with_suffix(".txt").write_text(f"{header}\n{text}\n")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.run_part:
@@ -171,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     started, work = time.monotonic(), Path(tempfile.mkdtemp(prefix="ds-gpu-check-"))
     env = environment(cuda=not args.cpu_dry_run)
     mode = "cpu dry run" if args.cpu_dry_run else f"{env['gpu']}, driver {env['driver']}, CUDA {env['cuda']}"
-    print(f"# GPU check — {mode}; torch {env['torch']}; parts {args.part_list} (+ 4); report {args.json}", flush=True)
+    header = f"# GPU check — {mode}; torch {env['torch']}; parts {args.part_list} (+ 4)"
+    print(f"{header}; report {args.json}", flush=True)
     one_gpu = {} if args.cpu_dry_run else {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0")
                                             .split(",")[0]}     # the parts see one device, whatever is installed
     child_env = {**os.environ, **OFFLINE, **one_gpu}
@@ -185,36 +213,23 @@ def main(argv: list[str] | None = None) -> int:
                    "--run-part", str(part), "--rows", str(rows_file), "--work", str(work), "--budget", str(budget)]
             outcome = supervise(cmd, budget, args.grace_s, work / f"part{part}.log", env=child_env)
             part_rows = read_rows(rows_file) + hygiene_rows(part, outcome, budget, args.grace_s)
-            bad = sum(r.status in FAILING for r in part_rows)
+            bad = [r for r in part_rows if r.status in FAILING]
             print(f"part {part}: {outcome.status} in {outcome.wall_s:.0f} s (budget {budget:.0f} s), "
-                  f"{len(part_rows)} rows, {bad} failed", flush=True)
+                  f"{len(part_rows)} rows, {len(bad)} failed", *(f"  {format_row(r)}" for r in bad), sep="\n",
+                  flush=True)
             rows += part_rows
             parts[part] = {"status": outcome.status, "wall_s": outcome.wall_s, "budget_s": budget,
                            "processes_left": outcome.processes_left, "segments_left": outcome.segments_left}
+            write_report(args, env, header, rows, parts, time.monotonic() - started)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    missing, kinds = uncovered(), tiny_kinds()
-    rows.append(Row(4, "every served family has a bare call", "error" if missing else "ok",
-                    f"{len(kinds) - len(missing)} of {len(kinds)} tiny kinds", f"missing: {missing}" if missing else
-                    "(gpucheck/families.py CALLS)", {"missing": missing}))
-    devices = env.get("visible_devices", 0)
-    rows.append(Row(4, "one GPU, offline", "ok", f"1 of {devices} visible GPUs" if devices else "cpu dry run",
-                    "every part ran with " + ", ".join(f"{k}={v}" for k, v in {**one_gpu, **OFFLINE}.items()),
-                    {"visible_devices": devices, **one_gpu, **OFFLINE}))
+    rows += final_rows(env, one_gpu)
     wall = time.monotonic() - started
+    text = write_report(args, env, header, rows, parts, wall)
     failed = [r for r in rows if r.status in FAILING]
     not_run = [r for r in rows if r.status == "budget"]
-    text = f"{table(rows)}\n\n{anchors_section(rows)}".rstrip()
-    print(f"\n{text}")
-    report = {"mode": "cpu dry run" if args.cpu_dry_run else "gpu", "environment": env, "wall_s": wall,
-              "parts": parts, "rows": [r.__dict__ for r in rows], "ok": not failed, "complete": not not_run,
-              "args": {k: v for k, v in vars(args).items() if k not in ("run_part", "rows", "work", "budget")}}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=1, default=str))
-    Path(args.json).with_suffix(".txt").write_text(f"# GPU check — {mode}; torch {env['torch']}\n{text}\n")
-    print(f"\n{len(rows)} rows, {len(failed)} failed, {len(not_run)} not run for lack of time; {wall:.0f} s; "
-          f"report: {args.json} (the table: "
-          f"{Path(args.json).with_suffix('.txt')})")
+    print(f"\n{text}\n\n{len(rows)} rows, {len(failed)} failed, {len(not_run)} not run for lack of time; "
+          f"{wall:.0f} s; report: {args.json} (the table: {Path(args.json).with_suffix('.txt')})")
     return 1 if failed else 0
 
 
