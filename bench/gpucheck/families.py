@@ -200,7 +200,8 @@ def check_kind(kind: str, path: str, target, dtype: str, emit) -> None:
 
 def run(target, clock, emit, root: str, kinds: list[str] | tuple[str, ...] = ()) -> None:
     """Every kind (or ``kinds``) in the first dtype, then every kind in the next: when the budget runs out, each
-    family has been checked in one dtype at least."""
+    family has been checked in one dtype at least. The instruction-edit kinds go last: their pipelines encode the
+    picture at about 1024² whatever the request's size (seconds each on a CPU)."""
     from stage_runtime.model_catalog import tiny_kinds
     from stage_runtime.models.tiny import make_tiny_model
 
@@ -209,8 +210,9 @@ def run(target, clock, emit, root: str, kinds: list[str] | tuple[str, ...] = ())
     if unknown:
         raise ValueError(f"families={unknown}: not served kinds (served: {', '.join(served)})")
     paths: dict[str, str] = {}
+    order = sorted(kinds or served, key=lambda k: bool(k in CALLS and CALLS[k].pictures))   # the slow edits last
     for dtype in target.dtypes:
-        for kind in kinds or served:
+        for kind in order:
             check = f"{kind} {dtype}"
             if kind not in CALLS:
                 emit(check, "error", "", "a served kind without a bare call in gpucheck/families.py CALLS", kind=kind)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from gpucheck.families import CALLS, make_runner, max_diff, request, runner_images
 
 KIND = "sd"
+NEED_S = 20.0          # an engine's start: the fork server's imports, the rank's device and model, one request
 
 
 def start(path: str, target, dtype: str, method: str) -> tuple[dict, object]:
@@ -44,7 +45,7 @@ def run(target, clock, emit, root: str) -> None:
     why_not = None
     for method in ("forkserver", "spawn"):
         check = f"rank started by {method}: {want}"
-        if clock.spent():
+        if clock.spent(need_s=NEED_S):
             emit(check, "budget", "", clock.reason())
             return
         try:
