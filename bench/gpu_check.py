@@ -147,7 +147,7 @@ def hygiene_rows(part: int, outcome, budget: float, grace: float) -> list[Row]:
     ended = {"done": ("ok", f"done in {outcome.wall_s:.0f} s of {budget:.0f} s"),
              "over budget": ("budget", f"killed after {outcome.wall_s:.0f} s (budget {budget:.0f} s + {grace:g})"),
              "crashed": ("error", f"exit code {outcome.returncode} after {outcome.wall_s:.0f} s")}[outcome.status]
-    last = (outcome.output_tail.strip().splitlines() or [""])[-1][:200]
+    last = ([line for line in outcome.output_tail.splitlines() if line.strip() and "%|" not in line] or [""])[-1][:200]
     rows = [Row(4, f"part {part} ran and ended", ended[0], ended[1], "" if outcome.status == "done" else last,
                 {"wall_s": outcome.wall_s, "returncode": outcome.returncode})]
     left = outcome.processes_left or outcome.segments_left
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{header}; report {args.json}", flush=True)
     one_gpu = {} if args.cpu_dry_run else {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0")
                                             .split(",")[0]}     # the parts see one device, whatever is installed
-    child_env = {**os.environ, **OFFLINE, **one_gpu}
+    child_env = {**os.environ, **OFFLINE, **one_gpu, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}   # plain logs
     rows: list[Row] = []
     parts: dict[int, dict] = {}
     try:
