@@ -2,6 +2,7 @@
 #   make demo      the whole system on an embedded local cluster: operator + tiny stage, one PNG through the Service
 #   make cluster   the same local cluster kept running for your kubectl (prints KUBECONFIG), until Ctrl-C
 #   make test      runs the test suite (unit, runtime integration, operator integration, local cluster e2e)
+#   make gpu-check on a machine with one CUDA GPU: the GPU check (< 8 min; SKIP and exit 0 without one)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -11,7 +12,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: demo demo-engine cluster test test-stress test-alone venv bench crds images e2e-kind clean
+.PHONY: demo demo-engine cluster test test-stress test-alone venv bench crds images e2e-kind gpu-check clean
 
 venv: $(STAMP)
 
@@ -74,6 +75,12 @@ bench: $(STAMP)
 	$(PY) bench/video_families.py --mixed
 	$(PY) bench/video_decode.py
 	$(PY) bench/checkpoint_cost.py
+
+# Tier 6 on the one GPU a lent machine has (docs/testing.md, "The GPU check"): correctness on CUDA, the parallel paths
+# with ranks sharing the device, real-size throughput; under 8 minutes, a table and .gpu-check/report.json. Without
+# CUDA it says SKIP and why, and exits 0; GPU_CHECK_ARGS adds options (--cpu-dry-run runs it all on CPU at toy sizes).
+gpu-check: $(STAMP)
+	$(PY) bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 # Tier 5, opt-in: a kind cluster with fake GPU capacity, the images loaded, the same scenario as the local
 # e2e, then the cluster deleted. Without Docker or kind it says why and exits 0.

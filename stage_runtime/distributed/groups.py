@@ -83,19 +83,22 @@ def _replicas(parallel: ParallelConfig) -> list[list[int]]:
 
 
 def init_distributed(parallel: ParallelConfig, rank: int, init_method: str, device: torch.device,
-                     timeout_s: float) -> ParallelGroups:
+                     timeout_s: float, backend: str | None = None) -> ParallelGroups:
     """Join the world (gloo on CPU, NCCL on CUDA) and create the cfg, sp, replica, tp, ulysses and ring groups.
 
-    Collective: every rank of the world must call it with the same ``parallel`` and ``init_method``.
-    Failures (a peer that never shows up within ``timeout_s``, a refused rendezvous) raise
-    :class:`CollectiveError`.
+    Collective: every rank of the world must call it with the same ``parallel``, ``init_method`` and ``backend``.
+    ``backend`` overrides the device's default: ``"gloo"`` with CUDA tensors lets several ranks share one GPU, where
+    NCCL may refuse two ranks on one device (``bench/gpu_check.py`` tries both). Failures (a peer that never shows
+    up within ``timeout_s``, a refused rendezvous) raise :class:`CollectiveError`.
     """
     world = parallel.world_size
     if not 0 <= rank < world:
         raise ValueError(f"rank={rank} is outside world_size={world}")
+    if backend not in (None, "gloo", "nccl"):
+        raise ValueError(f"backend={backend!r}: expected 'gloo', 'nccl' or None (the device's default)")
     if world == 1:
         return single_rank_groups()
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = timedelta(seconds=timeout_s)

@@ -16,7 +16,9 @@ The result is the exact softmax attention over all keys (up to float32 rounding)
 matter and blocks may have different lengths: ``counts[j]`` is rank j's key count, which every rank
 derives from shapes they all share (no size exchange).
 
-One send/recv pair per step (``batch_isend_irecv``: gloo here, NCCL on GPUs) carries k and v stacked.
+One send/recv pair per step (``batch_isend_irecv``: gloo here, NCCL on GPUs) carries k and v stacked. gloo's
+send and recv read and write host memory only, so over a gloo group the block travels through a host copy
+(:func:`staging_device`; a no-op on CPU): ranks sharing one GPU over gloo (``bench/gpu_check.py``) run the same ring.
 Failures surface as CollectiveError (comm.guarded): a dead ring is fatal for the worker group.
 """
 
@@ -28,10 +30,21 @@ import torch.distributed as dist
 from stage_runtime.distributed.comm import count_bytes, group_rank, group_size, guarded
 
 
-def _start_exchange(block: torch.Tensor, incoming: torch.Tensor, group, send_to: int, recv_from: int) -> list:
+def staging_device(device: torch.device, group) -> torch.device:
+    """Where a ring message lives while it travels: the host over a gloo group (its send/recv take host memory
+    only), the block's own device otherwise (NCCL)."""
+    backend = guarded("get_backend", group, lambda: dist.get_backend(group))
+    return torch.device("cpu") if backend == "gloo" else device
+
+
+def _start_exchange(block: torch.Tensor, shape: tuple[int, ...], group, send_to: int, recv_from: int,
+                    staging: torch.device) -> tuple[list, torch.Tensor]:
+    """Send ``block``, receive a block of ``shape``: (requests to wait for, the buffer the block arrives in)."""
     count_bytes("ring_send", block)
-    ops = [dist.P2POp(dist.isend, block, send_to, group), dist.P2POp(dist.irecv, incoming, recv_from, group)]
-    return guarded("batch_isend_irecv", group, lambda: dist.batch_isend_irecv(ops))
+    outgoing = block.to(staging)                                      # the same tensor when already there
+    incoming = torch.empty(shape, dtype=block.dtype, device=staging)
+    ops = [dist.P2POp(dist.isend, outgoing, send_to, group), dist.P2POp(dist.irecv, incoming, recv_from, group)]
+    return guarded("batch_isend_irecv", group, lambda: dist.batch_isend_irecv(ops)), incoming
 
 
 def _finish_exchange(requests: list, group) -> None:
@@ -57,12 +70,13 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     acc = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
     block = torch.stack([key, value]).contiguous()                   # (2, B, H, S_k, D): one message
     starts = [sum(counts[:j]) for j in range(size)]
+    staging = staging_device(block.device, group)
     for step in range(size):
         pending, incoming = [], None
         if step < size - 1:
             source = (rank - step - 1) % size                         # whose block arrives next
-            incoming = block.new_empty((2, *key.shape[:2], counts[source], key.shape[-1]))
-            pending = _start_exchange(block, incoming, group, send_to, recv_from)
+            shape = (2, *key.shape[:2], counts[source], key.shape[-1])
+            pending, incoming = _start_exchange(block, shape, group, send_to, recv_from, staging)
         owner = (rank - step) % size                                  # whose block this is
         mask = None if key_mask is None else key_mask[:, starts[owner]:starts[owner] + counts[owner]]
         out, block_lse = block_attention(query, block[0], block[1], mask)
@@ -71,7 +85,7 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         lse = new_lse
         if pending:
             _finish_exchange(pending, group)
-            block = incoming
+            block = incoming.to(block.device)
     return acc.to(query.dtype)
 
 

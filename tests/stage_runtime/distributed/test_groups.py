@@ -134,3 +134,24 @@ def test_a_peer_that_never_joins_is_a_collective_error_within_timeout():
                          torch.device("cpu"), 1.0)
     assert time.monotonic() - start < 1.0 + 10                                # the 1 s timeout fired: no hang
     assert not dist.is_initialized()
+
+
+def test_a_backend_other_than_gloo_or_nccl_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"backend='mpi': expected 'gloo', 'nccl' or None"):
+        init_distributed(ParallelConfig(cfg_parallel_size=2), 0, "tcp://127.0.0.1:1", torch.device("cpu"), 1.0,
+                         backend="mpi")
+    assert not dist.is_initialized()
+
+
+def test_a_ring_message_over_gloo_travels_through_host_memory_whatever_the_tensors_device():
+    """gloo's send/recv read host memory only: ranks sharing one GPU over gloo (bench/gpu_check.py) stage the ring's
+    blocks on the host. (A meta tensor stands in for a device tensor; the decision reads only the group.)"""
+    from stage_runtime.distributed.ring import staging_device
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{checks.free_ports(1)[0]}", rank=0, world_size=1)
+    try:
+        assert staging_device(torch.device("meta"), dist.group.WORLD) == torch.device("cpu")
+        assert staging_device(torch.device("cpu"), None) == torch.device("cpu")      # None: the default group
+    finally:
+        destroy_distributed()
+    assert not dist.is_initialized()
