@@ -5,6 +5,8 @@ labels name the digits; and through the stage engine at its default settings it 
 from __future__ import annotations
 
 import json
+import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,6 +35,16 @@ def test_the_shipped_model_is_small_and_safetensors():
     files = [p for p in FOLDER.rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) == MANIFEST["digits_bytes"] <= 5 * 2 ** 20
     assert {p.suffix for p in files} == {".json", ".safetensors"}
+
+
+def test_the_package_data_ships_every_trained_file():
+    """pyproject's package-data globs (what ``pip install .`` and the runtime image copy) cover the trained folder."""
+    root = Path(__file__).resolve().parents[3]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "stage_runtime.models.tiny"]
+    package = root / "stage_runtime" / "models" / "tiny"
+    shipped = {p for pattern in globs for p in package.glob(pattern) if p.is_file()}
+    assert shipped == {p for p in TRAINED.rglob("*") if p.is_file()} and len(shipped) >= 8
 
 
 def test_the_manifest_is_the_recipe_in_the_code_and_its_command():
