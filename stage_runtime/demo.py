@@ -20,7 +20,7 @@ DEMO_DIR = Path(".demo")
 DIGITS = tuple(str(d) for d in range(10))
 
 
-def digit_grid(images: dict[str, np.ndarray], scale: int = 2, gutter: int = 2) -> np.ndarray:
+def digit_grid(images: dict[str, np.ndarray], scale: int = 3, gutter: int = 2) -> np.ndarray:
     """uint8 (rows, H, W, 3) per digit → one uint8 picture: a column per digit in order, a row per image,
     each image enlarged ``scale`` times (nearest) and separated by ``gutter`` pixels of grey."""
     columns = [images[d] for d in DIGITS if d in images]

@@ -31,7 +31,7 @@ def build(seed: int):
     import torch
     from diffusers import AutoencoderKL, DDIMScheduler, DiTPipeline, DiTTransformer2DModel
 
-    id2label = json.loads((FOLDER / "model_index.json").read_text())["id2label"]
+    id2label = {int(k): v for k, v in json.loads((FOLDER / "model_index.json").read_text())["id2label"].items()}
     with torch.random.fork_rng(devices=[]):            # constructing draws initial weights (then replaced)
         transformer, vae = _component(DiTTransformer2DModel, "transformer"), _component(AutoencoderKL, "vae")
     scheduler = DDIMScheduler.from_config(DDIMScheduler.load_config(FOLDER / "scheduler"))
