@@ -140,8 +140,8 @@ def digits_table(path: str, args) -> None:
         eng.close()
     base = images(last["uncached"])
     blocks = json.loads((Path(path) / "transformer" / "config.json").read_text())["num_layers"]
-    print(f"\n== trained tiny digits DiT ({blocks} blocks), the 10 digits x {args.per_digit} images, {args.steps} steps, "
-          f"{args.runs} runs interleaved")
+    print(f"\n== trained tiny digits DiT ({blocks} blocks), the 10 digits x {args.per_digit} images, "
+          f"{args.steps} steps, {args.runs} runs interleaved")
     print(f"  uncached        {spread(times['uncached'])} for all 10 requests")
     for t in THRESHOLDS:
         outs = last[t].values()

@@ -45,7 +45,8 @@ def judge_line(images: dict[str, np.ndarray]) -> str:
     total = sum(len(found[d]) for d in images)
     wrong = ", ".join(f"{d}→{'/'.join(str(x) for x in found[d] if x != int(d))}" for d in images
                       if (found[d] != int(d)).any())
-    return f"judge score {right / total:.1%} ({right}/{total} read as the digit asked for{'; misread: ' + wrong if wrong else ''})"
+    misread = f"; misread: {wrong}" if wrong else ""
+    return f"judge score {right / total:.1%} ({right}/{total} read as the digit asked for{misread})"
 
 
 def build_model(folder: Path) -> int:

@@ -7,9 +7,10 @@ adapter) use class id 1000 as the null class of classifier-free guidance, the ex
 
 Training is DDPM's: noise the latents at a uniform timestep of the linear 1000-step schedule, predict the
 noise (squared error, weighted per timestep by min(SNR, 5) / SNR: the "min-SNR" weighting, which spends less of
-the little training there is on the nearly clean timesteps, and converges faster). A tenth of the labels become the null class, one draw per sample shared by every
-block (diffusers' DiT blocks each own a label embedding that would draw its own: that is turned off). AdamW,
-warmup then cosine; the weights shipped are the exponential moving average.
+the little training there is on the nearly clean timesteps, and converges faster). A tenth of the labels become
+the null class, one draw per sample shared by every block (diffusers' DiT blocks each own a label embedding that
+would draw its own: that is turned off). AdamW, warmup then cosine; the weights shipped are the exponential
+moving average.
 """
 
 from __future__ import annotations
