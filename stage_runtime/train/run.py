@@ -15,6 +15,7 @@ machine gets another digest and a model whose scores are within the margins of d
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import platform
@@ -55,6 +56,20 @@ def stage(recipe: Recipe, index: int) -> torch.Generator:
     return torch.Generator().manual_seed(recipe.seed * 100 + index)
 
 
+@contextlib.contextmanager
+def trained_under(recipe: Recipe):
+    """The recipe's torch threads and deterministic algorithms, the caller's RNG state kept; all restored after."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(recipe.threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
 def digits_pipeline(dit, vae):
     from diffusers import DiTPipeline
 
@@ -78,13 +93,12 @@ def generated_score(pipe, judge: DigitJudge, seeds: range) -> float:
 
 def train_tiny_digits(out: str | Path, recipe: Recipe = Recipe(), command: str = "", log=print) -> dict:
     """Train everything into ``out``; returns the manifest (also written to ``out/MANIFEST.json``)."""
+    from diffusers import __version__ as diffusers_version
     from safetensors.torch import save_file
 
     out = Path(out)
-    torch.set_num_threads(recipe.threads)
-    torch.use_deterministic_algorithms(True)
-    started, cpu_started, times = time.perf_counter(), time.process_time(), {}
-    with torch.random.fork_rng(devices=[]):
+    with trained_under(recipe):
+        started, cpu_started, times = time.perf_counter(), time.process_time(), {}
         split = split_digits(recipe.seed)
         pixels = to_pipeline_pixels(split.train_images)
         log(f"digits: {len(split.train_labels)} for training, {len(split.test_labels)} held out")
@@ -98,24 +112,25 @@ def train_tiny_digits(out: str | Path, recipe: Recipe = Recipe(), command: str =
         t = time.perf_counter()
         judge = train_judge(split.train_images, split.train_labels, recipe, stage(recipe, 3), log)
         times["judge_s"] = time.perf_counter() - t
-    train_seconds, train_cpu = time.perf_counter() - started, time.process_time() - cpu_started
-    pipe = digits_pipeline(dit, vae)
-    pipe.save_pretrained(out / "digits", safe_serialization=True)
-    save_file(judge.state_dict(), str(out / "digit-judge.safetensors"))
+        train_seconds, train_cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        pipe = digits_pipeline(dit, vae)
+        pipe.save_pretrained(out / "digits", safe_serialization=True)
+        save_file(judge.state_dict(), str(out / "digit-judge.safetensors"))
+        held_out = to_pipeline_pixels(split.test_images)
+        figures = {"judge_held_out_accuracy": round(accuracy(judge, split.test_images, split.test_labels), 4),
+                   "held_out_digits": len(split.test_labels),
+                   "vae_reconstruction_error": round(reconstruction_error(vae, held_out), 4),
+                   "generated_score": round(generated_score(pipe, judge, range(recipe.score_seeds)), 4),
+                   "generated_score_images": 10 * recipe.score_seeds}
     manifest = {
         "command": command, "recipe": recipe.as_dict(),
         "digits_digest": folder_digest(out / "digits"),
         "digits_bytes": sum(p.stat().st_size for p in (out / "digits").rglob("*") if p.is_file()),
-        "judge_digest": file_digest(out / "digit-judge.safetensors"),
-        "judge_held_out_accuracy": round(accuracy(judge, split.test_images, split.test_labels), 4),
-        "held_out_digits": len(split.test_labels),
-        "vae_reconstruction_error": round(reconstruction_error(vae, to_pipeline_pixels(split.test_images)), 4),
-        "generated_score": round(generated_score(pipe, judge, range(recipe.score_seeds)), 4),
-        "generated_score_images": 10 * recipe.score_seeds,
+        "judge_digest": file_digest(out / "digit-judge.safetensors"), **figures,
         "train_seconds": round(train_seconds, 1), "train_cpu_seconds": round(train_cpu, 1),
         "stage_seconds": {k: round(v, 1) for k, v in times.items()},
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "torch": torch.__version__,
-        "diffusers": __import__("diffusers").__version__,
+        "diffusers": diffusers_version,
     }
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

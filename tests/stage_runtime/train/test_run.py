@@ -43,9 +43,14 @@ def test_a_run_writes_the_pipeline_the_judge_and_the_manifest(sliced):
     assert pipe.transformer.config.num_embeds_ada_norm == 1000          # row 1000: the null class of guidance
 
 
-def test_the_same_recipe_gives_the_same_digest(sliced, tmp_path):
+def test_the_same_recipe_gives_the_same_digest_and_leaves_torch_as_it_was(sliced, tmp_path):
     _, first = sliced
+    torch.manual_seed(5)
+    expected = torch.rand(2)
+    torch.manual_seed(5)
     again = train_tiny_digits(tmp_path, SLICE, command="slice", log=lambda line: None)
+    assert torch.equal(torch.rand(2), expected)                       # the caller's RNG state untouched
+    assert not torch.are_deterministic_algorithms_enabled() and torch.get_num_threads() == 1
     assert again["digits_digest"] == first["digits_digest"]
     assert again["judge_digest"] == first["judge_digest"]
     assert (again["judge_held_out_accuracy"], again["generated_score"]) == (
