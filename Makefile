@@ -1,8 +1,10 @@
 # diffstage: on a fresh machine.
-#   make demo      the whole system on an embedded local cluster: operator + tiny stage, one PNG through the Service
+#   make demo      the whole system on an embedded local cluster: operator + the trained tiny digits stage, a grid of
+#                  the ten digits through the Service and the judge's score
 #   make cluster   the same local cluster kept running for your kubectl (prints KUBECONFIG), until Ctrl-C
 #   make test      runs the test suite (unit, runtime integration, operator integration, local cluster e2e)
 #   make gpu-check on a machine with one CUDA GPU: the GPU check (< 8 min; SKIP and exit 0 without one)
+#   make train-tiny  retrains the shipped tiny digits model and its judge on CPU (docs/trained-model.md)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -12,7 +14,8 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: demo demo-engine cluster test test-stress test-alone venv bench crds images e2e-kind gpu-check clean
+.PHONY: demo demo-engine cluster test test-stress test-alone venv bench crds images e2e-kind gpu-check clean \
+	train-tiny train-tiny-check
 
 venv: $(STAMP)
 
@@ -24,18 +27,29 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# The emulated Kubernetes API, the operator process and a pod runner (pods as local processes); no Docker.
+# The emulated Kubernetes API, the operator process and a pod runner (pods as local processes); no Docker. The stage
+# serves the trained tiny digits model: the ten digits through its Service, the judge's score, the grid PNG.
 demo: $(STAMP)
-	$(PY) -m e2e.local.demo --out .demo/demo.png
+	$(PY) -m e2e.local.demo --out .demo/digits.png
 
 # The embedded local cluster for your own kubectl: writes .cluster/kubeconfig, prints what to try; Ctrl-C stops it
 # and checks that nothing is left.
 cluster: $(STAMP)
 	$(PY) -m e2e.local.dev_cluster --workdir .cluster
 
-# The engine alone, in this process: build the tiny model, generate one PNG.
+# The engine alone, in this process: the ten digits with the trained tiny model, the judge's score, the grid PNG.
 demo-engine: $(STAMP)
-	$(PY) -m stage_runtime.demo
+	$(PY) -m stage_runtime.demo --out .demo/digits.png
+
+# The trained tiny digits model (docs/trained-model.md): trains the DiT, its VAE and the digit judge on CPU (~10-15 min,
+# one thread, seed 0) into the shipped folder stage_runtime/models/tiny/trained, with the digest in MANIFEST.json.
+train-tiny: $(STAMP)
+	$(PY) -m stage_runtime train-tiny --seed 0 --threads 1
+
+# Retrains into .train-check and compares with the shipped model: the same digest (bitwise), or judge figures within
+# the stated margins (another CPU rounds differently); exit 1 if neither.
+train-tiny-check: $(STAMP)
+	$(PY) -m stage_runtime train-tiny .train-check --seed 0 --threads 1 --check
 
 # Two workers, one test module at a time each (its module and session fixtures are built once, on one worker):
 # the suite waits on processes, probes and resyncs about as much as it computes. PYTEST_ARGS adds options
@@ -92,4 +106,4 @@ images:
 	bash images/build.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info .demo .cluster
+	rm -rf $(VENV) build *.egg-info .demo .cluster .train-check

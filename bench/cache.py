@@ -13,24 +13,32 @@ ratio the engine reports (steps_skipped / steps), and the deviation from the unc
 |diff| in uint8, PSNR in dB). With random weights no image metric says anything about a real model's
 quality; the deviation shows the shape of the trade-off.
 
+The trained tiny digits DiT (``tiny-digits`` as shipped, its own blocks: bench/digit_quality.py) then draws every digit
+"0".."9" (``--per-digit`` images each) uncached and at each threshold: besides latency, skip ratio and PSNR,
+the digit judge's score (the share of images read as the digit asked for) against the uncached score; a
+threshold whose score drops more than 5 points is flagged.
+
 Then, in step mode, one tick of 4 requests where 2 skip the rest of the blocks (the runner gathers the
 computing rows and runs blocks 1..N-1 on them only) against 4 that all compute and against the 2
 computing requests alone; and the exact-hit result cache: a repeat's time over the first request's.
 
-    .venv/bin/python bench/cache.py [--runs 3] [--steps 20] [--layers 12] [--threads 1]
+    .venv/bin/python bench/cache.py [--runs 3] [--steps 20] [--layers 12] [--threads 1] [--per-digit 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from digit_quality import digits_folder, draw_digits, images, quality  # noqa: E402
 from stats import machine, ratio_summary, spread  # noqa: E402
 
 THRESHOLDS = (0.0, 0.05, 0.1, 0.2, 0.4, 10.0)
@@ -113,6 +121,35 @@ def block_cache_table(name: str, path: str, args, size: dict) -> None:
               f"            CPU time  {ratio_summary(cpu[t], cpu['uncached'])}")
 
 
+def digits_table(path: str, args) -> None:
+    """The trained digits DiT: every digit uncached and at each threshold, interleaved, the order rotated."""
+    eng = engine(path)
+    paths = ["uncached", *THRESHOLDS]
+    times: dict = {p: [] for p in paths}
+    last: dict = {}
+    try:
+        draw_digits(eng, "warm", 1, num_inference_steps=args.steps, cache="off")
+        for run in range(args.runs):
+            for p in paths[run % len(paths):] + paths[:run % len(paths)]:
+                cache = "off" if p == "uncached" else {"threshold": p}
+                start = time.perf_counter()
+                last[p] = draw_digits(eng, f"r{run}-{p}", args.per_digit, num_inference_steps=args.steps,
+                                      cache=cache)
+                times[p].append(time.perf_counter() - start)
+    finally:
+        eng.close()
+    base = images(last["uncached"])
+    blocks = json.loads((Path(path) / "transformer" / "config.json").read_text())["num_layers"]
+    print(f"\n== trained tiny digits DiT ({blocks} blocks), the 10 digits x {args.per_digit} images, "
+          f"{args.steps} steps, {args.runs} runs interleaved")
+    print(f"  uncached        {spread(times['uncached'])} for all 10 requests")
+    for t in THRESHOLDS:
+        outs = last[t].values()
+        skip = sum(o.metrics["steps_skipped"] for o in outs) / (args.steps * len(outs))
+        print(f"  t={t:<6g}  skip ratio {skip:.2f}  {quality(images(last[t]), base, 'uncached')}\n"
+              f"            latency   {ratio_summary(times[t], times['uncached'])}")
+
+
 def fused_tick(path: str, args, size: dict) -> None:
     """4 requests in one tick: all compute / 2 skip (row subset) / only the 2 that compute."""
     eng = engine(path, mode="step")
@@ -168,6 +205,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--per-digit", type=int, default=4, help="images of each digit in the digits table")
     args = parser.parse_args()
     import torch
 
@@ -178,6 +216,7 @@ def main() -> None:
         flux = deep_model(root, "flux", args.layers)
         block_cache_table("tiny DiT", dit, args, {})
         block_cache_table("tiny FLUX.1", flux, args, {"height": 64, "width": 64})
+        digits_table(digits_folder(root), args)
         fused_tick(dit, args, {})
         exact_hit(dit, args, {})
     print(f"\nmedians of {args.runs} runs; ratios are per pair (the two paths of one run, back to back)")

@@ -1,4 +1,5 @@
-"""``stage-runtime``: serve, generate, validate, make-tiny-model, fetch-model (stage_runtime.fetch.command).
+"""``stage-runtime``: serve, generate, validate, make-tiny-model, fetch-model (stage_runtime.fetch.command),
+train-tiny (stage_runtime.train.command).
 
 Exit codes (docs/stage-process.md): 0 ok, 2 configuration / topology / input error, 1 anything unexpected;
 ``serve`` also exits 3 when the engine died, and writes ``Reason: message`` to its termination log.
@@ -18,6 +19,7 @@ from stage_runtime.config import StageConfig, load_config, load_config_file, mer
 from stage_runtime.errors import ConfigError, InvalidRequestError, ModelLoadError
 from stage_runtime.fetch.command import add_parser as add_fetch_parser
 from stage_runtime.models.tiny import KINDS as TINY_KINDS
+from stage_runtime.train.command import add_parser as add_train_parser
 
 # CLI flag → (section, field) of StageConfig.
 ENGINE_FLAGS = {
@@ -290,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="skip the random demo LoRA adapters written to OUT_DIR/loras/{ink,pixel} (LoRA families)")
     tiny.set_defaults(func=cmd_make_tiny_model)
     add_fetch_parser(sub)
+    add_train_parser(sub)
     return parser
 
 

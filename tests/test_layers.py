@@ -8,6 +8,7 @@
     executor  ranks, IPC, async output               core, worker, distributed
     worker    device, groups, model runner           core, models, distributed, offload
     models    adapters, step contract, tiny builds   core, distributed
+    train     the tiny digits model's training       core, models
     offload   weight residency                       core
     sched     scheduling policy                      core                 (never torch / diffusers)
     distributed  groups, collectives, CFG/Ulysses    core
@@ -43,6 +44,7 @@ RUNTIME_ALLOWED: dict[str, set[str]] = {
     "distributed": {"core"},
     "offload": {"core"},
     "models": {"core", "distributed"},
+    "train": {"core", "models"},
     "worker": {"core", "models", "distributed", "offload"},
     "executor": {"core", "worker", "distributed"},
     "engine": {"core", "sched", "executor"},

@@ -25,7 +25,7 @@ NULL_CLASS = 1000         # DiTPipeline's unconditional class id for guidance
 
 class DiTAdapter(DiTRefusals, StepContract, PipelineAdapter):
     pipeline_classes = ("DiTPipeline",)
-    tiny_kinds = ("dit",)
+    tiny_kinds = ("dit", "digits")           # digits: trained (models/tiny/digits.py), not random
     default_guidance = 4.0
     parallel_kinds = frozenset({"cfg", "ulysses", "ring", "tp"})
     fixed_size = True

@@ -167,8 +167,9 @@ class ModelSource(ApiModel):
         cel("!has(self.cache) || (has(self.source) && has(self.source.uri))",
             "'model.cache applies to model.source.uri only (it stores downloads)'")]})
     builtin: Literal[BUILTIN_MODELS] | None = Field(None, description=(
-        "A tiny random-weight model an init container builds (`stage-runtime make-tiny-model`): for trying the "
-        "stage and tests; its images are noise."))
+        "A tiny model an init container builds (`stage-runtime make-tiny-model`): for trying the stage and tests. "
+        "All but tiny-digits have random weights and draw noise; tiny-digits is a DiT trained on handwritten "
+        "digits (prompts \"0\"..\"9\"), shipped in the runtime."))
     path: str | None = Field(None, min_length=1, description=(
         "A diffusers pipeline folder (with model_index.json) already in the pod: in `image` or on a podTemplate "
         "volume. Not there: the stage exits 2 (Stalled, InvalidConfiguration)."))

@@ -4,6 +4,8 @@
 with ``DiffusionPipeline.from_pretrained(out_dir, local_files_only=True)``. Nothing is downloaded; the
 tokenizers are built in code. One module per kind, each with ``build(seed) -> DiffusionPipeline``;
 ``make_tiny_models(out_dir)`` writes every kind as ``out_dir/tiny-<kind>`` (the runtime image's prebuilt models).
+One kind is trained, not random (``TRAINED_KINDS``): ``digits`` writes the DiT trained by ``stage-runtime
+train-tiny`` and shipped in ``trained/`` (docs/trained-model.md), the same files for every seed.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from stage_runtime import model_catalog
 # the adapters' own ``tiny_kinds`` (stage_runtime.model_catalog); kind ``k`` lives in ``tiny/<k with - as _>.py``.
 KINDS = model_catalog.tiny_kinds()
 BUILDERS: dict[str, str] = {kind: model_catalog.tiny_builder(kind) for kind in KINDS}
+TRAINED_KINDS = ("digits",)            # weights trained and shipped (models/tiny/trained/), not drawn from the seed
 
 
 def make_tiny_model(out_dir: str | Path, kind: str = "sd", seed: int = 0) -> Path:
     """Write a tiny random-weight diffusers pipeline of ``kind`` to ``out_dir`` and return it.
 
-    Same ``seed`` gives bitwise-identical weight files; the caller's torch RNG state is
-    left untouched. Raises ``ValueError`` for an unknown ``kind``.
+    Same ``seed`` gives bitwise-identical weight files (a trained kind: the shipped files, whatever the seed); the
+    caller's torch RNG state is left untouched. Raises ``ValueError`` for an unknown ``kind``.
     """
     if kind not in BUILDERS:
         raise ValueError(f"unknown tiny model kind={kind!r}; expected one of {KINDS}")

@@ -1,5 +1,5 @@
 """DiTPipeline: its facts and class labels (equal to the bare call in request and step mode, abort and progress:
-its ``FAMILY`` row in the checklist, test_families.py)."""
+its ``FAMILIES`` rows in the checklist, test_families.py: the random tiny DiT and the trained tiny-digits)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ def dit_call(pipe, prompt: str, n: int, guidance: float) -> dict:
 
 
 FAMILY = Family("dit", call=dit_call, guidances=(4.0, 4.0), sized=False)
+# the trained tiny-digits: the same adapter over trained weights (32x32; its own tests: test_tiny_digits.py)
+FAMILIES = (FAMILY, Family("digits", call=dit_call, guidances=(4.0, 4.0), sized=False, size=32))
 
 
 @pytest.fixture(scope="module")
