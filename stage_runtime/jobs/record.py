@@ -127,10 +127,16 @@ class JobRecord(BaseModel):
             return self.runs
         return (*self.runs[:-1], self.runs[-1].closed(outcome, to_step, at))
 
+    @property
+    def reached_step(self) -> int:
+        """The furthest step the job is known to have reached: the step its owner last reported, or its newest
+        checkpoint's when that is later (a progress write may lag the checkpoint written at the same tick)."""
+        return max(self.step, self.checkpoint_step or 0)
+
     def with_run_started(self, owner: str, from_step: int, at: float) -> tuple[RunEntry, ...]:
         """The history with a run beginning now; a run left open (its owner vanished: the lease expired) is closed
-        at the last step it reported."""
-        runs = self.with_run_ended("lease_expired", self.step, at)
+        at the furthest step it is known to have reached."""
+        runs = self.with_run_ended("lease_expired", self.reached_step, at)
         return (*runs, RunEntry(owner=owner, started_at=at, from_step=from_step))[-MAX_RUNS:]
 
     def expired(self, now: float) -> bool:

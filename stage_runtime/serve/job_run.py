@@ -163,7 +163,7 @@ class JobRun:
     async def _run(self) -> None:
         now = time.time()             # a run its owner left open (killed, partitioned) ended when its lease expired
         record = self.record = self.record.model_copy(
-            update={"runs": self.record.with_run_ended("lease_expired", self.record.step, now)})
+            update={"runs": self.record.with_run_ended("lease_expired", self.record.reached_step, now)})
         if record.failed_attempts >= self.config.max_attempts:
             await self._fail_tired(record.requeued_because or "with its replica")
             return

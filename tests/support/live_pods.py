@@ -132,6 +132,7 @@ def stand_in_answers(dead: str | None = None) -> dict[str, tuple[int, dict[str, 
              'aborted_total': 0, 'failed_total': 0, 'world_size': 1,
              'topology': 'world_size=1 (tp=1 sp=1[ulysses=1 ring=1] pp=1 cfg=1 dp=1)',
              'workers': [{'rank': 0, 'pid': None, 'alive': not dead}],
+             'cost': {'outstanding': 0, 'completed_total': 0, 'rate': 0.0},
              'startup': {'phase': None, 'detail': '', 'elapsed_s': 4.0, 'phases': {'loadingWeights': 1.0},
                          'model_bytes': None}}
     return {'/health': health, '/v1/stats': (200, stats)}

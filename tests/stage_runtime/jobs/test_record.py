@@ -56,6 +56,17 @@ def test_the_run_history_closes_a_vanished_owners_run_at_its_last_reported_step(
     assert second.model_copy(update={"runs": done}).with_run_ended("failed", 1, 1060.0) == done   # closed: as is
 
 
+def test_a_vanished_owners_run_ends_at_its_newest_checkpoint_when_the_progress_write_lagged_it():
+    """Regression (a clean-clone run): the owner checkpointed step 10, its progress write still said 8 when it was
+    killed; the next run resumed from 10, so the lost run reached 10."""
+    first = record(step=0)
+    first = first.model_copy(update={"runs": first.with_run_started("pod-a-1", 0, 1001.0), "step": 8,
+                                     "checkpoint_step": 10})
+    second = first.with_run_started("pod-b-1", 10, 1040.0)
+    assert (second[0].to_step, second[1].from_step) == (10, 10)
+    assert record(step=12, checkpoint_step=10).reached_step == 12
+
+
 def test_the_history_keeps_the_newest_runs_and_hand_offs_are_no_failed_attempts():
     many = record()
     for k in range(MAX_RUNS + 5):
