@@ -32,6 +32,7 @@ class Call:
 
 CALLS: dict[str, Call] = {
     "dit": Call(4.0, style="class", sized=False, prompt="207"),
+    "digits": Call(4.0, style="class", sized=False, prompt="7"),     # the trained DiT: its labels are the digits
     "sd": Call(7.5), "sd3": Call(7.0), "sdxl": Call(5.0), "flux": Call(3.5), "flux2": Call(4.0),
     "flux2-klein": Call(4.0), "zimage": Call(3.0),
     "flux-kontext": Call(3.5, style="kontext"),
