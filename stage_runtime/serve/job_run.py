@@ -161,9 +161,11 @@ class JobRun:
 
     # -- the run ----------------------------------------------------------------------------------------------
     async def _run(self) -> None:
-        now = time.time()             # a run its owner left open (killed, partitioned) ended when its lease expired
-        record = self.record = self.record.model_copy(
-            update={"runs": self.record.with_run_ended("lease_expired", self.record.reached_step, now)})
+        # a run its owner left open (killed, partitioned) ended when its lease expired, at the furthest step known:
+        # its checkpoint on disk may be newer than its record (the owner died between writing the two)
+        saved = await asyncio.to_thread(self._saved_step)
+        record = self.record = self.record.model_copy(update={"runs": self.record.with_run_ended(
+            "lease_expired", max(self.record.reached_step, saved), time.time())})
         if record.failed_attempts >= self.config.max_attempts:
             await self._fail_tired(record.requeued_because or "with its replica")
             return
@@ -274,12 +276,18 @@ class JobRun:
         return (final.error is not None and self.phase == "decode" and not stopped
                 and final.error_type not in REQUEUE_ERRORS and final.error_type != RequestAbortedError.error_type)
 
+    def _saved_step(self) -> int:
+        """(A thread.) The step of the job's checkpoint on disk; 0 when there is none or it cannot be read."""
+        if not os.path.exists(self.checkpoint_path):
+            return 0
+        try:
+            return int(read_manifest(self.checkpoint_path)["step"])
+        except InvalidRequestError:
+            return 0
+
     def _denoised_saved(self) -> bool:
         """(A thread.) Whether the job's checkpoint is its denoised state (the rank saves it before decoding)."""
-        try:
-            return int(read_manifest(self.checkpoint_path)["step"]) >= self.record.num_steps
-        except InvalidRequestError:
-            return False
+        return self._saved_step() >= self.record.num_steps
 
     async def _retry_decode(self, request: DiffusionRequest, failed: DiffusionOutput) -> DiffusionOutput:
         """The decode failed after a full denoise: decode once more from the denoised state (no step runs again)."""

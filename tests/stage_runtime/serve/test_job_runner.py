@@ -100,11 +100,13 @@ async def test_a_job_whose_owner_stopped_renewing_is_taken_over_and_run_from_ste
 
 
 async def test_a_taken_over_job_resumes_from_its_owners_checkpoint_to_the_same_frames(runner, tiny_wan_path):
-    """The owner (another engine, threadless: one tick a step) wrote the job's checkpoint at step 4 and died; the
-    replica that takes the job over runs steps 5–8 only, and the frames equal the owner's uninterrupted run's."""
+    """The owner (another engine, threadless: one tick a step) wrote the job's checkpoint at step 4 and died before
+    its record said so (regression, a clean-clone run: the lost run was closed at the record's step, before the step
+    the next run resumed from); the replica that takes the job over runs steps 5–8 only, the lost run is closed at
+    step 4, and the frames equal the owner's uninterrupted run's."""
     store = runner.store
-    orphan = job(store, 8, status="in_progress", owner="gone-1", attempts=1, step=5, phase="denoise",
-                 checkpoint_step=4)
+    orphan = job(store, 8, status="in_progress", owner="gone-1", attempts=1, step=3, phase="denoise",
+                 checkpoint_step=2, runs=(RunEntry(owner="gone-1", started_at=time.time() - 20),))
     owner = threadless(tiny_wan_path)
     try:
         request = VideoJobRequest.stored(orphan.params).video_request(orphan.id, orphan.fps, None)
@@ -123,6 +125,8 @@ async def test_a_taken_over_job_resumes_from_its_owners_checkpoint_to_the_same_f
     done = await record_where(store, orphan.id, "the orphan completed", lambda r: r.status == "completed")
     assert (done.resumed_from_step, done.attempts, done.step, done.video()["diffstage"]["resumed_from_step"]) == (
         4, 2, 8, 4)
+    assert [(r.owner, r.from_step, r.to_step, r.outcome) for r in done.runs] == [
+        ("gone-1", 0, 4, "lease_expired"), (runner.owner, 4, 8, "completed")]
     assert np.array_equal(stored_frames(store, orphan.id), uninterrupted)          # bitwise
     assert await files_left(runner, orphan.id) == FINISHED and done.checkpoint_step is None
 
