@@ -13,7 +13,7 @@
     sched     scheduling policy                      core                 (never torch / diffusers)
     distributed  groups, collectives, CFG/Ulysses    core
     core      config, errors, request, outputs, scheduler_output, model_info, plugins, imageio, control,
-              lora_spec, model_catalog, video_request, true_cfg, videoio, checkpoint, atomic_file
+              lora_spec, model_catalog, video_request, true_cfg, videoio, checkpoint, atomic_file, process_tree
                                                      core only            (never torch / diffusers)
 
 The operator imports nothing of the runtime but ``stage_runtime.config`` (one source of truth for the
@@ -33,7 +33,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = {"config", "errors", "request", "outputs", "scheduler_output", "model_info", "plugins", "imageio", "control",
-        "lora_spec", "model_catalog", "video_request", "true_cfg", "videoio", "checkpoint", "atomic_file"}
+        "lora_spec", "model_catalog", "video_request", "true_cfg", "videoio", "checkpoint", "atomic_file",
+        "process_tree"}
 OPERATOR_MAY_IMPORT = ("stage_runtime.config", "stage_runtime.model_catalog")
 EDGE = {"cli", "client", "demo", "__main__", "__init__"}
 

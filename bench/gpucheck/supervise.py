@@ -13,14 +13,14 @@ Other processes share this machine and its ``/dev/shm``: a segment that merely a
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SHM = Path("/dev/shm")
+from stage_runtime.process_tree import SHM, alive, descendants, segments_of, shm_segments, shm_used_by
+
 POLL_S = 0.25
 
 
@@ -35,55 +35,6 @@ class Outcome:
     output_tail: str = ""
 
 
-def proc_stat(pid: int) -> tuple[int, str, int] | None:
-    """(ppid, state, start time) of a live process; None once it is gone (also when it vanishes mid-read)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()
-    return int(fields[1]), fields[0], int(fields[19])
-
-
-def descendants(root: int) -> dict[int, int]:
-    """pid → start time of every live descendant of ``root``."""
-    children: dict[int, list[int]] = {}
-    starts: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (stat := proc_stat(int(entry))) is not None:
-            children.setdefault(stat[0], []).append(int(entry))
-            starts[int(entry)] = stat[2]
-    found, todo = {}, [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found[child] = starts[child]
-            todo.append(child)
-    return found
-
-
-def segments() -> set[str]:
-    return set(os.listdir(SHM)) if SHM.is_dir() else set()
-
-
-def segments_used_by(pids) -> set[str]:
-    used = set()
-    for pid in pids:
-        try:
-            maps = Path(f"/proc/{pid}/maps").read_text()
-            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
-        except OSError:
-            continue
-        used.update(m.group(1) for m in re.finditer(r"/dev/shm/(\S+)", maps))
-        used.update(link.removeprefix("/dev/shm/") for link in links if link.startswith("/dev/shm/"))
-    return used
-
-
-def alive(seen: dict[int, int]) -> list[int]:
-    """The recorded processes still running (the same process: same start time; zombies are gone)."""
-    return sorted(pid for pid, start in seen.items()
-                  if (stat := proc_stat(pid)) is not None and stat[2] == start and stat[1] != "Z")
-
-
 def kill(pids) -> None:
     for pid in pids:
         try:
@@ -94,7 +45,7 @@ def kill(pids) -> None:
 
 def run_part(cmd: list[str], budget_s: float, grace_s: float, log_path: Path, env: dict | None = None) -> Outcome:
     """Run ``cmd`` (a part) to its end or until ``budget_s + grace_s``; then sweep what it left."""
-    before = segments()
+    before = shm_segments()
     start = time.monotonic()
     with log_path.open("wb") as log:
         child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
@@ -103,7 +54,7 @@ def run_part(cmd: list[str], budget_s: float, grace_s: float, log_path: Path, en
     status = "done"
     while child.poll() is None:
         seen.update(descendants(child.pid))
-        used |= segments_used_by([child.pid, *seen])
+        used |= shm_used_by([child.pid, *seen])
         if time.monotonic() - start > budget_s + grace_s:
             status = "over budget"
             try:
@@ -122,9 +73,7 @@ def run_part(cmd: list[str], budget_s: float, grace_s: float, log_path: Path, en
         time.sleep(POLL_S)
     left = alive(seen)
     kill(left)
-    pids = {str(pid) for pid in [child.pid, *seen]}
-    new = segments() - before
-    leaked = sorted(name for name in new if name in used or pids & set(re.split(r"[^0-9]+", name)))
+    leaked = sorted(segments_of(shm_segments() - before, used, [child.pid, *seen]))
     for name in leaked:
         try:
             (SHM / name).unlink()

@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from stage_process import descendants, proc_stat, shm_segments, shm_used_by
 from support.waiting import wait_until
+
+from stage_runtime.process_tree import alive, descendants, segments_of, shm_segments, shm_used_by
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_check.py"
@@ -55,13 +56,10 @@ class Tracked:
         return self.proc.wait()
 
     def alive(self) -> list[int]:
-        return [pid for pid, start in self.seen.items()
-                if (stat := proc_stat(pid)) is not None and stat[2] == start and stat[1] != "Z"]
+        return alive(self.seen)
 
     def segments_left(self) -> set[str]:
-        pids = {str(pid) for pid in [self.proc.pid, *self.seen]}
-        new = shm_segments() - self.before
-        return {name for name in new if name in self.used or pids & set(re.split(r"[^0-9]+", name))}
+        return segments_of(shm_segments() - self.before, self.used, [self.proc.pid, *self.seen])
 
     @property
     def output(self) -> str:

@@ -6,11 +6,11 @@ import multiprocessing
 import os
 import time
 
-from stage_process import proc_stat
 
 from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
 from stage_runtime.executor import shm
+from stage_runtime.process_tree import proc_stat
 from stage_runtime.request import DiffusionRequest, SamplingParams
 
 

@@ -22,58 +22,11 @@ from pathlib import Path
 
 import httpx
 
+from stage_runtime.process_tree import alive, descendants, proc_stat, segments_of, shm_segments, shm_used_by
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TESTS_DIR = Path(__file__).resolve().parent            # executors_for_tests / adapters_for_tests live here
 _LISTENING = re.compile(r"listening http=(\S+) zmq=(\S+)")
-SHM = Path("/dev/shm")
-
-
-def proc_stat(pid: int) -> tuple[int, str, int] | None:
-    """(ppid, state, start time) of a process, None when it is gone: the one reader of ``/proc/PID/stat`` in the
-    runtime tests. A process that exits between the open and the read raises ESRCH (ProcessLookupError), not
-    FileNotFoundError: every OSError here means gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()
-    return int(fields[1]), fields[0], int(fields[19])
-
-
-def descendants(root: int) -> dict[int, int]:
-    """pid → start time of every live descendant of ``root``."""
-    children: dict[int, list[int]] = {}
-    starts: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = proc_stat(int(entry))
-            if stat is not None:
-                children.setdefault(stat[0], []).append(int(entry))
-                starts[int(entry)] = stat[2]
-    found, todo = {}, [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found[child] = starts[child]
-            todo.append(child)
-    return found
-
-
-def shm_segments() -> set[str]:
-    return set(os.listdir(SHM)) if SHM.is_dir() else set()
-
-
-def shm_used_by(pids) -> set[str]:
-    """Segments these processes map or hold open right now."""
-    used = set()
-    for pid in pids:
-        try:
-            maps = Path(f"/proc/{pid}/maps").read_text()
-            fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
-        except OSError:
-            continue
-        used.update(m.group(1) for m in re.finditer(r"/dev/shm/(\S+)", maps))
-        used.update(link.removeprefix("/dev/shm/") for link in fds if link.startswith("/dev/shm/"))
-    return used
 
 
 class StageProcess:
@@ -151,14 +104,12 @@ class StageProcess:
         assert self.proc.poll() is not None, "the stage is still running"
         deadline = time.monotonic() + 5
         while True:
-            alive = {pid for pid, start in self.seen.items()
-                     if (st := proc_stat(pid)) is not None and st[2] == start and st[1] != "Z"}
-            if not alive or time.monotonic() > deadline:
+            left = alive(self.seen)
+            if not left or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        assert not alive, f"orphan processes left by the stage: {sorted(alive)}"
-        pids = {str(pid) for pid in [self.proc.pid, *self.seen]}
-        ours = {name for name in shm_segments() - self._shm_before if pids & set(re.split(r"[^0-9]+", name))}
+        assert not left, f"orphan processes left by the stage: {left}"
+        ours = segments_of(shm_segments() - self._shm_before, set(), [self.proc.pid, *self.seen])
         leaked = (self.shm_seen | ours) & shm_segments()
         assert not leaked, f"/dev/shm segments left by the stage: {sorted(leaked)}"
 

@@ -13,12 +13,12 @@ import pytest
 from engine_probes import max_diff, phased, progress_of, wait_until
 from executors_for_tests import ComputeDoneFirst, OutputReadyFirst
 from mp_probes import assert_released, mp_engine, req, segments
-from stage_process import proc_stat
 from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
 from stage_runtime.errors import RequestAbortedError, RpcError
 from stage_runtime.executor.messages import RpcMessage
 from stage_runtime.executor.procs import start_fork_server
+from stage_runtime.process_tree import proc_stat
 
 
 @pytest.fixture(scope="module")
