@@ -12,6 +12,33 @@ import pytest  # noqa: E402
 
 from stage_runtime.model_catalog import tiny_kinds  # noqa: E402
 
+# Modules that share a costly session fixture run on one xdist worker (``--dist loadfile`` gives each file to any
+# worker, and each worker would build the fixture again): fixture → the modules that use it
+# (tests/test_suite_rules.py checks the table against the modules' fixture requests).
+ONE_WORKER = {
+    "two_rank_runs": ("tests/stage_runtime/distributed/test_cfg_parallel.py",
+                      "tests/stage_runtime/distributed/test_families_parallel.py",
+                      "tests/stage_runtime/distributed/test_groups.py",
+                      "tests/stage_runtime/distributed/test_ulysses.py"),
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``, with the modules of each ONE_WORKER entry as one unit of work."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    unit_of = {module: f"shared:{fixture}" for fixture, modules in ONE_WORKER.items() for module in modules}
+
+    class SharedFixtureScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return unit_of.get(module, module)
+
+    return SharedFixtureScheduling(config, log)
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):

@@ -1,9 +1,9 @@
 """Rules that keep the suite independent of the machine's speed and of the order of its tests (docs/testing.md,
 "The rules"), checked by reading the test tree (``ast``): each rule has a case showing it fails.
 
-- No test reads ``/proc/<pid>`` itself: the one reader per tree (``tests/stage_runtime/stage_process.py``
-  ``proc_stat``, ``e2e/local/pod_process.py`` ``proc_stat``) treats a process that vanishes between the open and
-  the read (ESRCH, ProcessLookupError) as gone.
+- No test reads ``/proc/<pid>`` itself: the one reader per tree (``stage_runtime/process_tree.py`` ``proc_stat``
+  for the tests and the GPU check, ``e2e/local/pod_process.py`` ``proc_stat``) treats a process that vanishes
+  between the open and the read (ESRCH, ProcessLookupError) as gone.
 - No ``sleep`` in a test module: a test waits on a named condition (``wait_until(..., what=...)``,
   ``scenario.wait_for``). ``sleep(0)`` (a yield to the event loop) is no wait; the exceptions below say why each
   is not evidence.
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PROC_READERS = {'tests/stage_runtime/stage_process.py', 'e2e/local/pod_process.py', 'tests/test_suite_rules.py'}
+PROC_READERS = {'e2e/local/pod_process.py', 'tests/test_suite_rules.py'}
 PROC_PID = re.compile(r"""/proc/\{""")  # an f-string path with a pid in it
 SLEEPS_ALLOWED = {
     # (module, line text) → why it is not evidence
@@ -52,7 +52,7 @@ def sleeps(text: str) -> list[tuple[int, str]]:
 def test_no_test_reads_proc_but_the_two_readers_that_treat_a_vanished_process_as_gone():
     offenders = {str(p.relative_to(ROOT)): lines for p in python_files()
                  if str(p.relative_to(ROOT)) not in PROC_READERS and (lines := proc_readers(p.read_text()))}
-    assert not offenders, f'read /proc/<pid> through proc_stat (stage_process.py, pod_process.py): {offenders}'
+    assert not offenders, f'read /proc/<pid> through proc_stat (stage_runtime/process_tree.py, pod_process.py): {offenders}'
 
 
 def test_no_test_module_sleeps_as_evidence():
@@ -86,3 +86,26 @@ def test_the_sleep_rule_finds_a_sleep_in_code_and_not_in_a_string(source, count)
 def test_the_proc_rule_finds_a_pid_read():
     assert proc_readers("with open(f'/proc/{pid}/stat') as f:\n    pass\n") == [1]
     assert proc_readers("open('/proc/self/maps')\n") == []
+
+
+def requesting(text: str, fixture: str) -> bool:
+    """Whether a module has a test or fixture function that takes ``fixture`` as an argument."""
+    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and fixture in [a.arg for a in node.args.args]
+               for node in ast.walk(ast.parse(text)))
+
+
+def test_the_modules_of_a_shared_session_fixture_run_on_one_worker():
+    """tests/conftest.py ONE_WORKER lists, per costly session fixture, exactly the modules that request it: they go to
+    one xdist worker together, so the fixture is built once in a run."""
+    from conftest import ONE_WORKER
+
+    for fixture, modules in ONE_WORKER.items():
+        users = {str(p.relative_to(ROOT)) for p in python_files()
+                 if p.name.startswith('test_') and requesting(p.read_text(), fixture)}
+        assert users == set(modules), f'{fixture}: tests/conftest.py ONE_WORKER should list exactly {sorted(users)}'
+
+
+def test_the_fixture_rule_finds_a_request():
+    assert requesting('def test_a(two_rank_runs):\n    pass\n', 'two_rank_runs')
+    assert requesting('async def outcome(x, two_rank_runs):\n    pass\n', 'two_rank_runs')
+    assert not requesting('def test_a(runs):\n    two_rank_runs = 1\n', 'two_rank_runs')
