@@ -1,14 +1,15 @@
 """Rank-side code of the FLUX.2 parallel tests (test_flux2_parallel.py): CFG parallel (Klein), Ulysses and ring
 (FLUX.2 [dev] and Klein) on real gloo ranks.
 
-Reuses dist_rank_checks (adapter loading, the request/step scenarios, spawn and reaping); adds what is FLUX.2's:
-counting its sequence-parallel processors, the transformer called directly on uneven token counts, and the
-replaced-processor refusal. A spawned child imports this module by name.
+Reuses dist_rank_checks (adapter loading, the request/step scenarios, spawn and reaping) and joint_rank_checks' job
+(the replaced-processor refusal on a single-stream block); adds what is FLUX.2's: counting its sequence-parallel
+processors and the transformer called directly on uneven token counts. A spawned child imports this module by name.
 """
 
 from __future__ import annotations
 
 import dist_rank_checks as checks
+import joint_rank_checks as joint
 
 
 def installed(denoiser) -> dict:
@@ -44,36 +45,8 @@ def transformer_outputs(adapter) -> dict:
     return out
 
 
-def replaced_processor_error(adapter) -> str | None:
-    """Put a single-stream block's original processor back: the next denoiser call must refuse to run."""
-    import torch
-
-    attn = adapter.denoiser.single_transformer_blocks[0].attn
-    attn.set_processor(attn.processor.original)
-    try:
-        with torch.inference_mode():
-            checks.run_steps(adapter, [checks._request(adapter, "r", "1", 1, 0, 1.0)])
-    except RuntimeError as exc:
-        return str(exc)
-    return None
-
-
-def job(rank, groups, parallel, run) -> dict:
-    from stage_runtime.distributed.apply import apply_parallelism
-
-    payload = {}
-    for kind, path in run["models"].items():
-        adapter = checks.load_adapter(path)
-        apply_parallelism(adapter, groups, parallel)
-        payload[f"{kind}-installed"] = installed(adapter.denoiser)
-        payload[kind], payload[f"{kind}-hook-calls"] = checks.counting_denoiser_hooks(adapter, checks.scenarios)
-        payload[f"{kind}-transformer"] = transformer_outputs(adapter)
-        if parallel.ulysses_degree > 1 or parallel.ring_degree > 1:
-            payload[f"{kind}-replaced"] = replaced_processor_error(adapter)
-    return payload
-
-
-JOBS = {"models": job}
+JOBS = {"models": joint.models_job(installed, lambda denoiser: denoiser.single_transformer_blocks[0].attn,
+                                   transformer_outputs)}
 
 
 def Ranks(world: int, runs: list[dict]) -> checks.Ranks:  # noqa: N802 - a constructor, as dist_rank_checks.Ranks
