@@ -4,8 +4,10 @@ downsamples 16x, and the Qwen2.5-VL processor (models.qwen_vl_processor: tokeniz
 
 Why 16x: the Edit pipelines condition on the input image resized to about a megapixel (1024x1024 for a
 square one), whatever the output size; at 16x that is 32x32 packed tokens per input image (the tiny
-Qwen-Image's 4x would make 16384), and a 64x64 output is 2x2 tokens. The VAE has 2 channels at full
-resolution (its 1-megapixel encode is most of a request's cost on a CPU). The processor shrinks a picture to
+Qwen-Image's 4x would make 16384), and a 64x64 output is 2x2 tokens. The VAE is 8 channels wide at every
+level with no residual block on the way down (``num_res_blocks=0``: a level is one strided 2D convolution), so
+only its first convolution computes at the full megapixel: the encode, still most of a tiny edit's cost on a
+CPU, takes ~0.35 s on one thread (~1.1 s with a residual block at every level). The processor shrinks a picture to
 at most 56x56 pixels for the vision tower: 4x4 patches, 4 ``<|image_pad|>`` tokens. The words of the Edit
 prompt template are whole tokens, so its system prefix encodes to the 64 tokens the pipeline drops, as with
 the real Qwen2 vocabulary.
@@ -16,6 +18,7 @@ from __future__ import annotations
 from stage_runtime.models.tiny.common import seeded
 
 Z_DIM = 4
+VAE_WIDTH = 8                        # the VAE's channels at every level
 VL_MAX_PIXELS = 56 * 56              # the vision tower's input: at most 4x4 patches of 14 pixels
 ATTENTION_SHARPNESS = 4.0
 # The Edit template's words (its system prefix: 64 tokens with Qwen2's vocabulary) and Edit-Plus's "Picture 1: "
@@ -25,22 +28,35 @@ EDIT_WORDS = ("Describe key features input ( color , shape size texture objects 
 
 
 def tiny_vae():
-    """AutoencoderKLQwenImage with 4 downsamplings (16x; the last one also in time), 2 channels at full size, and
-    latent statistics that are its own: ``latents_mean`` / ``latents_std`` are those of its encoding of a picture,
-    so the pipeline's normalised image latents vary by about 1 (a random encoder's latents vary by a few
-    hundredths about an offset, which would make every input image alike to the transformer). The decoder's
-    first 1x1 convolution takes the de-normalisation back, so it decodes unit-scale latents as before."""
+    """AutoencoderKLQwenImage with 4 downsamplings (16x; the last one also in time), ``VAE_WIDTH`` channels at
+    every level (``num_res_blocks=0`` leaves the encoder's levels their strided convolution only, which keeps the
+    width, so it is one throughout; the decoder still has a residual block a level), convolution biases 0, and
+    latent statistics that are its own.
+
+    Biases 0: torch's initialisation shrinks a signal's variance about 3x a convolution and its random biases
+    drown what is left (with them a picture or its mirror image moved an edit by 1 uint8: the decoder made
+    nearly one image of any latents). 8 channels, not 4: a decoder level's upsampling halves the width, and the
+    RMS norm of 2 channels (a point on a circle) jumps near 0: it made the float noise of a fused forward 10-20x
+    larger in the image (~0.01 uint8, against ~0.001 at 8).
+
+    ``latents_mean`` / ``latents_std`` are those of its encoding of a picture, so the pipeline's normalised image
+    latents vary by about 1 (a random encoder's latents vary by a few hundredths about an offset, which would make
+    every input image alike to the transformer). The decoder's first 1x1 convolution takes the de-normalisation
+    back, so it decodes unit-scale latents as before."""
     import torch
     from diffusers import AutoencoderKLQwenImage
 
     vae = AutoencoderKLQwenImage(
-        base_dim=2, z_dim=Z_DIM, dim_mult=[1, 2, 4, 4, 4], num_res_blocks=1,
+        base_dim=VAE_WIDTH, z_dim=Z_DIM, dim_mult=[1, 1, 1, 1, 1], num_res_blocks=0,
         temperal_downsample=[False, False, False, True],
     )
     side = 256
     y, x = torch.meshgrid(torch.linspace(0, 1, side), torch.linspace(0, 1, side), indexing="ij")
     picture = torch.stack([torch.sin(6 * x), torch.cos(5 * y), 2 * x * y - 1])[None, :, None]
     with torch.no_grad():
+        for conv in vae.modules():
+            if isinstance(conv, (torch.nn.Conv2d, torch.nn.Conv3d)):
+                conv.bias.zero_()
         latents = vae.encode(picture).latent_dist.mode()
         mean = [round(float(v), 6) for v in latents.mean(dim=(0, 2, 3, 4))]
         std = [round(float(v), 6) for v in latents.std(dim=(0, 2, 3, 4))]

@@ -180,8 +180,9 @@ def test_every_picture_is_in_the_result_cache_key_and_the_checkpoint_identity():
 def test_the_tiny_builds_are_what_their_docstring_says(tiny_model, kind):
     """A real folder (``model_index.json`` names Qwen2VLProcessor), loaded with the stage's processor: the Edit
     template's system prefix is the 64 tokens the pipeline drops; a square picture's megapixel is 32x32 tokens
-    (a 16x VAE); the VAE's normalised latents of its statistics picture have mean 0 and std 1; Edit-Plus
-    modulates its picture tokens at timestep 0; the folder stays small."""
+    (a 16x VAE, whose encoder computes one convolution at the picture's full size: its cost); the VAE's
+    normalised latents of its statistics picture have mean 0 and std 1; Edit-Plus modulates its picture tokens
+    at timestep 0; the folder stays small."""
     import json
     from pathlib import Path
 
@@ -196,8 +197,15 @@ def test_the_tiny_builds_are_what_their_docstring_says(tiny_model, kind):
     side = 256
     y, x = torch.meshgrid(torch.linspace(0, 1, side), torch.linspace(0, 1, side), indexing="ij")
     stats = torch.stack([torch.sin(6 * x), torch.cos(5 * y), 2 * x * y - 1])[None, :, None]
+    full_size = []
+    hooks = [conv.register_forward_hook(lambda m, args, out: full_size.append(type(m).__name__)
+                                        if out.shape[-2:] == (side, side) else None)
+             for conv in pipe.vae.encoder.modules() if isinstance(conv, (torch.nn.Conv2d, torch.nn.Conv3d))]
     with torch.no_grad():
         latents = pipe._encode_vae_image(stats, None)
+    for hook in hooks:
+        hook.remove()
+    assert full_size == ["QwenImageCausalConv3d"]                  # conv_in; the next one, strided, halves it
     assert latents.mean(dim=(0, 2, 3, 4)).abs().max() < 1e-3
     assert (latents.std(dim=(0, 2, 3, 4)) - 1).abs().max() < 1e-3
     assert sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) < 3_000_000
