@@ -162,9 +162,9 @@ async def test_cost_autoscaling_scales_out_and_the_inference_pool_drops_the_fenc
                       lambda: cluster.emulator.get('inferencepools', name))
     pool = cluster.emulator.get('inferencepools', name)
     assert pool['spec']['selector']['matchLabels'] == cluster.emulator.get('services', name)['spec']['selector']
-    stop = asyncio.Event()
+    stop, decided_stop = asyncio.Event(), asyncio.Event()
     async with httpx.AsyncClient(timeout=300) as http:
-        loops = [asyncio.create_task(_busy(http, url, 'big', stop))]        # one large request after another
+        loops = [asyncio.create_task(_busy(http, url, 'big', decided_stop))]    # one large request after another
         try:
             # (async waits from here on: the load runs on this event loop)
             decided = await async_wait_until(
@@ -174,6 +174,9 @@ async def test_cost_autoscaling_scales_out_and_the_inference_pool_drops_the_fenc
             assert decided['reason'].startswith('outstanding pixel-steps'), decided
             in_flight = (await http.get(f'{url}/v1/stats')).json()
             assert in_flight['waiting'] + in_flight['running'] <= 1 < 2   # maxNumSeqs 2: inflight keeps 1 replica
+            # decided: the load ends (the 600 s scale-down window holds the 2), the new replica starts on idle cores
+            decided_stop.set()
+            await http.post(f'{pod_url(cluster, 0)}/v1/abort', json={'all': True})
             await async_wait_until(lambda: scenario.is_ready(cluster, name, 2), 180, 'two replicas Ready')
             await async_wait_until(lambda: pool_members(cluster) == [f'{name}-0', f'{name}-1'], 30, 'both in the pool')
             # both replicas kept busy (two requests at a time each); scaling in fences one, which then drains
@@ -193,6 +196,7 @@ async def test_cost_autoscaling_scales_out_and_the_inference_pool_drops_the_fenc
             assert await _running(http, urls[1]), 'it still runs its requests'
         finally:
             stop.set()
+            decided_stop.set()
             for pod in cluster.pods(name):
                 await http.post(f"http://{pod['status']['podIP']}:8000/v1/abort", json={'all': True})
             await asyncio.gather(*loops, return_exceptions=True)

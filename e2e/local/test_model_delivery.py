@@ -2,7 +2,8 @@
 file server on loopback that this test starts. Through the real operator and the pod runner:
 
 - `source.uri` + the right sha256 + a hostPath cache → Ready, serves; a second replica on the same
-  (emulated) node starts from the cache: the server's access log shows one GET for both;
+  (emulated) node starts from the cache: the server's access log shows one GET for both; the stage's deletion
+  leaves no process and the cache unlocked (evictable);
 - a wrong sha256 → lastFailure names the checksum mismatch, the replica goes through backoff and restarts
   (not a hang);
 - `source.pvc` and `source.image` (an image volume, and the init-container copy out of the image) serve the
@@ -102,7 +103,7 @@ def cached_uri(server, model, cache: str) -> dict:
     return {'source': {'uri': uri}, 'cache': {'hostPath': cache, 'maxBytes': 10 ** 9}}
 
 
-def test_uri_with_the_right_checksum_serves_and_a_second_replica_starts_from_the_cache(cluster, server, model):
+def test_a_checksummed_uri_serves_a_second_replica_from_the_cache_and_its_deletion_unlocks_it(cluster, server, model):
     # step 1: the first replica fetches (one GET) into a node cache of its own, becomes Ready and serves
     gets = server.gets('tiny-sd.tar.gz')
     cluster.apply(manifest('fetched', cached_uri(server, model, f'{CACHE}-fetched')))
@@ -128,7 +129,15 @@ def test_uri_with_the_right_checksum_serves_and_a_second_replica_starts_from_the
     assert fetch['name'] == 'fetch-model' and fetch['state']['terminated']['exitCode'] == 0
     for _ in range(2):  # round robin over both replicas: the same pipeline, the same image
         assert scenario.generate(cluster, 'fetched', seed=7) == image
+    # step 3: the deletion leaves no process, and the cache both replicas used unlocked
+    from stage_runtime.fetch.cache import ModelCache
+
     scenario.delete(cluster, 'fetched', 30)
+    scenario.wait_for(lambda: not cluster.runner.running(), 60, 'every pod process to stop', cluster.runner.running)
+    assert not cluster.runner.leftovers, cluster.runner.leftovers
+    cache = ModelCache(cluster.runner.sources.node_root / f'{CACHE}-fetched'.lstrip('/'))
+    assert len(cache.entries()) == 1
+    assert len(cache.evict(0, grace_s=0).removed) == 1, 'no stage holds the model any more: it can go'
 
 
 def test_a_wrong_checksum_ends_in_last_failure_and_backoff(cluster, server, model):
@@ -179,17 +188,3 @@ def test_a_stage_not_ready_within_its_startup_budget_fails_saying_so(cluster):
     assert 'not ready within the startup budget of 2 s' in failure['message'], failure
     assert 'spec.startupTimeoutSeconds' in failure['message'] and ' for ' in failure['message'], failure
     scenario.delete(cluster, 'slow', 30)
-
-
-def test_delete_leaves_no_process_and_the_cache_unlocked(cluster, server, model):
-    cache_path = f'{CACHE}-deleted'
-    cluster.apply(manifest('deleted', cached_uri(server, model, cache_path)))
-    scenario.wait_ready(cluster, 'deleted', 1, timeout=150)
-    scenario.delete(cluster, 'deleted', 30)
-    scenario.wait_for(lambda: not cluster.runner.running(), 60, 'every pod process to stop', cluster.runner.running)
-    assert not cluster.runner.leftovers, cluster.runner.leftovers
-    from stage_runtime.fetch.cache import ModelCache
-
-    cache = ModelCache(cluster.runner.sources.node_root / cache_path.lstrip('/'))
-    assert len(cache.entries()) == 1
-    assert len(cache.evict(0, grace_s=0).removed) == 1, 'no stage holds the model any more: it can go'
