@@ -4,10 +4,11 @@ serve` with two CPU ranks), images over real HTTP through the Service.
 
 One cluster serves the whole module; the `tiny` fixture gives each test the sample stage
 (manifests/samples/tiny-cpu.yaml, as shipped) Ready with 2 replicas, whatever the test before it did (it
-applies the sample again after a deletion, patches back a changed spec, scales back). So every test stands
-alone, in any order: Ready → images → a failing pod → a stage too big for any node → scale 2→3→1 with no
-request lost to the scale-down → kill a worker (the operator restarts the replica) → abort through
-spec.abort, seen in `kubectl describe` → delete → nothing left.
+applies the sample again after a deletion, patches back a changed spec, scales back); `tiny_one` the same at
+1 replica, for the tests a second replica proves nothing in (what the scale-down leaves: no pod started only
+to be killed or deleted). So every test stands alone, in any order: Ready → images → a failing pod → a stage
+too big for any node → scale 2→3→1 with no request lost to the scale-down → kill a worker (the operator
+restarts the replica) → abort through spec.abort, seen in `kubectl describe` → delete → nothing left.
 
 The hands are the real kubectl (`kubectl apply -f` of the sample, `wait`, `scale`, `patch`, `delete`; plus
 `get` and `describe` steps) where it is installed, else the same calls over HTTP (e2e/local/driver.py).
@@ -80,6 +81,13 @@ def applied(cluster, kubectl):
 def tiny(cluster, applied):
     """The sample stage as shipped, Ready with its 2 replicas, whatever the test before this one left."""
     scenario.restore(cluster, scenario.sample(), timeout=150)
+    return TINY
+
+
+@pytest.fixture
+def tiny_one(cluster, applied):
+    """The sample stage as shipped but for its 1 replica, Ready, whatever the test before this one left."""
+    scenario.restore(cluster, scenario.with_spec(scenario.sample(), replicas=1), timeout=150)
     return TINY
 
 
@@ -192,7 +200,8 @@ def _last_failure(cluster, stage: str, pod: str) -> dict:
                  if r['pod'] == pod), {})
 
 
-def test_a_killed_worker_restarts_the_replica_and_status_records_it(cluster, hands, kubectl, tiny):
+def test_a_killed_worker_restarts_the_replica_and_status_records_it(cluster, hands, kubectl, tiny_one):
+    tiny = tiny_one
     # A backoff well past the ~1 s the stage takes to exit after a rank dies: the pod's exit (code 3, the stage's
     # termination message) is recorded before the replica is recreated. The probe may see /health 503 first
     # (reason Unhealthy, no exit code): that is not the final record, so the wait is for the exit code.
@@ -206,7 +215,7 @@ def test_a_killed_worker_restarts_the_replica_and_status_records_it(cluster, han
     assert failure['exitCode'] == 3 and failure['reason'] == 'WorkerDied', failure
     scenario.wait_for(lambda: (scenario.status(cluster, tiny).get('restarts') or {}).get('total') == restarts + 1,
                       60, 'the restart in status.restarts', lambda: scenario.status(cluster, tiny))
-    scenario.wait_ready(cluster, tiny, 2, timeout=120)
+    scenario.wait_ready(cluster, tiny, 1, timeout=120)
     scenario.generate(cluster, tiny)
     if kubectl is not None:
         events = kubectl('describe', 'dstage', tiny).stdout.split('Events:')[-1]
@@ -220,7 +229,8 @@ def test_a_killed_worker_restarts_the_replica_and_status_records_it(cluster, han
     assert 'ready: ' in (cluster.logs_dir / f'default_{victim}_{old_uid}' / 'stage' / '0.log').read_text()
 
 
-def test_abort_through_spec_abort_ends_the_running_request_and_describe_shows_it(cluster, hands, kubectl, tiny):
+def test_abort_through_spec_abort_ends_the_running_request_and_describe_shows_it(cluster, hands, kubectl, tiny_one):
+    tiny = tiny_one
     url = scenario.wait_for(lambda: cluster.service_url(tiny), 30, 'a ready replica')
     abort_id, request_id = f'e2e-{uuid.uuid4().hex[:8]}', f'e2e-long-{uuid.uuid4().hex[:8]}'
     answers: list[httpx.Response] = []
@@ -251,7 +261,8 @@ def test_abort_through_spec_abort_ends_the_running_request_and_describe_shows_it
         assert 'Aborted' in events, events
 
 
-def test_delete_leaves_no_process_and_no_shm(cluster, hands, tiny):
+def test_delete_leaves_no_process_and_no_shm(cluster, hands, tiny_one):
+    tiny = tiny_one
     scenario.delete(hands, tiny, 30)
     scenario.wait_for(lambda: not cluster.runner.running(), 60, 'every pod process to stop', cluster.runner.running)
     assert not cluster.runner.leftovers, cluster.runner.leftovers
