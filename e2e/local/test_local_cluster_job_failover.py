@@ -38,11 +38,7 @@ pytestmark = [
 ]
 NAME = 'wan-failover'
 CLAIM = 'failover-jobs'
-MODEL_CLAIM = 'tiny-wan'
-# The tiny Wan pipeline built once for the module on a bound claim: a pod starts without the `make-model` init
-# container (a builtin model builds it in every pod: ~10 s of each start while jobs run).
-SPEC = {'model': {'source': {'pvc': {'claimName': MODEL_CLAIM}}}, 'replicas': 2,
-        'resources': {'gpusPerPod': 1, 'gpuResourceName': ''},
+SPEC = {'model': {'builtin': 'tiny-wan'}, 'replicas': 2, 'resources': {'gpusPerPod': 1, 'gpuResourceName': ''},
         'engine': {'executionMode': 'step', 'maxNumSeqs': 1},
         'healthCheck': {'periodSeconds': 0.5, 'timeoutSeconds': 10, 'failureThreshold': 20},
         'jobs': {'claimName': CLAIM, 'leaseSeconds': 4, 'checkpointEverySteps': 1}}
@@ -58,12 +54,8 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def cluster(tmp_path_factory, store):
-    from stage_runtime.models.tiny import make_tiny_model
-
-    model = make_tiny_model(tmp_path_factory.mktemp('model') / 'tiny-wan', kind='wan', seed=0)
     with LocalCluster(tmp_path_factory.mktemp('local-cluster-failover')) as local:
-        local.runner.sources.claims[CLAIM] = store                     # the node's bound volumes
-        local.runner.sources.claims[MODEL_CLAIM] = model
+        local.runner.sources.claims[CLAIM] = store                     # the node's bound volume
         local.emulator.seed('persistentvolumeclaims', {
             'metadata': {'name': CLAIM}, 'spec': {'accessModes': ['ReadWriteMany'],
                                                   'resources': {'requests': {'storage': '1Gi'}}}})
