@@ -133,7 +133,9 @@ async def test_a_taken_over_job_resumes_from_its_owners_checkpoint_to_the_same_f
 
 async def test_a_drain_hands_a_running_job_off_at_a_checkpoint_and_another_replica_resumes_it(runner, config):
     store, service = runner.store, runner.service
-    steps = 60
+    # long enough that the job is still running once its first checkpoint shows in the record, also on a loaded
+    # machine (regression, a clean-clone run under load: 60 steps of ~5 ms had all run before the record said so)
+    steps = 400
     calls = count_denoiser_calls(service.engine)
     handed = job(store, steps)
     running = await record_where(store, handed.id, "a checkpoint written", lambda r: (r.checkpoint_step or 0) >= 3)
