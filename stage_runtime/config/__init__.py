@@ -16,6 +16,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from stage_runtime.config.compile import CompileConfig, CompileMode, parse_shape  # noqa: F401 (re-exported)
 from stage_runtime.config.jobs import JobsConfig  # noqa: F401 (re-exported)
 from stage_runtime.config.limits import LimitsConfig  # noqa: F401 (re-exported)
 from stage_runtime.config.parallel import ParallelConfig, ParallelDim, RankCoords  # noqa: F401 (re-exported)
@@ -25,7 +26,7 @@ from stage_runtime.lora_spec import LORA_NAME_PATTERN, LoraSpec, StartupLoras  #
 __all__ = [
     "ConfigError", "ExecutionMode", "ParallelDim", "ModelConfig", "OffloadConfig", "OffloadMode", "ParallelConfig",
     "SchedulerConfig", "ServerConfig", "StageConfig", "RankCoords", "load_config", "load_config_file", "read_config_file",
-    "merge_overrides", "CacheConfig", "JobsConfig", "LimitsConfig", "MAX_CACHE_THRESHOLD", "LoraSpec", "LORA_NAME_PATTERN",
+    "merge_overrides", "CacheConfig", "CompileConfig", "JobsConfig", "LimitsConfig", "MAX_CACHE_THRESHOLD", "LoraSpec", "LORA_NAME_PATTERN",
 ]
 
 ExecutionMode = Literal["request", "step"]
@@ -185,6 +186,7 @@ class StageConfig(BaseModel):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     offload: OffloadConfig = Field(default_factory=OffloadConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
+    compile: CompileConfig = Field(default_factory=CompileConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     jobs: JobsConfig = Field(default_factory=JobsConfig)     # the /v1/videos job API (off without a store)
     executor: str | None = None  # "uni" | "mp" | "package.module:ClassName"; None → resolved_executor
@@ -207,6 +209,10 @@ class StageConfig(BaseModel):
         if self.executor == "uni" and world > 1:
             raise ValueError(f"executor='uni' runs exactly one rank but world_size={world}; "
                              "use executor='mp' (or leave executor unset)")
+        if self.compile.enabled and self.offload.mode == "layerwise":
+            raise ValueError(f"compile.mode={self.compile.mode!r} with offload.mode='layerwise': layerwise offload "
+                             "swaps the weights of each denoiser block from hooks inside the blocks a compiled graph "
+                             "runs; use offload.mode='model' over the other components, or compile.mode='none'")
         return self
 
     @property
