@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,6 +48,8 @@ ENGINE_FLAGS = {
     "max_loras": (None, "max_loras"),
     "max_request_cost": ("limits", "max_request_cost"), "stall_unready_s": ("limits", "stall_unready_s"),
     "stall_fail_s": ("limits", "stall_fail_s"), "decode_tile_side": ("limits", "decode_tile_side"),
+    "compile": ("compile", "mode"), "compile_cache_dir": ("compile", "cache_dir"),
+    "compile_max_graphs": ("compile", "max_graphs"), "compile_timeout_s": ("compile", "timeout_s"),
 }
 
 
@@ -60,7 +63,8 @@ def parse_lora_flag(value: str) -> dict:
 
 def add_engine_flags(p: argparse.ArgumentParser, model_required: bool = False) -> None:
     p.add_argument("--config", help="stage.yaml (explicit flags win over it)")
-    p.add_argument("--model", required=model_required, help="local diffusers pipeline folder")
+    p.add_argument("--model", required=model_required, help="local diffusers pipeline folder, or a built-in tiny "
+                                                            "model's name (tiny-digits, tiny-sd, ...)")
     p.add_argument("--served-name")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
@@ -84,6 +88,16 @@ def add_engine_flags(p: argparse.ArgumentParser, model_required: bool = False) -
     p.add_argument("--stall-unready-s", type=float, help="a running request makes no step progress this long: "
                                                          "/ready 503 (default 120)")
     p.add_argument("--stall-fail-s", type=float, help="... this long: fail closed, exit 3 StepStalled (default 600)")
+    p.add_argument("--compile", choices=["none", "auto", "regional", "full"],
+                   help="compile the denoiser: regional (each repeated block class once), full, auto (where measured "
+                        "faster), none (default: eager)")
+    p.add_argument("--compile-cache-dir", help="compiled artifacts, kept across restarts (default: torch's)")
+    p.add_argument("--compile-shapes", help="sizes compiled at warm-up, comma-separated WIDTHxHEIGHT[xFRAMES] "
+                                            "(default: the model's default size)")
+    p.add_argument("--compile-max-graphs", type=int, help="graphs a rank compiles at most; past it new shapes run "
+                                                          "eagerly (default 64)")
+    p.add_argument("--compile-timeout-s", type=float, help="the warm-up's compile bound; past it the stage serves "
+                                                           "eagerly and says so (default 900)")
     p.add_argument("--decode-tile-side", type=int, help="the VAE decodes in tiles of at most this many pixels a side "
                                                         "(a video VAE's memory bound; default: whole frames)")
 
@@ -97,12 +111,30 @@ def config_from_args(args: argparse.Namespace, defaults: dict | None = None) -> 
             (overrides.setdefault(section, {}) if section else overrides)[field] = value
     if getattr(args, "lora", None):
         overrides["loras"] = [parse_lora_flag(v) for v in args.lora]
+    if getattr(args, "compile_shapes", None):
+        overrides.setdefault("compile", {})["shapes"] = [v.strip() for v in args.compile_shapes.split(",") if v.strip()]
+    if getattr(args, "model", None):
+        overrides["model"]["path"] = builtin_model(args.model)
     if args.config:
         return load_config_file(args.config, overrides, defaults)
     overrides = merge_overrides(defaults or {}, overrides)
     if "model" not in overrides:
         raise ConfigError("model.path: give --model DIR or --config stage.yaml")
     return load_config(overrides)
+
+
+def builtin_model(model: str) -> str:
+    """``--model``: a folder as given; a built-in tiny model's name (``tiny-digits``, as the CRD's ``builtin``) when no
+    such folder exists: its folder (the shipped one, or built once under the system temp folder)."""
+    if Path(model).exists() or not model.startswith("tiny-"):
+        return model
+    from stage_runtime.models.tiny import KINDS, builtin_folder
+
+    folder = builtin_folder(model, Path(tempfile.gettempdir()) / f"diffstage-builtin-{os.getuid()}")
+    if folder is None:
+        raise ConfigError(f"--model={model!r}: no such folder, and no built-in model of that name (built-in: "
+                          f"{', '.join(f'tiny-{k}' for k in KINDS)})")
+    return str(folder)
 
 
 def parse_size(size: str) -> tuple[int, int]:
@@ -123,6 +155,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     sc = config.scheduler
     print(f"scheduling_policy: {sc.scheduling_policy}  max_preemptions: {sc.max_preemptions}  "
           f"default_timeout_s: {sc.default_timeout_s}")
+    if config.compile.enabled:
+        c = config.compile
+        print(f"compile: {c.mode}  shapes: {', '.join(c.shapes) or 'the default size'}  max_graphs: {c.max_graphs}  "
+              f"timeout_s: {c.timeout_s:g}  cache_dir: {c.cache_dir or 'torch default'}")
     for coords in p.rank_layout():
         print("  rank {0.rank}: tp={0.tp} sp={0.sp} pp={0.pp} cfg={0.cfg} dp={0.dp}".format(coords))
     return 0

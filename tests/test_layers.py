@@ -6,10 +6,11 @@
     jobs      video job store, records, leases       core                 (never torch / diffusers)
     engine    admission, the step, output delivery   core, sched, executor
     executor  ranks, IPC, async output               core, worker, distributed
-    worker    device, groups, model runner           core, models, distributed, offload
+    worker    device, groups, model runner           core, models, distributed, offload, compilation
     models    adapters, step contract, tiny builds   core, distributed
     train     the tiny digits model's training       core, models
     offload   weight residency                       core
+    compilation  the compiled denoiser (torch.compile)  core
     sched     scheduling policy                      core                 (never torch / diffusers)
     distributed  groups, collectives, CFG/Ulysses    core
     core      config, errors, request, outputs, scheduler_output, model_info, plugins, imageio, control,
@@ -44,9 +45,10 @@ RUNTIME_ALLOWED: dict[str, set[str]] = {
     "sched": {"core"},
     "distributed": {"core"},
     "offload": {"core"},
+    "compilation": {"core"},
     "models": {"core", "distributed"},
     "train": {"core", "models"},
-    "worker": {"core", "models", "distributed", "offload"},
+    "worker": {"core", "models", "distributed", "offload", "compilation"},
     "executor": {"core", "worker", "distributed"},
     "engine": {"core", "sched", "executor"},
     "serve": {"core", "engine", "fetch", "jobs"},

@@ -6,6 +6,9 @@ blocked inside the same collective), so it is FATAL for the whole group: it surf
 names the operation and the group's global ranks, e.g.
 ``all_gather on group ranks [0, 1] failed: Connection closed by peer``.
 
+A compiled denoiser (stage_runtime.compilation) never traces one: each helper is a graph break
+(``torch.compiler.disable``), so the same collectives run in the same order compiled or eager.
+
 All helpers are symmetric: every rank of ``group`` must call them in the same order with tensors of
 the same shape (callers make shape decisions from data every rank shares).
 """
@@ -70,6 +73,7 @@ def group_rank(group) -> int:
     return guarded("get_rank", group, lambda: dist.get_rank(group))
 
 
+@torch.compiler.disable
 def all_gather_cat(tensor: torch.Tensor, group, dim: int = 0) -> torch.Tensor:
     """Concatenate every rank's equally-shaped ``tensor`` along ``dim``, in group-rank order."""
     tensor = tensor.contiguous()
@@ -79,6 +83,7 @@ def all_gather_cat(tensor: torch.Tensor, group, dim: int = 0) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
+@torch.compiler.disable
 def all_gather_tokens(tensor: torch.Tensor, counts: list[int], group) -> torch.Tensor:
     """Concatenate every rank's (B, counts[rank], ...) ``tensor`` along dim 1, in group-rank order (uneven
     counts: each is padded to the longest for the exchange, then cut back)."""
@@ -89,6 +94,7 @@ def all_gather_tokens(tensor: torch.Tensor, counts: list[int], group) -> torch.T
     return torch.cat([p[:, :n] for p, n in zip(parts, counts, strict=True)], dim=1)
 
 
+@torch.compiler.disable
 def all_to_all_dim0(tensor: torch.Tensor, group) -> torch.Tensor:
     """Exchange equal slices of dim 0: slice j goes to group rank j; result slice j came from rank j."""
     tensor = tensor.contiguous()
@@ -98,6 +104,7 @@ def all_to_all_dim0(tensor: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
+@torch.compiler.disable
 def all_to_all_rows(tensor: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
     """Rows ``send[j]`` of dim 0 (in order) go to group rank j; ``recv[j]`` rows arrive from rank j, in rank order."""
     out = tensor.new_empty((sum(recv), *tensor.shape[1:]))
@@ -107,6 +114,7 @@ def all_to_all_rows(tensor: torch.Tensor, send: list[int], recv: list[int], grou
     return out
 
 
+@torch.compiler.disable
 def all_reduce_sum(tensor: torch.Tensor, group) -> torch.Tensor:
     """Sum ``tensor`` over ``group`` in place (every rank ends with the same sum) and return it."""
     count_bytes("all_reduce", tensor)

@@ -37,6 +37,7 @@ def staging_device(device: torch.device, group) -> torch.device:
     return torch.device("cpu") if backend == "gloo" else device
 
 
+@torch.compiler.disable
 def _start_exchange(block: torch.Tensor, shape: tuple[int, ...], group, send_to: int, recv_from: int,
                     staging: torch.device) -> tuple[list, torch.Tensor]:
     """Send ``block``, receive a block of ``shape``: (requests to wait for, the buffer the block arrives in)."""
@@ -47,6 +48,7 @@ def _start_exchange(block: torch.Tensor, shape: tuple[int, ...], group, send_to:
     return guarded("batch_isend_irecv", group, lambda: dist.batch_isend_irecv(ops)), incoming
 
 
+@torch.compiler.disable
 def _finish_exchange(requests: list, group) -> None:
     for request in requests:
         guarded("batch_isend_irecv (wait)", group, request.wait)

@@ -18,6 +18,7 @@ from typing import Any
 from stage_runtime.checkpoint import check_resume
 from stage_runtime.config import StageConfig
 from stage_runtime.engine.admission import admit, check_execution_mode, family_check
+from stage_runtime.engine.compile_warmup import compile_warmup_requests
 from stage_runtime.engine.cost_meter import CostMeter
 from stage_runtime.engine.limits import max_request_cost
 from stage_runtime.engine.lora_table import LORA_RPCS, LoraTable
@@ -28,7 +29,8 @@ from stage_runtime.engine.result_cache import ResultCache
 from stage_runtime.engine.rpc_queue import ControlRpcQueue
 from stage_runtime.engine.stream import RequestStream
 from stage_runtime.engine.watchdog import StepWatchdog
-from stage_runtime.errors import DuplicateRequestError, EngineClosedError, EngineDeadError, EngineStartupError
+from stage_runtime.errors import (ConfigError, DuplicateRequestError, EngineClosedError, EngineDeadError,
+                                  EngineStartupError, InvalidRequestError)
 from stage_runtime.executor.abstract import DiffusionExecutor
 from stage_runtime.outputs import BatchRunnerOutput, DiffusionOutput, ProgressEvent
 from stage_runtime.request import DiffusionRequest, RequestStatus, SamplingParams
@@ -50,6 +52,7 @@ class DiffusionEngine:
         self.dead_reason: str | None = None
         self.dead_kind = "WorkerDied"              # the termination reason: WorkerDied, or StepStalled (watchdog)
         self.ready = False
+        self.compile_warmup_stats: list[dict] | None = None   # every rank's compile stats at warm-up's end
         self.observers = ExecuteObservers()      # metrics hooks after every wave / tick (engine thread)
         self.executor = (executor_class or DiffusionExecutor.get_class(config))(config)
         try:
@@ -98,8 +101,24 @@ class DiffusionEngine:
     def run_warmup(self) -> None:
         try:
             self.add_request(warmup_request(self.model_info)).result(timeout=600)
+            if self.config.compile.enabled:
+                self._compile_warmup()
+        except ConfigError:
+            raise
         except Exception as exc:
             raise EngineStartupError(f"Warmup failed: {type(exc).__name__}: {exc}") from exc
+
+    def _compile_warmup(self) -> None:
+        """Every compile shape at 1 row and 2+ rows (engine.compile_warmup), then every rank told that warm-up is
+        over (``compile_warmed``: a later graph is a recompile). Each rank bounds its own compiling (timeout_s)."""
+        wait = self.config.compile.timeout_s + 600
+        for label, request in compile_warmup_requests(self.config.compile, self.model_info):
+            try:
+                self.add_request(request).result(timeout=wait)
+            except InvalidRequestError as exc:
+                raise ConfigError(f"compile.shapes: {label} cannot be served by {self.model_info.pipeline_class}: "
+                                  f"{exc}") from None
+        self.compile_warmup_stats = self.collective_rpc("compile_warmed")
 
     # -- admission -------------------------------------------------------------------------------------
     def add_request(self, request: DiffusionRequest) -> RequestStream:

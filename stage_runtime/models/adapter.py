@@ -68,6 +68,9 @@ class PipelineAdapter(Refusals, ABC):
     # The denoiser's block lists in execution order, for layerwise offload (None: found by attribute name,
     # offload.plan.BLOCK_ATTRS).
     block_lists: ClassVar[tuple[str, ...] | None] = None
+    # Regional compilation (stage_runtime.compilation): the denoiser's repeated block classes, when the model does
+    # not declare them itself (diffusers' ``_repeated_blocks``, which wins).
+    compile_blocks: ClassVar[tuple[str, ...]] = ()
     # The per-request block cache (models.block_cache) can skip this denoiser's blocks after the first.
     supports_block_cache: ClassVar[bool] = False
     # The block cache compares and carries only the first ``cache_tokens`` tokens of a block's output (None: all):

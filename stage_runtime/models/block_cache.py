@@ -20,7 +20,8 @@ A denoiser whose rows are padded to the longest of the forward (Z-Image's [image
 leading tokens that carry the image (``adapter.cache_tokens``): the signal and the residuals cover only those, so
 their shape does not change as batch-mates with longer captions come and go.
 
-The session overrides each block's ``forward`` for one call and restores it after, so the transformer's
+The session overrides each block's ``forward`` for one call and restores it after (a compiled block's own instance
+``forward`` included: the skip logic runs eagerly around the compiled block), so the transformer's
 own ``forward`` (diffusers' code) runs unchanged around the blocks, hooks on the blocks still fire, and
 when every row computes every block gets exactly its usual arguments: threshold 0 is bitwise no cache.
 
@@ -242,6 +243,7 @@ class BlockCacheSession:
 
     def __enter__(self) -> "BlockCacheSession":
         self._snapshots = [c.snapshot() for c in self.caches]
+        self._own = [block.__dict__.get("forward") for block in self.blocks]    # a compiled block's (compilation)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             original = block.forward
@@ -252,8 +254,11 @@ class BlockCacheSession:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        for block in self.blocks:
-            block.__dict__.pop("forward", None)
+        for block, own in zip(self.blocks, self._own, strict=True):
+            if own is None:
+                block.__dict__.pop("forward", None)
+            else:
+                block.forward = own
         if exc_type is not None:               # a failed call changes no request's cache
             for cache, snap in zip(self.caches, self._snapshots, strict=True):
                 cache.restore(snap)

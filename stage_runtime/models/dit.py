@@ -30,6 +30,7 @@ class DiTAdapter(DiTRefusals, StepContract, PipelineAdapter):
     parallel_kinds = frozenset({"cfg", "ulysses", "ring", "tp"})
     fixed_size = True
     supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
+    compile_blocks = ("BasicTransformerBlock",)   # DiTTransformer2DModel declares no _repeated_blocks
 
     @property
     def num_classes(self) -> int:

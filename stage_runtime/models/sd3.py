@@ -33,6 +33,7 @@ class StableDiffusion3Adapter(StepContract, PipelineAdapter):
     sequence_attention = "joint"
     block_lists = ("transformer_blocks",)
     supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
+    compile_blocks = ("JointTransformerBlock",)   # SD3Transformer2DModel declares no _repeated_blocks
     lora_components = ("transformer", "text_encoder", "text_encoder_2")   # as SD3LoraLoaderMixin (not T5)
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale")
     step_key_fields = ("height", "width")

@@ -67,7 +67,9 @@ def build_engine(config: StageConfig, progress: StartupProgress | None = None) -
 
     engine = DiffusionEngine.make_engine(config.model_copy(update={"warmup": False}))
     if config.warmup:
-        progress.enter(WARMUP, "one 2-step request")
+        progress.enter(WARMUP, "one 2-step request" + (
+            f", then compiling the denoiser ({config.compile.mode}) at {len(config.compile.shapes) or 1} size(s)"
+            if config.compile.enabled else ""))
         try:
             engine.run_warmup()
         except BaseException:

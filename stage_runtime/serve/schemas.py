@@ -208,8 +208,8 @@ class CostView(BaseModel):
 
 
 class StageStats(BaseModel):
-    """``GET /v1/stats`` — what the operator polls. Exactly these keys (``offload`` only with offload on, ``jobs``
-    only with a job store)."""
+    """``GET /v1/stats`` — what the operator polls. Exactly these keys (``offload`` only with offload on, ``compile``
+    only with compile on (serve/compile_view.py), ``jobs`` only with a job store)."""
 
     model_config = ConfigDict(extra="forbid")
     state: Literal["starting", "ready", "stalled", "draining", "dead"]
@@ -225,6 +225,7 @@ class StageStats(BaseModel):
     startup: StartupView
     cost: CostView
     offload: list[dict[str, Any]] | None = None
+    compile: dict[str, Any] | None = None
     jobs: JobsView | None = None
 
 

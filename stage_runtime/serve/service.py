@@ -20,6 +20,7 @@ from stage_runtime.errors import (DiffStageError, EngineClosedError, EngineDeadE
                                   outcome_of)
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.outputs import DiffusionOutput
+from stage_runtime.serve.compile_view import compile_view
 from stage_runtime.serve.metrics import StageMetrics
 from stage_runtime.serve.startup import StartupProgress
 
@@ -46,29 +47,35 @@ class StageService:
         self._idle.set()
         self._exec_s: float | None = None          # moving average of exec time (Retry-After estimate)
         self.offload: list[dict[str, Any]] | None = None   # last offload_stats() per rank (offload on)
+        self.compile: list[dict[str, Any]] | None = None   # last compile_stats() per rank (compile on)
         self._offload_task: asyncio.Task | None = None
 
     def attach(self, engine: DiffusionEngine) -> None:
         """The engine is started and warmed up: the stage becomes ready."""
         engine.observers.add(self.metrics.observe_execute)
         self.engine = engine
-        if self.config.offload.mode != "none":
-            self._offload_task = asyncio.get_running_loop().create_task(self._poll_offload_stats())
+        self.compile = engine.compile_warmup_stats
+        polled = [name for name, on in (("offload", self.config.offload.mode != "none"),
+                                        ("compile", self.config.compile.enabled)) if on]
+        if polled:
+            self._offload_task = asyncio.get_running_loop().create_task(self._poll_rank_stats(polled))
 
-    async def _poll_offload_stats(self) -> None:
-        """Every rank's offload accounting, refreshed in the background: ``/v1/stats`` never waits for it.
+    async def _poll_rank_stats(self, names: list[str]) -> None:
+        """Every rank's offload accounting and compile report (``<name>_stats``), refreshed in the background:
+        ``/v1/stats`` never waits for them.
 
         The RPC is ordered with the engine's waves (it may wait for a request-mode call to finish), so it
         runs on a thread and the last snapshot is served.
         """
         while self.engine is not None and self.engine.dead_reason is None:
-            try:
-                self.offload = await asyncio.to_thread(self.engine.collective_rpc, "offload_stats", (), {},
-                                                       OFFLOAD_STATS_TIMEOUT_S, None)
-            except (EngineDeadError, EngineClosedError):
-                return
-            except RpcError as exc:
-                log.warning("offload_stats failed: %s", exc)
+            for name in names:
+                try:
+                    setattr(self, name, await asyncio.to_thread(self.engine.collective_rpc, f"{name}_stats", (), {},
+                                                                OFFLOAD_STATS_TIMEOUT_S, None))
+                except (EngineDeadError, EngineClosedError):
+                    return
+                except RpcError as exc:
+                    log.warning("%s_stats failed: %s", name, exc)
             await asyncio.sleep(OFFLOAD_STATS_PERIOD_S)
 
     # -- state ------------------------------------------------------------------------------------------
@@ -227,7 +234,9 @@ class StageService:
                 "world_size": p.world_size, "topology": p.describe(), "workers": self.workers(),
                 "startup": self.startup.view(),
                 "cost": {k: work[k] for k in ("outstanding", "completed_total", "rate")},
-                **({"offload": self.offload} if self.config.offload.mode != "none" else {})}
+                **({"offload": self.offload} if self.config.offload.mode != "none" else {}),
+                **({"compile": compile_view(self.config.compile.mode, self.compile)}
+                   if self.config.compile.enabled else {})}
 
     def workers(self) -> list[dict[str, Any]]:
         """Each rank's pid and liveness: the executor's ``workers()`` when it has worker processes (mp),

@@ -11,6 +11,10 @@ results mapped back by request id). A forward pre-hook on the denoiser marks eac
 reports progress to the engine and stops work the engine cancelled (an abort lands within one step).
 A failing fused call is retried request by request, so one bad request never fails its batch-mates.
 
+Compile (``config.compile.mode != "none"``, stage_runtime.compilation): installed right after loading, before any other
+wrapper; a call whose LoRA rows must act inside the compiled blocks (or, under full compile, a block-cache call) runs
+eagerly (``_compile_scope``).
+
 Offload (``config.offload.mode != "none"``): the runner owns an Offloader (built after loading) whose
 forward hooks bring each component in before use; the runner releases everything it holds when a
 pipeline call ends (request mode), when no step state is left (step mode), and at close.
@@ -29,6 +33,7 @@ import torch
 from stage_runtime.config import StageConfig
 from stage_runtime.errors import InvalidRequestError, WorkerFatalError
 from stage_runtime.checkpoint import read_manifest
+from stage_runtime.compilation import install_compiler
 from stage_runtime.models import block_cache, prompt_cache, step_checkpoint
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.model_info import ModelInfo
@@ -55,6 +60,7 @@ class DiffusionModelRunner:
         self.step_states: dict[str, StepRequestState] = {}    # step mode: request id → its step state
         self.parked: dict[str, int] = {}      # preempted request id → its bytes on the host (0: left in place)
         self.offloader = None                                  # weight residency owner (offload mode != none)
+        self.compiler = None                                   # the compiled denoiser (compile mode != none)
         self.prompt_cache = None                               # cache.prompt_max_bytes > 0 and a text encoder
         self.writes_checkpoints = True        # this rank writes its replica's step checkpoints (the worker says)
 
@@ -63,6 +69,7 @@ class DiffusionModelRunner:
         adapters are read, so their factors are cut to the tensor-parallel shards and hook the sharded layers."""
         adapter_cls = resolve_adapter_class(self.config.model)
         self.adapter = adapter_cls.load(self.config.model.path, self.device, self.config.model.dtype)
+        self.compiler = install_compiler(self.adapter, self.config, self.device)    # before any wrapper of forward
         if self.config.limits.decode_tile_side is not None:
             self.adapter.bound_decode(self.config.limits.decode_tile_side)
         self.model_info = dataclasses.replace(self.adapter.info(), block_cache_refusal=block_cache.block_cache_refusal(
@@ -131,6 +138,7 @@ class DiffusionModelRunner:
         start = time.perf_counter()
         try:
             with (torch.inference_mode(), self._adapters(*requests), self._lora_guard(requests),
+                  self._compile_scope(requests, cached=bool(caches)),
                   block_cache.session(self.adapter, block_cache.wave_rows(self.adapter, requests, caches))):
                 images = self.adapter.run_batch(requests)
         except Interrupted:
@@ -229,7 +237,8 @@ class DiffusionModelRunner:
 
     def _tick(self, states: list[StepRequestState]) -> dict[str, RunnerOutput]:
         try:
-            with block_cache.session(self.adapter, block_cache.step_rows(states)):
+            with (self._compile_scope([st.request for st in states], any(st.cache is not None for st in states)),
+                  block_cache.session(self.adapter, block_cache.step_rows(states))):
                 preds = self.adapter.denoise_step(states)
         except Exception as exc:
             if isinstance(exc, WorkerFatalError):
@@ -323,6 +332,20 @@ class DiffusionModelRunner:
             return contextlib.nullcontext()
         return self.adapter.loras.guard(any(r.sampling.loras for r in requests))
 
+    def _compile_scope(self, requests: list[DiffusionRequest], cached: bool):
+        """Eager for this call when LoRA rows must act inside the compiled denoiser, or the block cache must skip
+        blocks inside a fully compiled one; otherwise the compiled graphs run."""
+        if self.compiler is None:
+            return contextlib.nullcontext()
+        reason = self.compiler.eager_reason(requests, self.adapter.loras, cached)
+        return contextlib.nullcontext() if reason is None else self.compiler.eager(reason)
+
+    def compile_stats(self) -> dict:
+        return {"mode": "none"} if self.compiler is None else self.compiler.stats()
+
+    def compile_warmed(self) -> dict:
+        return {"mode": "none"} if self.compiler is None else self.compiler.warmed()
+
     # -- bookkeeping -----------------------------------------------------------------------------------
     def num_request_states(self) -> int:
         """Per-request state this runner holds right now (0 between calls in request mode)."""
@@ -333,6 +356,9 @@ class DiffusionModelRunner:
         return {"mode": "none"} if self.offloader is None else self.offloader.stats()
 
     def close(self) -> None:
+        if self.compiler is not None:
+            self.compiler.close()
+            self.compiler = None
         if self.offloader is not None:
             self.offloader.close()
             self.offloader = None

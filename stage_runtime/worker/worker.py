@@ -97,6 +97,18 @@ class DiffusionWorker:
         stats = {"mode": "none"} if self.model_runner is None else self.model_runner.offload_stats()
         return {"rank": self.rank, **stats}
 
+    def compile_stats(self) -> dict:
+        """This rank's compiled denoiser (stage_runtime.compilation): ``{"rank", "mode"}`` plus, when compile is on,
+        ``mode_effective``, ``reason``, ``graphs``, ``recompiles``, ``cold_compile_s``, ``cache`` and the rest of
+        ``Compiler.stats``."""
+        stats = {"mode": "none"} if self.model_runner is None else self.model_runner.compile_stats()
+        return {"rank": self.rank, **stats}
+
+    def compile_warmed(self) -> dict:
+        """The warm-up is over: a graph compiled from now on is a recompile. This rank's compile stats."""
+        stats = {"mode": "none"} if self.model_runner is None else self.model_runner.compile_warmed()
+        return {"rank": self.rank, **stats}
+
     def checkpoint_request(self, request_id: str, path: str) -> dict | None:
         """The request's step state to ``path`` (stage_runtime.checkpoint), by its replica's leader alone (the runner's
         ``writes_checkpoints``): every rank of a replica holds the same state, and one writer keeps the file whole."""

@@ -40,3 +40,32 @@ def make_tiny_model(out_dir: str | Path, kind: str = "sd", seed: int = 0) -> Pat
 def make_tiny_models(out_dir: str | Path, seed: int = 0) -> list[Path]:
     """Every kind, each to ``out_dir/tiny-<kind>`` (the runtime image bakes them: ``make-tiny-model DIR --all``)."""
     return [make_tiny_model(Path(out_dir) / f"tiny-{kind}", kind=kind, seed=seed) for kind in KINDS]
+
+
+def builtin_name(kind: str) -> str:
+    return f"tiny-{kind}"
+
+
+def builtin_folder(name: str, root: str | Path) -> Path | None:
+    """The pipeline folder of built-in model ``name`` (``tiny-<kind>``, as the CRD's ``builtin`` names it), or None
+    when ``name`` is no built-in: the shipped folder of a trained kind; otherwise built once (seed 0) under ``root``
+    and reused (written to a temporary folder, then renamed, so a half-written one is never served)."""
+    kind = name.removeprefix("tiny-")
+    if not name.startswith("tiny-") or kind not in BUILDERS:
+        return None
+    if kind in TRAINED_KINDS:
+        return importlib.import_module(BUILDERS[kind]).FOLDER
+    out = Path(root) / name
+    if not (out / "model_index.json").is_file():
+        import tempfile
+
+        Path(root).mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+        make_tiny_model(partial, kind=kind)
+        try:
+            partial.rename(out)
+        except OSError:                        # another process built it first: use theirs
+            import shutil
+
+            shutil.rmtree(partial, ignore_errors=True)
+    return out
