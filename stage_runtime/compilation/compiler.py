@@ -59,7 +59,7 @@ class Compiler:
         self.warm_compile_s: float | None = None   # compile_s when warm-up ended
         self.warm = False
         self.limited = False                  # max_graphs reached: new shapes run eagerly
-        self.eager_calls: Counter[str] = Counter()
+        self.eager_calls: Counter[str] = Counter()   # runner calls (waves, ticks) run eagerly, by reason
         self._eager_reason: list[str] = []    # a stack (nested eager() contexts)
         self._deadline: float | None = None
         self._baseline = _inductor_counts()
@@ -72,10 +72,7 @@ class Compiler:
 
     # -- the backend: counts, bounds, then inductor ----------------------------------------------------------
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Any:
-        now = time.monotonic()
-        if self._deadline is None:
-            self._deadline = now + self.config.timeout_s
-        elif not self.warm and now > self._deadline:
+        if not self.warm and time.monotonic() > self._deadline:
             raise CompileTimeout(f"the warm-up compile ran past compile.timeout_s={self.config.timeout_s:g}")
         from torch._inductor.compile_fx import compile_fx
 
@@ -89,11 +86,11 @@ class Compiler:
 
     # -- a call ----------------------------------------------------------------------------------------------
     def call(self, region: Region, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
-        if self.reason is None and not self.warm and self._deadline is not None and time.monotonic() > self._deadline:
+        if self._deadline is None:
+            self._deadline = time.monotonic() + self.config.timeout_s     # from the first compiled call
+        elif self.reason is None and not self.warm and time.monotonic() > self._deadline:
             self.fall_back(f"the warm-up compile ran past compile.timeout_s={self.config.timeout_s:g}")
         if self.reason is not None or self._eager_reason:
-            if self._eager_reason:
-                self.eager_calls[self._eager_reason[-1]] += 1
             return region.function(module, *args, **kwargs)
         graphs, start = self.graphs, time.perf_counter()
         try:
@@ -102,7 +99,7 @@ class Compiler:
             raise
         except Exception as exc:        # the compiler's, unless the eager call fails the same way (then the input's)
             out = region.function(module, *args, **kwargs)
-            self.fall_back(f"{region.name}: {type(exc).__name__}: {_first_line(exc)}")
+            self.fall_back(f"{region.name}: {_describe(exc)}")
             return out
         if self.graphs != graphs:
             self.compile_s += time.perf_counter() - start
@@ -114,6 +111,7 @@ class Compiler:
     def eager(self, reason: str):
         """While inside, every region runs its eager forward (a call that needs hooks inside the blocks to act)."""
         self._eager_reason.append(reason)
+        self.eager_calls[reason] += 1
         try:
             yield
         finally:
@@ -187,6 +185,19 @@ def configure_dynamo(config: CompileConfig) -> None:
 
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, config.max_graphs + 1)
     dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, config.max_graphs + 1)
+
+
+def _describe(exc: BaseException) -> str:
+    """The cause a compile failure names: the timeout's own words, else the innermost exception (dynamo wraps the
+    backend's error in BackendCompilerFailed, inductor's in InductorError)."""
+    chain: list[BaseException] = []
+    while exc is not None and len(chain) < 8:
+        chain.append(exc)
+        exc = getattr(exc, "inner_exception", None) or exc.__cause__
+    timeout = next((e for e in chain if isinstance(e, CompileTimeout)), None)
+    if timeout is not None:
+        return str(timeout)
+    return f"{type(chain[-1]).__name__}: {_first_line(chain[-1])}"
 
 
 def _first_line(exc: BaseException) -> str:
