@@ -16,7 +16,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from stage_runtime.config.compile import CompileConfig, CompileMode, parse_shape  # noqa: F401 (re-exported)
+from stage_runtime.config.compile import (MAX_SHAPES, SHAPE_PATTERN, CompileConfig, CompileMode,  # noqa: F401
+                                          parse_shape)
 from stage_runtime.config.jobs import JobsConfig  # noqa: F401 (re-exported)
 from stage_runtime.config.limits import LimitsConfig  # noqa: F401 (re-exported)
 from stage_runtime.config.parallel import ParallelConfig, ParallelDim, RankCoords  # noqa: F401 (re-exported)

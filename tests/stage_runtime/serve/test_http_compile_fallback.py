@@ -1,0 +1,33 @@
+"""A compile that fails, or runs past its bound, never crash-loops and is never silent: the stage becomes ready,
+serves eagerly, and ``/v1/stats`` (``mode_effective: none`` with the reason) and ``/metrics``
+(``diffstage_compile_fallback 1``) say why. Each stage compiles into an empty folder, so nothing comes from a cache."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from serve_probes import decode_png, metric_samples
+from stage_process import running_stage
+
+STAGE = ["--model", "tiny-digits", "--device", "cpu", "--compile", "regional"]
+
+
+@pytest.mark.parametrize("case", ["no-compiler", "timeout"])
+def test_a_failed_compile_falls_back_to_eager_and_says_why(case, tmp_path, monkeypatch):
+    args = [*STAGE, "--compile-cache-dir", str(tmp_path / "cache")]
+    if case == "no-compiler":
+        monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))          # inductor's C++ compiler is gone
+        expected = "No working C++ compiler"
+    else:
+        args += ["--compile-timeout-s", "0.001"]          # over before the first graph's compile starts
+        expected = "the warm-up compile ran past compile.timeout_s=0.001"
+    with running_stage(args, tmp_path / "stage.log", ready_timeout=300) as stage:
+        with httpx.Client(base_url=stage.http_url, timeout=120) as http:
+            view = http.get("/v1/stats").json()["compile"]
+            assert view["mode"] == "regional" and view["mode_effective"] == "none", view
+            assert expected in view["reason"] and view["graphs"] == 0, view
+            resp = http.post("/v1/images/generations", json={"prompt": "3", "seed": 1, "num_inference_steps": 4})
+            assert resp.status_code == 200 and decode_png(resp.json()["data"][0]["b64_json"]).shape == (32, 32, 3)
+            samples = metric_samples(http.get("/metrics").text)
+        assert samples[("diffstage_compile_fallback", (("rank", "0"),))] == 1
+        assert "compile: falling back to eager" in stage.log
