@@ -196,7 +196,7 @@ def _abort_event(result: dict[str, Any]) -> tuple[str, str, str]:
     return ("Warning" if unreachable else "Normal", "Aborted", message)
 
 
-_BAD = {"Accepted": "False", "Degraded": "True", "Stalled": "True"}
+_BAD = {"Accepted": "False", "Degraded": "True", "Stalled": "True", "Compiled": "False"}
 
 
 def _decisions_explained(stage: Stage, plan: Plan, status: dict[str, Any] | None) -> list[tuple[str, str, str]]:
