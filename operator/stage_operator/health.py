@@ -75,7 +75,8 @@ class HealthBook:
         old = self._pods.get(uid)
         if result.error is not None:
             failures = (old.failures if old else 0) + 1
-            new = PodHealth("Unreachable", result.at, failures, bool(old and old.answered), result.error)
+            new = PodHealth("Unreachable", result.at, failures, bool(old and old.answered), result.error,
+                            compile=old.compile if old else None)  # what it compiled at warm-up still holds
         else:
             new = PodHealth("Unhealthy" if result.dead else "Healthy", result.at, 0, True, result.dead or "",
                             result.state, result.waiting, result.running,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
-from stage_operator.health import HealthBook
+from stage_operator.health import HealthBook, ProbeResult
 from stage_operator.stage_http import probe
 
 
@@ -116,6 +116,8 @@ async def test_the_probe_reads_the_compile_report_and_a_fallback_wakes_the_recon
     assert changed and health.compile["reason"] == "inductor failed: no C compiler"
     _, changed = book.record("uid", fell_back)
     assert not changed
+    health, _ = book.record("uid", ProbeResult(2.0, error="ClientConnectorError"))
+    assert health.health == "Unreachable" and health.compile == fell_back.compile, "one missed probe forgets nothing"
 
 
 async def test_a_stage_that_compiles_nothing_reports_no_compile():
