@@ -131,26 +131,34 @@ def _compiled_line(pod: str, c: Mapping[str, Any]) -> str:
         parts.append(f"cold compile {c['cold_compile_s']:.1f} s")
     if c.get("cache"):
         parts.append(f"cache {c['cache']}")
+    if c.get("graph_limit_reached"):
+        parts.append("graph limit reached (new shapes run eagerly)")
     return f"{pod}: {', '.join(parts)}"
 
 
 def _compiled(stage: Stage, pods: dict[int, PodView], desired_hash: str | None,
               health: Mapping[str, PodHealth]) -> dict[str, Any] | None:
     """The Compiled condition (None: spec.compile is off): from what the ready replicas of the current revision say in
-    /v1/stats.compile. False (CompileFallback, the runtime's reason) when any fell back to eager: it still serves,
-    eagerly; True (Compiled) when every one of them compiled; Unknown until they have all reported (the last verdict
-    on the same revision is kept while none has, e.g. after an operator restart)."""
+    /v1/stats.compile. False when any serves eagerly: CompileFallback (a compile error or the warm-up past its
+    timeout, with the runtime's reason) or AutoChoseEager (mode auto found no faster mode for the family on this
+    device, with the measurement it followed); the replica still serves, eagerly. True (Compiled) when every one of
+    them compiled; Unknown until they have all reported (the last verdict on the same revision is kept while none
+    has, e.g. after an operator restart)."""
     spec = stage.spec.compile
     if spec is None or not spec.enabled:
         return None
     ready = [p for p in pods.values() if p.available and p.template_hash == desired_hash]
     reports = {p.name: c for p in ready if (h := health.get(p.uid)) is not None and (c := h.compile) is not None}
     eager = {name: c for name, c in reports.items() if c["mode_effective"] == "none"}
-    if eager:
-        why = "; ".join(f"{name}: {c.get('reason') or 'no reason given'}" for name, c in sorted(eager.items()))
+    if fell_back := {name: c for name, c in eager.items() if c.get("reason") or not c.get("auto")}:
+        why = "; ".join(f"{name}: {c.get('reason') or 'no reason given'}" for name, c in sorted(fell_back.items()))
         return conditions.condition("Compiled", False, "CompileFallback",
-                                    f"{len(eager)}/{len(ready)} ready replicas serve eagerly ({spec.mode} fell back "
-                                    f"to eager): {why}")
+                                    f"{len(fell_back)}/{len(ready)} ready replicas fell back to eager: {why}")
+    if eager:
+        why = "; ".join(sorted({str(c["auto"]) for c in eager.values()}))
+        return conditions.condition("Compiled", False, "AutoChoseEager",
+                                    f"{len(eager)}/{len(ready)} ready replicas run eagerly, as compile.mode auto "
+                                    f"chose: {why}")
     if ready and len(reports) == len(ready):
         return conditions.condition("Compiled", True, "Compiled",
                                     "; ".join(_compiled_line(name, c) for name, c in sorted(reports.items())))

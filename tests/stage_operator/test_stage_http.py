@@ -102,11 +102,13 @@ async def _probe_stats(stats: dict):
 
 
 async def test_the_probe_reads_the_compile_report_and_a_fallback_wakes_the_reconcile():
-    compiled = {"mode": "regional", "mode_effective": "regional", "reason": None, "graphs": 4, "recompiles": 0,
-                "cold_compile_s": 12.3, "cache": "miss", "shapes": ["64x64"]}
+    compiled = {"mode": "regional", "mode_effective": "regional", "reason": None, "auto": None, "warm": True,
+                "graphs": 4, "recompiles": 0, "graph_limit_reached": False, "cold_compile_s": 12.3, "cache": "miss",
+                "eager_calls": {"lora": 2}, "ranks": [{"rank": 0, "graphs": 4}]}  # serve/compile_view.py's keys
     result = await _probe_stats({"state": "ready", "waiting": 0, "running": 0, "compile": compiled})
-    assert result.compile == {"mode": "regional", "mode_effective": "regional", "reason": None, "graphs": 4,
-                              "recompiles": 0, "cold_compile_s": 12.3, "cache": "miss"}
+    assert result.compile == {"mode": "regional", "mode_effective": "regional", "reason": None, "auto": None,
+                              "graphs": 4, "recompiles": 0, "graph_limit_reached": False, "cold_compile_s": 12.3,
+                              "cache": "miss"}
     book = HealthBook()
     _, changed = book.record("uid", result)
     assert changed
@@ -123,5 +125,6 @@ async def test_the_probe_reads_the_compile_report_and_a_fallback_wakes_the_recon
 async def test_a_stage_that_compiles_nothing_reports_no_compile():
     result = await _probe_stats({"state": "ready", "waiting": 0, "running": 0})
     assert result.compile is None and result.error is None
-    broken = await _probe_stats({"state": "ready", "waiting": 0, "running": 0, "compile": {"mode": "auto"}})
-    assert broken.compile is None, "a report without mode_effective is no report"
+    waiting = await _probe_stats({"state": "starting", "waiting": 0, "running": 0, "compile": {
+        "mode": "auto", "mode_effective": None, "reason": None, "warm": False, "ranks": []}})
+    assert waiting.compile is None, "no rank has reported yet (mode_effective null): no report"
