@@ -23,6 +23,7 @@ class ProbeResult:
     loras: tuple[str, ...] | None = None  # names from /v1/loras (None: not asked or not answered)
     jobs: dict | None = None  # /v1/stats.jobs: {here, queued, in_progress, completed, failed} (a stage with a store)
     cost: int | None = None  # /v1/stats.cost.outstanding: the pixel-steps left in flight (None: an older stage)
+    compile: dict | None = None  # /v1/stats.compile: {mode, mode_effective, reason, graphs, …} (spec.compile on)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class PodHealth:
     loras: tuple[str, ...] | None = None  # the LoRA adapters the stage has loaded (its /v1/loras)
     jobs: dict | None = None  # the video jobs it runs (here) and the store's by status, at its last scan
     cost: int | None = None  # outstanding pixel-steps (remaining steps x pixels x frames x outputs in flight)
+    compile: dict | None = None  # what the stage said of its compiled denoiser (stage_http.compile_report's keys)
 
     @property
     def jobs_here(self) -> int:
@@ -73,15 +75,17 @@ class HealthBook:
         old = self._pods.get(uid)
         if result.error is not None:
             failures = (old.failures if old else 0) + 1
-            new = PodHealth("Unreachable", result.at, failures, bool(old and old.answered), result.error)
+            new = PodHealth("Unreachable", result.at, failures, bool(old and old.answered), result.error,
+                            compile=old.compile if old else None)  # what it compiled at warm-up still holds
         else:
             new = PodHealth("Unhealthy" if result.dead else "Healthy", result.at, 0, True, result.dead or "",
                             result.state, result.waiting, result.running,
                             result.startup if result.startup is not None else (old.startup if old else None),
                             result.loras if result.loras is not None else (old.loras if old else None),
-                            result.jobs, result.cost)
+                            result.jobs, result.cost,
+                            result.compile if result.compile is not None else (old.compile if old else None))
         self._pods[uid] = new
-        shown = ("health", "failures", "waiting", "running", "state", "loading_phase", "loras", "jobs")
+        shown = ("health", "failures", "waiting", "running", "state", "loading_phase", "loras", "jobs", "compile")
         changed = old is None or any(getattr(old, k) != getattr(new, k) for k in shown)
         return new, changed
 

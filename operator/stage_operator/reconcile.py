@@ -196,7 +196,8 @@ def _abort_event(result: dict[str, Any]) -> tuple[str, str, str]:
     return ("Warning" if unreachable else "Normal", "Aborted", message)
 
 
-_BAD = {"Accepted": "False", "Degraded": "True", "Stalled": "True"}
+_BAD = {"Accepted": "False", "Degraded": "True", "Stalled": "True", "Compiled": "False"}
+_CHOSEN = {"AutoChoseEager"}  # a bad status that was chosen, not suffered: no Warning Event
 
 
 def _decisions_explained(stage: Stage, plan: Plan, status: dict[str, Any] | None) -> list[tuple[str, str, str]]:
@@ -210,7 +211,7 @@ def _decisions_explained(stage: Stage, plan: Plan, status: dict[str, Any] | None
         return out
     before = {c.get("type"): (c.get("status"), c.get("reason")) for c in stage.status.get("conditions") or ()}
     for cond in status["conditions"]:
-        bad = _BAD.get(cond["type"]) == cond["status"]
+        bad = _BAD.get(cond["type"]) == cond["status"] and cond["reason"] not in _CHOSEN
         if bad and before.get(cond["type"]) != (cond["status"], cond["reason"]):
             out.append(("Warning", cond["reason"], cond["message"]))
     return out + _startup_explained(stage, status)

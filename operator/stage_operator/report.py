@@ -117,6 +117,58 @@ def _jobs_status(pods: dict[int, PodView], health: Mapping[str, PodHealth],
             "failed": jobs["failed"]}
 
 
+NOT_REPORTED = ("no ready replica of the current revision has reported its compile yet (a replica compiles while it "
+                "warms up, before it is ready)")
+
+
+def _compiled_line(pod: str, c: Mapping[str, Any]) -> str:
+    parts = [str(c["mode_effective"])]
+    if c.get("graphs") is not None:
+        parts.append(f"{c['graphs']} graphs")
+    if c.get("recompiles") is not None:
+        parts.append(f"{c['recompiles']} recompiles")
+    if c.get("cold_compile_s") is not None:
+        parts.append(f"cold compile {c['cold_compile_s']:.1f} s")
+    if c.get("cache"):
+        parts.append(f"cache {c['cache']}")
+    if c.get("graph_limit_reached"):
+        parts.append("graph limit reached (new shapes run eagerly)")
+    return f"{pod}: {', '.join(parts)}"
+
+
+def _compiled(stage: Stage, pods: dict[int, PodView], desired_hash: str | None,
+              health: Mapping[str, PodHealth]) -> dict[str, Any] | None:
+    """The Compiled condition (None: spec.compile is off): from what the ready replicas of the current revision say in
+    /v1/stats.compile. False when any serves eagerly: CompileFallback (a compile error or the warm-up past its
+    timeout, with the runtime's reason) or AutoChoseEager (mode auto found no faster mode for the family on this
+    device, with the measurement it followed); the replica still serves, eagerly. True (Compiled) when every one of
+    them compiled; Unknown until they have all reported (the last verdict on the same revision is kept while none
+    has, e.g. after an operator restart)."""
+    spec = stage.spec.compile
+    if spec is None or not spec.enabled:
+        return None
+    ready = [p for p in pods.values() if p.available and p.template_hash == desired_hash]
+    reports = {p.name: c for p in ready if (h := health.get(p.uid)) is not None and (c := h.compile) is not None}
+    eager = {name: c for name, c in reports.items() if c["mode_effective"] == "none"}
+    if fell_back := {name: c for name, c in eager.items() if c.get("reason") or not c.get("auto")}:
+        why = "; ".join(f"{name}: {c.get('reason') or 'no reason given'}" for name, c in sorted(fell_back.items()))
+        return conditions.condition("Compiled", False, "CompileFallback",
+                                    f"{len(fell_back)}/{len(ready)} ready replicas fell back to eager: {why}")
+    if eager:
+        why = "; ".join(sorted({str(c["auto"]) for c in eager.values()}))
+        return conditions.condition("Compiled", False, "AutoChoseEager",
+                                    f"{len(eager)}/{len(ready)} ready replicas run eagerly, as compile.mode auto "
+                                    f"chose: {why}")
+    if ready and len(reports) == len(ready):
+        return conditions.condition("Compiled", True, "Compiled",
+                                    "; ".join(_compiled_line(name, c) for name, c in sorted(reports.items())))
+    before = next((c for c in stage.status.get("conditions") or () if c.get("type") == "Compiled"), None)
+    if not reports and before and before.get("status") != "Unknown" and stage.status.get("templateHash") == desired_hash:
+        return {k: before[k] for k in ("type", "status", "reason", "message") if k in before}
+    message = f"{len(reports)}/{len(ready)} ready replicas reported: {NOT_REPORTED}" if reports else NOT_REPORTED
+    return {"type": "Compiled", "status": "Unknown", "reason": "NotReported", "message": message}
+
+
 def _failure_line(name: str, f: Mapping[str, Any]) -> str:
     code = f" (exit code {f['exitCode']})" if f.get("exitCode") is not None else ""
     return f"{name}: {f['reason']}{code}" + (f": {f['message']}" if f.get("message") else "")
@@ -209,6 +261,8 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
     new.append(conditions.condition("Degraded", True, *extras.rollout_failed) if extras.rollout_failed else
                conditions.condition("Degraded", bool(failed), "ReplicaFailed" if failed else "NoFailures",
                                     "; ".join(_failure_line(name, f) for name, f in failed if f)))
+    if stage.spec is not None and (compiled := _compiled(stage, pods, desired_hash, extras.health)) is not None:
+        new.append(compiled)
     phase, reason = phase_of(new)
     statuses = [_replica_status(p, desired_hash, records.get(p.index, ReplicaRecord()), extras.health.get(p.uid))
                 for p in pods.values()]

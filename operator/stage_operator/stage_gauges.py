@@ -23,7 +23,7 @@ RESTARTS = Gauge("diffstage_operator_stage_restarts", "Restarts decided for the 
 AUTOSCALING = Gauge("diffstage_operator_stage_autoscaling_metric", "The Operator-mode autoscaler's metric at its "
                     "last decision (status.autoscaling.metricValue), by metric: inflight or cost",
                     ["namespace", "stage", "metric"])
-CONDITIONS = ("Accepted", "Progressing", "Ready", "Degraded", "Stalled")
+CONDITIONS = ("Accepted", "Progressing", "Ready", "Degraded", "Stalled", "Compiled")
 
 _lock = threading.Lock()
 _series: dict[tuple[str, str], dict[Gauge, set[tuple[str, ...]]]] = {}

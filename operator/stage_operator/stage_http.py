@@ -57,9 +57,28 @@ async def probe(session: aiohttp.ClientSession, base: str, timeout: float, api_k
         return ProbeResult(at, state=stats.get("state"), waiting=int(stats.get("waiting", 0)),
                            running=int(stats.get("running", 0)), startup=startup if isinstance(startup, dict) else None,
                            loras=loras, jobs=_job_counts(jobs) if isinstance(jobs, dict) else None,
-                           cost=int(cost.get("outstanding") or 0) if isinstance(cost, dict) else None)
+                           cost=int(cost.get("outstanding") or 0) if isinstance(cost, dict) else None,
+                           compile=compile_report(stats.get("compile")))
     except _ERRORS as exc:
         return ProbeResult(at, error=_why(exc))
+
+
+def compile_report(compiled: Any) -> dict[str, Any] | None:
+    """What the operator keeps of `/v1/stats.compile` (absent when the stage compiles nothing; the runtime's
+    serve/compile_view.py): the mode asked for and the one in effect ("none": eager, because a rank fell back —
+    `reason` says why — or because `auto` chose eager — `auto` says why), graphs, recompiles, whether the graph limit
+    was reached, the cold compile's seconds and whether the artifact cache answered. None without a usable report
+    (mode_effective is null until every rank has reported)."""
+    if not isinstance(compiled, dict) or not isinstance(compiled.get("mode_effective"), str):
+        return None
+    out: dict[str, Any] = {"mode": str(compiled.get("mode") or ""), "mode_effective": compiled["mode_effective"]}
+    for key in ("reason", "auto", "cache"):
+        out[key] = str(compiled[key]) if compiled.get(key) else None
+    for key, kind in (("graphs", int), ("recompiles", int), ("cold_compile_s", float)):
+        value = compiled.get(key)
+        out[key] = kind(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    out["graph_limit_reached"] = bool(compiled.get("graph_limit_reached"))
+    return out
 
 
 def _job_counts(jobs: dict[str, Any]) -> dict[str, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
-from stage_operator.health import HealthBook
+from stage_operator.health import HealthBook, ProbeResult
 from stage_operator.stage_http import probe
 
 
@@ -87,3 +87,44 @@ async def test_the_probe_reads_the_video_jobs_a_stage_with_a_store_reports():
     assert result.jobs == {"here": 1, "queued": 2, "in_progress": 3, "completed": 4, "failed": 0}
     health, changed = HealthBook().record("uid", result)
     assert changed and health.jobs_here == 1
+
+
+async def _probe_stats(stats: dict):
+    app = web.Application()
+    app.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
+    app.router.add_get("/v1/stats", lambda r: web.json_response(stats))
+    runner, base = await _start(app)
+    try:
+        async with aiohttp.ClientSession() as session:
+            return await probe(session, base, 5)
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_probe_reads_the_compile_report_and_a_fallback_wakes_the_reconcile():
+    compiled = {"mode": "regional", "mode_effective": "regional", "reason": None, "auto": None, "warm": True,
+                "graphs": 4, "recompiles": 0, "graph_limit_reached": False, "cold_compile_s": 12.3, "cache": "miss",
+                "eager_calls": {"lora": 2}, "ranks": [{"rank": 0, "graphs": 4}]}  # serve/compile_view.py's keys
+    result = await _probe_stats({"state": "ready", "waiting": 0, "running": 0, "compile": compiled})
+    assert result.compile == {"mode": "regional", "mode_effective": "regional", "reason": None, "auto": None,
+                              "graphs": 4, "recompiles": 0, "graph_limit_reached": False, "cold_compile_s": 12.3,
+                              "cache": "miss"}
+    book = HealthBook()
+    _, changed = book.record("uid", result)
+    assert changed
+    fell_back = await _probe_stats({"state": "ready", "waiting": 0, "running": 0, "compile": {
+        **compiled, "mode_effective": "none", "reason": "inductor failed: no C compiler", "graphs": 0}})
+    health, changed = book.record("uid", fell_back)
+    assert changed and health.compile["reason"] == "inductor failed: no C compiler"
+    _, changed = book.record("uid", fell_back)
+    assert not changed
+    health, _ = book.record("uid", ProbeResult(2.0, error="ClientConnectorError"))
+    assert health.health == "Unreachable" and health.compile == fell_back.compile, "one missed probe forgets nothing"
+
+
+async def test_a_stage_that_compiles_nothing_reports_no_compile():
+    result = await _probe_stats({"state": "ready", "waiting": 0, "running": 0})
+    assert result.compile is None and result.error is None
+    waiting = await _probe_stats({"state": "starting", "waiting": 0, "running": 0, "compile": {
+        "mode": "auto", "mode_effective": None, "reason": None, "warm": False, "ranks": []}})
+    assert waiting.compile is None, "no rank has reported yet (mode_effective null): no report"

@@ -17,30 +17,13 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from stage_operator.api.base import ApiModel, cel
+from stage_operator.api.base import ApiModel, cel, check_exactly_one, exactly_one
 from stage_runtime.model_catalog import tiny_kinds
 
 _CAMEL = ApiModel.model_config
 # `builtin`: one tiny model per kind the runtime builds (its adapters' `tiny_kinds`, read without torch).
 BUILTIN_MODELS = tuple(f"tiny-{kind}" for kind in tiny_kinds())
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def _count(fields: tuple[str, ...]) -> str:
-    return " + ".join(f"(has(self.{f}) ? 1 : 0)" for f in fields)
-
-
-def _exactly_one(fields: tuple[str, ...], where: str) -> dict:
-    names = ", ".join(fields[:-1]) + f" or {fields[-1]}"
-    return cel(f"{_count(fields)} == 1", f"'{where}: set exactly one of {names}'")
-
-
-def _check_one(obj: ApiModel, fields: tuple[str, ...], where: str) -> None:
-    if sum(getattr(obj, f) is not None for f in fields) != 1:
-        wire = [type(obj).model_fields[f].alias or f for f in fields]
-        names = ", ".join(wire[:-1]) + f" or {wire[-1]}"
-        given = [w for f, w in zip(fields, wire, strict=True) if getattr(obj, f) is not None]
-        raise ValueError(f"{where}: set exactly one of {names} (given: {', '.join(given) or 'none'})")
 
 
 class PvcSource(ApiModel):
@@ -115,14 +98,14 @@ class Source(ApiModel):
     """A pipeline the operator brings into the pod: exactly one of `pvc`, `image` or `uri`."""
 
     model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [
-        _exactly_one(_SOURCES, "model.source")]})
+        exactly_one(_SOURCES, "model.source")]})
     pvc: PvcSource | None = None
     image: ImageSource | None = None
     uri: UriSource | None = None
 
     @model_validator(mode="after")
     def _one(self) -> Source:
-        _check_one(self, _SOURCES, "model.source")
+        check_exactly_one(self, _SOURCES, "model.source")
         return self
 
     @property
@@ -141,7 +124,7 @@ class ModelCacheSpec(ApiModel):
     `fetch-model` and the stage: a hostPath (one per node) or a claim. Only with `source.uri`."""
 
     model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [
-        _exactly_one(("hostPath", "pvc"), "model.cache")]})
+        exactly_one(("hostPath", "pvc"), "model.cache")]})
     host_path: str | None = Field(None, pattern=r"^/", max_length=1024, description=(
         "An absolute folder on the node, created if missing. The baseline and restricted Pod Security levels "
         "forbid hostPath volumes: use pvc there."))
@@ -151,7 +134,7 @@ class ModelCacheSpec(ApiModel):
 
     @model_validator(mode="after")
     def _one(self) -> ModelCacheSpec:
-        _check_one(self, ("host_path", "pvc"), "model.cache")
+        check_exactly_one(self, ("host_path", "pvc"), "model.cache")
         return self
 
 
@@ -163,7 +146,7 @@ class ModelSource(ApiModel):
     `name` is the model name clients send. Changing it rolls the pods."""
 
     model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [
-        _exactly_one(_MODEL, "model"),
+        exactly_one(_MODEL, "model"),
         cel("!has(self.cache) || (has(self.source) && has(self.source.uri))",
             "'model.cache applies to model.source.uri only (it stores downloads)'")]})
     builtin: Literal[BUILTIN_MODELS] | None = Field(None, description=(
@@ -185,7 +168,7 @@ class ModelSource(ApiModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSource:
-        _check_one(self, _MODEL, "model")
+        check_exactly_one(self, _MODEL, "model")
         if self.cache is not None and (self.source is None or self.source.uri is None):
             raise ValueError("model.cache applies to model.source.uri only (it stores downloads)")
         return self

@@ -14,6 +14,7 @@ import annotated_types
 from pydantic import ConfigDict, Field, model_validator
 
 from stage_operator.api.base import ApiModel, cel
+from stage_operator.api.compile import Compile
 from stage_operator.api.engine import Engine
 from stage_operator.api.jobs import Jobs
 from stage_operator.api.meta import DEFAULT_GPU_RESOURCE, DEFAULT_IMAGE
@@ -279,6 +280,7 @@ class StageSpec(ApiModel):
     parallel: Parallel = Field(default_factory=Parallel)
     resources: Resources = Field(default_factory=Resources)
     engine: Engine = Field(default_factory=Engine)
+    compile: Compile | None = None  # None: the wire form (hence the digest) of stages without it is unchanged
     restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
     health_check: HealthCheck = Field(default_factory=HealthCheck)
     abort: Abort | None = None

@@ -9,14 +9,15 @@ from pydantic import Field
 from stage_operator.api.base import ApiModel
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Stalled", "Terminating"]
-ConditionType = Literal["Accepted", "Ready", "Progressing", "Degraded", "Stalled"]
-CONDITION_TYPES: tuple[str, ...] = ("Accepted", "Ready", "Progressing", "Degraded", "Stalled")
+ConditionType = Literal["Accepted", "Ready", "Progressing", "Degraded", "Stalled", "Compiled"]
+CONDITION_TYPES: tuple[str, ...] = ("Accepted", "Ready", "Progressing", "Degraded", "Stalled", "Compiled")
 
 
 class Condition(ApiModel):
     """One condition of the stage: a type, True/False/Unknown, a CamelCase reason and a message for people."""
 
-    type: ConditionType = Field(description="Accepted, Progressing, Ready, Degraded or Stalled.")
+    type: ConditionType = Field(description=(
+        "Accepted, Progressing, Ready, Degraded or Stalled; Compiled with spec.compile (its mode not none)."))
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(min_length=1, description=(
         "Why, in one CamelCase word, e.g. AllReplicasReady, WaitingForGPUs, RestartBudgetExhausted (docs/crd.md)."))

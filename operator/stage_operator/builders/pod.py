@@ -12,6 +12,7 @@ from stage_operator.api.meta import (API_KEY_FILE, AUTH_DIR, CONFIG_DIR, ENGINE_
                                      TERMINATION_LOG, ZMQ_PORT)
 from stage_operator.api.spec import StageSpec
 from stage_operator.builders.children import build_configmap, configmap_name, owned_metadata, stage_labels
+from stage_operator.builders.compile_cache import compile_cache
 from stage_operator.builders.model_delivery import model_delivery
 from stage_operator.builders.pod_security import TMP_MOUNT, TMP_VOLUME, harden
 from stage_operator.builders.runtime_config import serve_command
@@ -108,6 +109,9 @@ def build_pod_spec(stage: Stage, image_volumes: bool = False) -> dict[str, Any]:
     jobs_volumes, jobs_mounts = _jobs(spec)
     volumes += jobs_volumes
     mounts += jobs_mounts
+    compiled = compile_cache(spec)
+    volumes += compiled.volumes
+    mounts += compiled.mounts
     env = [{"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "DIFFSTAGE_STAGE", "value": stage.name},
            {"name": "DIFFSTAGE_REPLICA",
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_REPLICA}']"}}}]

@@ -7,6 +7,7 @@ from typing import Any
 from stage_operator.api.meta import (API_KEY_FILE, CONFIG_DIR, CONFIG_FILE, HTTP_PORT, JOBS_DIR, TERMINATION_LOG,
                                      ZMQ_PORT)
 from stage_operator.api.spec import StageSpec
+from stage_operator.builders.compile_cache import compile_cache
 from stage_operator.builders.model_delivery import model_delivery
 
 
@@ -35,6 +36,21 @@ def jobs_config(spec: StageSpec) -> dict[str, Any]:
                      "retention_s": float(j.retention_seconds), "lease_s": float(j.lease_seconds)}}
 
 
+def compile_config(spec: StageSpec) -> dict[str, Any]:
+    """The stage's `compile:` section (stage_runtime.config.CompileConfig's names), with the artifacts in the folder
+    builders.compile_cache mounts. {} without spec.compile or with mode none: the stage config of a stage that
+    compiles nothing is what it was (no rollout on upgrade)."""
+    cache_dir = compile_cache(spec).cache_dir
+    if cache_dir is None:
+        return {}
+    c = spec.compile.runtime(cache_dir)
+    section: dict[str, Any] = {"mode": c.mode, "cache_dir": c.cache_dir, "max_graphs": c.max_graphs,
+                               "timeout_s": c.timeout_s}
+    if c.shapes:
+        section["shapes"] = list(c.shapes)
+    return {"compile": section}
+
+
 def stage_config(spec: StageSpec, stage_name: str, loras: Any = None) -> dict[str, Any]:
     """The dict `stage_runtime.config.load_config` accepts (snake_case, its own field names). ``loras``: the startup
     adapters ([{name, path, pinned}]) when not the spec's (the list applied on the replicas: lora_sync)."""
@@ -59,7 +75,7 @@ def stage_config(spec: StageSpec, stage_name: str, loras: Any = None) -> dict[st
     if spec.max_loras:
         loras["max_loras"] = spec.max_loras
     return {"model": model, "device": device(spec), "executor": executor(spec), "scheduler": scheduler, **loras,
-            "cache": cache, "limits": limits, **jobs_config(spec),
+            "cache": cache, "limits": limits, **jobs_config(spec), **compile_config(spec),
             "parallel": {"tensor_parallel_size": p.tensor_parallel_size, "ulysses_degree": p.ulysses_degree,
                          "ring_degree": p.ring_degree, "cfg_parallel_size": p.cfg_parallel_size,
                          "data_parallel_size": p.data_parallel_size, "pipeline_parallel_size": p.pipeline_parallel_size,

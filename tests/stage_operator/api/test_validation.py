@@ -80,6 +80,19 @@ MODEL_CASES = [  # spec.model.source, .cache, .imageVolume (issue 18)
     ('pvc-subpath-escapes', {'model': {'source': {'pvc': {'claimName': 'm', 'subPath': 'a/../../etc'}}}},
      ['spec.model.source.pvc: model.source.pvc.subPath must be a relative path without .. (got a/../../etc)']),
 ]
+COMPILE_CASES = [  # spec.compile (issue 44)
+    ('compile-auto', {'compile': {'mode': 'auto'}}, []),
+    ('compile-regional-on-a-node-folder', {'compile': {'mode': 'regional', 'shapes': ['1024x1024', '832x480x81'],
+                                                       'maxGraphs': 8, 'timeoutSeconds': 600,
+                                                       'cache': {'hostPath': '/var/cache/compiled'}}}, []),
+    ('compile-full-on-a-claim', {'compile': {'mode': 'full', 'cache': {'pvc': {'claimName': 'compiled'}}}}, []),
+    ('compile-shape-twice', {'compile': {'mode': 'regional', 'shapes': ['64x64', '32x32', '64x64']}},
+     ['spec.compile: compile.shapes lists 64x64 twice: each shape is compiled once']),
+    ('compile-cache-two-places', {'compile': {'mode': 'auto', 'cache': {'hostPath': '/c', 'pvc': {'claimName': 'c'}}}},
+     ['spec.compile.cache: compile.cache: set exactly one of hostPath or pvc']),
+    ('compile-cache-nowhere', {'compile': {'mode': 'auto', 'cache': {}}},
+     ['spec.compile.cache: compile.cache: set exactly one of hostPath or pvc']),
+]
 SCALE_TO_ZERO = ('spec.autoscaling: autoscaling.minReplicas 0 is refused with mode Operator: a stage at 0 has no pod '
                  'to probe, so nothing would scale it back up; use mode External with KEDA (its HTTP add-on holds '
                  'requests and scales 0 to 1 through /scale), or set minReplicas >= 1')
@@ -111,7 +124,7 @@ CEL_CASES = [
     ('model-both', {'model': {'builtin': 'tiny-sd', 'path': '/m'}},
      ['spec.model: model: set exactly one of builtin, path or source']),
     ('model-none', {'model': {'name': 'x'}}, ['spec.model: model: set exactly one of builtin, path or source']),
-] + MODEL_CASES + [
+] + MODEL_CASES + COMPILE_CASES + [
     ('operator-autoscaling', {'autoscaling': {'mode': 'Operator', 'minReplicas': 1, 'maxReplicas': 4}}, []),
     ('min-above-max', {'autoscaling': {'mode': 'Operator', 'minReplicas': 5, 'maxReplicas': 4}},
      ['spec.autoscaling: autoscaling.minReplicas (5) must not exceed maxReplicas (4)']),
@@ -164,7 +177,7 @@ def test_every_cel_rule_is_exercised_by_a_failing_case():
     for path, node in _nodes(version_schema(CRD)):
         rules.update(r['messageExpression'] for r in node.get('x-kubernetes-validations', ()))
     failing = {m.split(': ', 1)[1] for _, spec, msgs in CEL_CASES for m in msgs}
-    assert len(rules) == 20 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
+    assert len(rules) == 22 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
 
 
 def _nodes(node, path=''):
@@ -214,7 +227,8 @@ def test_spec_errors_name_field_and_value():
             update={'gpus_per_pod': 3})).topology()
 
 
-@pytest.mark.parametrize('spec, messages', [c[1:] for c in MODEL_CASES], ids=[c[0] for c in MODEL_CASES])
+@pytest.mark.parametrize('spec, messages', [c[1:] for c in MODEL_CASES + COMPILE_CASES],
+                         ids=[c[0] for c in MODEL_CASES + COMPILE_CASES])
 def test_the_operator_refuses_what_the_api_server_refuses_with_the_same_words(spec, messages):
     """The pydantic side of each model rule (a server without CEL, or an object written before the CRD)."""
     body = stage(**spec)['spec']
