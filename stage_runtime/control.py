@@ -20,6 +20,7 @@ CONTROL_RPCS: dict[str, str] = {
     "num_request_states": "per-request state the rank holds (0 when idle)",
     "offload_stats": "the rank's weight-offload accounting",
     "compile_stats": "the rank's compiled denoiser: {rank, mode, mode_effective, reason, graphs, recompiles, ...}",
+    "compile_warmup": "(budget_s) the engine's warm-up begins: the rank bounds its compiling from now; its compile stats",
     "compile_warmed": "the engine's compile warm-up is over (later graphs are recompiles); the rank's compile stats",
     # LoRA management: the engine's adapter table answers (engine.lora_table), then tells every rank
     "load_lora": "(name, path[, pinned]) → the adapter {name, path, digest, pinned, rank, modules, ...}; a rank "

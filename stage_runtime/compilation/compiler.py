@@ -61,7 +61,8 @@ class Compiler:
         self.limited = False                  # max_graphs reached: new shapes run eagerly
         self.eager_calls: Counter[str] = Counter()   # runner calls (waves, ticks) run eagerly, by reason
         self._eager_reason: list[str] = []    # a stack (nested eager() contexts)
-        self._deadline: float | None = None
+        self._deadline: float | None = None  # the warm-up's compile bound (monotonic), from begin_warmup
+        self._bound = config.timeout_s
         self._baseline = _inductor_counts()
         self._cache_counts: Counter | None = None
         options = {"cpp_wrapper": True} if device.type == "cpu" else {}   # measured faster on CPU (docs/compile.md)
@@ -73,7 +74,7 @@ class Compiler:
     # -- the backend: counts, bounds, then inductor ----------------------------------------------------------
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Any:
         if not self.warm and time.monotonic() > self._deadline:
-            raise CompileTimeout(f"the warm-up compile ran past compile.timeout_s={self.config.timeout_s:g}")
+            raise CompileTimeout(self._timeout_words())
         from torch._inductor.compile_fx import compile_fx
 
         compiled = compile_fx(gm, example_inputs, config_patches=self._inductor_options)
@@ -87,9 +88,9 @@ class Compiler:
     # -- a call ----------------------------------------------------------------------------------------------
     def call(self, region: Region, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         if self._deadline is None:
-            self._deadline = time.monotonic() + self.config.timeout_s     # from the first compiled call
+            self.begin_warmup()                         # no warm-up said it began: from the first compiled call
         elif self.reason is None and not self.warm and time.monotonic() > self._deadline:
-            self.fall_back(f"the warm-up compile ran past compile.timeout_s={self.config.timeout_s:g}")
+            self.fall_back(self._timeout_words())
         if self.reason is not None or self._eager_reason:
             return region.function(module, *args, **kwargs)
         graphs, start = self.graphs, time.perf_counter()
@@ -130,6 +131,12 @@ class Compiler:
             return "block_cache"
         return None
 
+    def _timeout_words(self) -> str:
+        if self._bound < self.config.timeout_s:
+            return (f"the warm-up compile ran past {self._bound:g} s, what the startup budget left "
+                    f"(compile.timeout_s={self.config.timeout_s:g})")
+        return f"the warm-up compile ran past compile.timeout_s={self.config.timeout_s:g}"
+
     def fall_back(self, reason: str) -> None:
         """This rank serves eagerly from now on, and says why."""
         if self.reason is None:
@@ -143,6 +150,14 @@ class Compiler:
         log.warning("compile: max_graphs=%d reached; shapes without a graph now run eagerly", self.config.max_graphs)
 
     # -- warm-up and what it says ------------------------------------------------------------------------------
+    def begin_warmup(self, budget_s: float | None = None) -> dict:
+        """The engine's warm-up starts: compiling may go on for ``timeout_s``, or ``budget_s`` when that is shorter
+        (what the stage's startup budget leaves: past it the process would be restarted, compiled or not)."""
+        bound = self.config.timeout_s if budget_s is None else min(self.config.timeout_s, max(0.0, budget_s))
+        self._deadline = time.monotonic() + bound
+        self._bound = bound
+        return self.stats()
+
     def warmed(self) -> dict:
         """Warm-up is over: later graphs are recompiles; the cache outcome is fixed. This rank's stats."""
         if not self.warm:

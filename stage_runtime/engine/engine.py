@@ -98,8 +98,12 @@ class DiffusionEngine:
             self._thread = threading.Thread(target=self._busy_loop, name="diffusion-engine", daemon=True)
             self._thread.start()
 
-    def run_warmup(self) -> None:
+    def run_warmup(self, compile_budget_s: float | None = None) -> None:
+        """The warm-up request, then (compile on) the compile warm-up, its compiling bounded by compile.timeout_s
+        or ``compile_budget_s`` (what the stage's startup budget leaves) when shorter."""
         try:
+            if self.config.compile.enabled:
+                self.collective_rpc("compile_warmup", (compile_budget_s,))
             self.add_request(warmup_request(self.model_info)).result(timeout=600)
             if self.config.compile.enabled:
                 self._compile_warmup()

@@ -52,6 +52,9 @@ DEATH_POLL_S = 0.05          # how often the engine's dead latch is checked
 DEAD_LINGER_S = 0.8          # after death, keep answering (/health 503, in-flight errors) this long
 DEAD_EXIT_DEADLINE_S = 1.8   # …and exit 3 no later than this after noticing, even if closing hangs
 HTTP_SHUTDOWN_S = 2.0
+# The share of the startup budget left at warm-up that compiling may take (the rest: the eager remainder of the
+# warm-up after a timeout, and readiness): past the budget the replica is restarted, compiled or not.
+COMPILE_SHARE = 0.8
 
 
 def build_engine(config: StageConfig, progress: StartupProgress | None = None) -> DiffusionEngine:
@@ -71,7 +74,8 @@ def build_engine(config: StageConfig, progress: StartupProgress | None = None) -
             f", then compiling the denoiser ({config.compile.mode}) at {len(config.compile.shapes) or 1} size(s)"
             if config.compile.enabled else ""))
         try:
-            engine.run_warmup()
+            budget = config.server.startup_timeout
+            engine.run_warmup(None if budget is None else COMPILE_SHARE * (budget - progress.elapsed()))
         except BaseException:
             engine.close()
             raise

@@ -343,6 +343,9 @@ class DiffusionModelRunner:
     def compile_stats(self) -> dict:
         return {"mode": "none"} if self.compiler is None else self.compiler.stats()
 
+    def compile_warmup(self, budget_s: float | None = None) -> dict:
+        return {"mode": "none"} if self.compiler is None else self.compiler.begin_warmup(budget_s)
+
     def compile_warmed(self) -> dict:
         return {"mode": "none"} if self.compiler is None else self.compiler.warmed()
 

@@ -104,6 +104,12 @@ class DiffusionWorker:
         stats = {"mode": "none"} if self.model_runner is None else self.model_runner.compile_stats()
         return {"rank": self.rank, **stats}
 
+    def compile_warmup(self, budget_s: float | None = None) -> dict:
+        """The engine's warm-up begins: this rank's compiling is bounded from now (by timeout_s, or ``budget_s``
+        when shorter: what the startup budget leaves). This rank's compile stats."""
+        stats = {"mode": "none"} if self.model_runner is None else self.model_runner.compile_warmup(budget_s)
+        return {"rank": self.rank, **stats}
+
     def compile_warmed(self) -> dict:
         """The warm-up is over: a graph compiled from now on is a recompile. This rank's compile stats."""
         stats = {"mode": "none"} if self.model_runner is None else self.model_runner.compile_warmed()

@@ -23,7 +23,8 @@ def test_everything_else_is_refused_naming_the_method_and_the_declared_set(metho
         check_control_rpc(method)
     assert str(info.value) == (f"method={method!r} is not a control RPC; the workers offer: "
                                "ping, worker_info, model_info, num_request_states, offload_stats, compile_stats, "
-                               "compile_warmed, load_lora, unload_lora, list_loras, checkpoint_request")
+                               "compile_warmup, compile_warmed, load_lora, unload_lora, list_loras, "
+                               "checkpoint_request")
 
 
 def test_the_worker_refuses_undeclared_names_itself():

@@ -17,12 +17,11 @@ from pydantic import ConfigDict, Field, model_validator
 
 from stage_operator.api.base import ApiModel, cel, check_exactly_one, exactly_one
 from stage_operator.api.model import CacheClaim
-from stage_runtime.config import CompileConfig
-from stage_runtime.config import compile as runtime_compile
+from stage_runtime.config import MAX_SHAPES, CompileConfig
+from stage_runtime.config import SHAPE_PATTERN as RUNTIME_SHAPE_PATTERN
 
 _CAMEL = ApiModel.model_config
-SHAPE_PATTERN = runtime_compile.SHAPE_PATTERN.pattern
-MAX_SHAPES = runtime_compile.MAX_SHAPES
+SHAPE_PATTERN = RUNTIME_SHAPE_PATTERN.pattern
 SHAPE_MAX_LENGTH = 17  # three numbers of at most 5 digits and two x's: 99999x99999x99999
 
 

@@ -111,3 +111,20 @@ def test_which_calls_run_eagerly(mode, tiny_sd_path, tmp_path):
     assert compiler.eager_reason([request()], None, cached=True) == (None if mode == "regional" else "block_cache")
     with compiler.eager("lora"):
         assert compiler.stats()["eager_calls"] == {"lora": 1}
+
+
+def test_the_startup_budget_bounds_the_warm_up_compile(tiny_dit_path):
+    adapter = load(tiny_dit_path)
+    compiler = install_compiler(adapter, stage(tiny_dit_path, compile={"mode": "regional", "timeout_s": 900}),
+                                torch.device("cpu"))
+    compiler.begin_warmup(budget_s=0.0)              # the startup budget is spent: not one graph is compiled
+    block = adapter.denoiser.transformer_blocks[0]
+    hidden = torch.randn(1, 16, block.attn1.to_q.in_features)
+    with torch.inference_mode():
+        out = block(hidden, timestep=torch.tensor([10]), class_labels=torch.tensor([3]))
+        eager = block.forward.eager(hidden, timestep=torch.tensor([10]), class_labels=torch.tensor([3]))
+    assert torch.equal(out, eager)
+    stats = compiler.stats()
+    assert stats["mode_effective"] == "none" and stats["graphs"] == 0, stats
+    assert stats["reason"] == ("the warm-up compile ran past 0 s, what the startup budget left "
+                               "(compile.timeout_s=900)")
