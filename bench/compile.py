@@ -139,7 +139,7 @@ def digits_part(args) -> dict:
                         "cold_ready_s": cold["ready_s"], "warm_ready_s": warm["ready_s"], "graphs": cold["graphs"],
                         "cache_cold": cold["cache"], "cache_warm": warm["cache"]}
         print(f"{mode}: compile cold {cold['cold_compile_s']:.1f} s ({cold['cache']}), warm "
-              f"{warm['cold_compile_s']:.1f} s ({warm['cache']}), {cold['graphs']} graphs", flush=True)
+              f"{warm['cold_compile_s']:.1f} s ({warm['cache']}), {cold['graphs']} graphs", file=sys.stderr, flush=True)
     engines = {mode: timed(make_engine(path, mode, cache)) for mode in MODES}
     try:
         times = {(mode, b): [] for mode in MODES for b in BATCHES}
@@ -261,7 +261,8 @@ def families_part(args) -> dict:
         row = results[kind]
         ratios = "  ".join(f"{m} b1 {row.get(m, {}).get('ratio_b1', '-')} b4 {row.get(m, {}).get('ratio_b4', '-')}"
                            for m in MODES[1:])
-        print(f"{kind:22s} {row.get('pipeline_class', '?'):38s} {ratios}  verdict {row['verdict']}", flush=True)
+        print(f"{kind:22s} {row.get('pipeline_class', '?'):38s} {ratios}  verdict {row['verdict']}", file=sys.stderr,
+              flush=True)
     return results
 
 

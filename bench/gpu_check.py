@@ -14,7 +14,8 @@ soon as it has them, and the JSON report (with the table beside it) is rewritten
    two ranks on one device, else gloo with CUDA tensors), equal to one rank within 2 uint8;
 3. real-size throughput with random weights built on the device: FLUX.1-dev-sized at 1024², Wan-2.1-1.3B-sized at
    480x832x81, SDXL-sized at 1024² — engine vs bare, step-mode batches of 2 and 4 vs sequential, peak memory, the
-   offload tiers' step time, each next to the published anchors;
+   denoiser compiled regional (FLUX and Wan: cold and warm compile seconds, compiled ÷ eager per tick, recompiles
+   under the batches), the offload tiers' step time, each next to the published anchors;
 4. hygiene: one GPU only, offline, every process and /dev/shm segment of every part gone (swept and reported if
    not); the report names the GPU, driver, torch and CUDA versions.
 
@@ -137,6 +138,7 @@ def run_part(args: argparse.Namespace) -> int:
             from gpucheck import throughput
 
             args.arm_s, args.model_s = (2.0, 5.0) if target.dry else (25.0, 45.0)
+            args.compile_s = 60.0 if target.dry else 90.0       # a cold and a warm regional compile, and the ticks
             throughput.run(target, clock, emit, root, args)
     return 0
 

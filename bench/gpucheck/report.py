@@ -82,7 +82,7 @@ def anchors_section(rows: list[Row]) -> str:
 
     topics = list(dict.fromkeys(t for r in rows if (t := r.data.get("anchor"))))
     lines = [f"  [{topic}] {a.line()}" for topic in topics for a in anchors(topic)]
-    return "published anchors (context, not targets: random weights, few steps, no torch.compile):\n" + \
+    return "published anchors (context, not targets: random weights, few steps, eager unless compiled):\n" + \
         "\n".join(lines) if lines else ""
 
 

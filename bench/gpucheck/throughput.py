@@ -8,7 +8,9 @@ Per model, on one pipeline built on the device:
 2. step mode: one denoising tick of 1, 2 and 4 requests batched (one denoiser forward; the first tick, which
    encodes, and the decode are left out: the requests are finished early); the throughput gain of batch B is
    B x t(1) / t(B), "vs sequential";
-3. offload: the same tick with the weights on the host tier (model and layerwise) and the disk tier (layerwise;
+3. compile (FLUX and Wan): the same ticks with the denoiser compiled ``regional``, its cold and warm compile and its
+   recompiles (gpucheck/compiled.py);
+4. offload: the same tick with the weights on the host tier (model and layerwise) and the disk tier (layerwise;
    not for FLUX's 24 GB by default), each on a freshly built pipeline (an offloader owns weights until it closes);
    step time against no offload, and peak device memory.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from gpucheck.compiled import COMPILED, compile_arm
 from gpucheck.families import Call, bare_call, max_diff, request
 from gpucheck.residency import attach_offloader
 from gpucheck.sizes import MODELS, build, parameters
@@ -30,12 +33,12 @@ BATCHES = (1, 2, 4)
 LONG = 50                                  # steps a step-mode request asks for (finished before it gets there)
 
 
-def config(folder: str, spec, target, mode: str, dtype: str):
+def config(folder: str, spec, target, mode: str, dtype: str, **sections):
     from stage_runtime.config import load_config
 
     return load_config({"model": {"path": folder, "adapter": spec.adapter, "dtype": dtype}, "device": target.device,
                         "executor": "uni", "warmup": False,
-                        "scheduler": {"execution_mode": mode, "max_num_seqs": max(BATCHES)}})
+                        "scheduler": {"execution_mode": mode, "max_num_seqs": max(BATCHES)}, **sections})
 
 
 def call_of(spec, shape: dict) -> Call:
@@ -96,7 +99,7 @@ def tick_times(runner, spec, shape, target, batch: int, ticks: int, tag: str) ->
     return times
 
 
-def step_mode(folder, spec, shape, target, dtype, args, emit) -> float:
+def step_mode(folder, spec, shape, target, dtype, args, emit) -> dict[int, float]:
     from stats import spread
 
     from stage_runtime.worker.model_runner import DiffusionModelRunner
@@ -121,7 +124,7 @@ def step_mode(folder, spec, shape, target, dtype, args, emit) -> float:
                      model=spec.name, batch=batch, gain=gain, anchor="batching")
     finally:
         runner.close()
-    return statistics.median(per[1])
+    return {batch: statistics.median(times) for batch, times in per.items()}
 
 
 def offload_arm(folder, spec, shape, target, dtype, args, mode, tier_name, base_s, emit) -> None:
@@ -166,7 +169,12 @@ def measure(name: str, target, clock, emit, root: str, args) -> None:
          f"{time.perf_counter() - start:.1f} s", model=name, parameters=parameters(denoiser), shape=shape, dtype=dtype)
     try:
         request_mode(folder, spec, pipe, shape, target, dtype, args, emit)
-        base = step_mode(folder, spec, shape, target, dtype, args, emit)
+        eager = step_mode(folder, spec, shape, target, dtype, args, emit)
+        if name in COMPILED:
+            if clock.spent(need_s=args.compile_s):
+                emit(f"{name} compile regional, cold", "budget", "", clock.reason(), model=name)
+            else:
+                compile_arm(folder, spec, shape, target, dtype, args, eager, emit, root, config, tick_times)
     finally:
         PIPES.pop(folder, None)
         del pipe, denoiser
@@ -178,7 +186,7 @@ def measure(name: str, target, clock, emit, root: str, args) -> None:
         if clock.spent(need_s=args.arm_s):
             emit(check, "budget", "", clock.reason(), model=name)
             continue
-        offload_arm(folder, spec, shape, target, dtype, args, mode, tier_name, base, emit)
+        offload_arm(folder, spec, shape, target, dtype, args, mode, tier_name, eager[1], emit)
     if name == "flux" and not args.flux_disk:
         emit(f"{name} offload layerwise -> disk tier, step", "skip", "",
              "writing 24 GB of weights to disk is not worth the budget (--flux-disk runs it)", model=name)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from stage_runtime.compilation.regions import Region
+from stage_runtime.compilation.regions import Region, uninstall
 from stage_runtime.config import CompileConfig
 from stage_runtime.errors import WorkerFatalError
 
@@ -178,13 +178,16 @@ class Compiler:
     def stats(self) -> dict:
         return {"mode": self.config.mode, "mode_effective": "none" if self.reason else self.mode,
                 "reason": self.reason, "auto": self.auto_reason, "warm": self.warm, "graphs": self.graphs,
-                "recompiles": self.recompiles, "max_graphs": self.config.max_graphs, "graph_limit_reached": self.limited,
+                "recompiles": self.recompiles, "max_graphs": self.config.max_graphs,
+                "graph_limit_reached": self.limited,
                 "cold_compile_s": round(self.warm_compile_s if self.warm_compile_s is not None else self.compile_s, 3),
                 "compile_s": round(self.compile_s, 3), "cache": self.cache_outcome(),
                 "cache_dir": self.config.cache_dir, "eager_calls": dict(self.eager_calls),
                 "regions": [r.describe() for r in self.regions]}
 
     def close(self) -> None:
+        """The modules get their eager forwards back; dynamo's stance is the default again."""
+        uninstall(self.regions)
         if self.limited:
             torch.compiler.set_stance("default")
             self.limited = False

@@ -27,4 +27,5 @@ def resolve_auto(family: str, device_type: str) -> tuple[str, str]:
         return "none", (f"no compile measurement of {family} on {device_type} (bench/compile.py --write-verdicts on "
                         "such a device adds one; or set compile.mode regional or full): eager")
     ratios = ", ".join(f"{mode} {ratio:g}x" for mode, ratio in sorted(row.get("ratios", {}).items()))
-    return row["mode"], f"{family} on {device_type}: {row['mode']} (measured per step vs eager: {ratios}; {row['source']})"
+    return row["mode"], (f"{family} on {device_type}: {row['mode']} (measured per step vs eager: {ratios}; "
+                         f"{row['source']})")

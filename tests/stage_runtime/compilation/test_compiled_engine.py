@@ -2,9 +2,11 @@
 mode, two compile shapes: a load that mixes both sizes, CFG on and off, LoRA rows and plain rows in one tick, with an
 adapter loaded and unloaded after warm-up, compiles no graph after warm-up; LoRA ticks run eagerly and say so; every
 image is within 2 (uint8) of the same engine without compile; a second engine on the same cache folder compiles warm
-(every graph a cache hit)."""
+(every graph a cache hit); a request checkpointed mid-way resumes from the file to its image."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from engine_probes import max_diff
@@ -26,6 +28,22 @@ def make_engine(path: str, compile_mode: str, cache_dir: str) -> DiffusionEngine
     if compile_mode != "none":
         config["compile"] = {"mode": compile_mode, "cache_dir": cache_dir, "shapes": list(SHAPES)}
     return DiffusionEngine.make_engine(load_config(config))
+
+
+def checkpointed(engine: DiffusionEngine, folder) -> tuple:
+    """A long request checkpointed between two ticks, run on to its end; then a request resuming from the file: (the
+    step it was saved at, the uninterrupted image, the resumed image)."""
+    def long(rid: str) -> DiffusionRequest:
+        return DiffusionRequest(rid, "a red car", SamplingParams(num_inference_steps=120, seed=5, height=64, width=64,
+                                                                 stream=True))
+
+    stream = engine.add_request(long("whole"))
+    assert not stream.get(timeout=300).finished           # a progress event: it has taken a step
+    path = str(folder / "whole.safetensors")
+    [saved] = engine.collective_rpc("checkpoint_request", ("whole", path))
+    whole = stream.result(timeout=300).images
+    resumed = engine.add_request(dataclasses.replace(long("resumed"), resume_from=path)).result(timeout=300).images
+    return saved["step"], whole, resumed
 
 
 def run_load(engine: DiffusionEngine, adapter: str) -> dict:
@@ -52,6 +70,8 @@ def runs(tiny_sd_path, tmp_path_factory):
         try:
             warmed = engine.compile_warmup_stats
             images = run_load(engine, adapter) if name != "warm" else {}
+            if name == "cold":
+                images["checkpoint"] = checkpointed(engine, tmp_path_factory.mktemp("checkpoint"))
             out[name] = (warmed, engine.collective_rpc("compile_stats") if mode != "none" else None, images)
         finally:
             engine.close()
@@ -66,8 +86,16 @@ def test_loading_adapters_and_mixing_their_rows_compiles_nothing_after_warm_up(r
     assert after["eager_calls"].get("lora", 0) >= 4, "the ticks with adapted rows ran compiled"
 
 
+def test_a_compiled_request_checkpointed_mid_way_resumes_to_its_image(runs):
+    step, whole, resumed = runs["cold"][2]["checkpoint"]
+    assert 0 <= step < 120
+    assert max_diff(resumed, whole) <= 2
+    assert runs["cold"][1][0]["recompiles"] == 0
+
+
 def test_compiled_images_are_within_2_of_eager(runs):
     compiled, eager = runs["cold"][2], runs["eager"][2]
+    compiled = {rid: images for rid, images in compiled.items() if rid != "checkpoint"}
     assert set(compiled) == set(eager) == {rid for rid, *_ in LOAD} | {"after"}
     for rid in compiled:
         assert max_diff(compiled[rid], eager[rid]) <= 2, rid

@@ -45,7 +45,8 @@ async def mixed_load(url: str) -> dict[str, dict]:
     """Every request of the load → {"images": [...], "cache": {...}} (or {"error": type} when it ended so)."""
     async with httpx.AsyncClient(base_url=url, timeout=600) as http:
         async def generate(rid: str, **fields) -> dict:
-            resp = await http.post("/v1/images/generations", json={"request_id": rid, "seed": sum(map(ord, rid)) % 1000, **fields})
+            body = {"request_id": rid, "seed": sum(map(ord, rid)) % 1000, **fields}
+            resp = await http.post("/v1/images/generations", json=body)
             body = resp.json()
             if resp.status_code != 200:
                 return {"error": body["error"]["type"]}
