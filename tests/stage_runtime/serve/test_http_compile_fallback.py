@@ -1,6 +1,7 @@
 """A compile that fails, or runs past its bound, never crash-loops and is never silent: the stage becomes ready,
 serves eagerly, and ``/v1/stats`` (``mode_effective: none`` with the reason) and ``/metrics``
-(``diffstage_compile_fallback 1``) say why. Each stage compiles into an empty folder, so nothing comes from a cache."""
+(``diffstage_compile_fallback 1``) say why; each of those stages compiles into an empty folder, so nothing comes
+from a cache. A stage at its ``max_graphs`` keeps its graphs and runs what would need another one eagerly."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import httpx
 import pytest
 from serve_probes import decode_png, metric_samples
 from stage_process import running_stage
+from support.compile_cache import shared_compile_cache
 
 STAGE = ["--model", "tiny-digits", "--device", "cpu", "--compile", "regional"]
 
@@ -31,3 +33,17 @@ def test_a_failed_compile_falls_back_to_eager_and_says_why(case, tmp_path, monke
             samples = metric_samples(http.get("/metrics").text)
         assert samples[("diffstage_compile_fallback", (("rank", "0"),))] == 1
         assert "compile: falling back to eager" in stage.log
+
+
+def test_past_max_graphs_new_shapes_run_eagerly_never_a_recompile(tmp_path):
+    args = [*STAGE, "--compile-cache-dir", str(shared_compile_cache()), "--compile-max-graphs", "1",
+            "--max-num-seqs", "4"]
+    with running_stage(args, tmp_path / "stage.log", ready_timeout=300) as stage:
+        with httpx.Client(base_url=stage.http_url, timeout=120) as http:
+            for n, guidance in ((1, 1.0), (3, 4.0)):       # 1 row, then 6: layouts and batches the one graph lacks
+                body = {"prompt": "5", "seed": n, "n": n, "guidance_scale": guidance, "num_inference_steps": 3}
+                assert http.post("/v1/images/generations", json=body).status_code == 200
+            view = http.get("/v1/stats").json()["compile"]
+        assert view["mode_effective"] == "regional" and view["graph_limit_reached"], view
+        assert (view["graphs"], view["recompiles"]) == (1, 0), view
+        assert "max_graphs=1 reached" in stage.log
