@@ -14,7 +14,7 @@ Part 1, the trained ``tiny-digits`` (a DiT: 5 blocks of 64 channels over 16 toke
     quality        the ten digits (``--per-digit`` images each, seeds 0..) on each engine: the digit judge's score,
                    PSNR and the largest |diff| (uint8) against eager
 
-Part 2, ``--families``: every tiny family at a tiny size (64x64; video 32x32x9), request mode, 1 and 4 requests a
+Part 2, ``--families``: every tiny family at a tiny size (64x64; video 32x32x9, LTX-2 64x64x9), request mode, 1 and 4 requests a
 wave: per step regional / eager and full / eager (medians of ``--runs`` rotated rounds) and a verdict — the faster
 compiled mode when both its ratios are under 0.95, else none. ``--write-verdicts`` writes them into
 stage_runtime/compilation/verdicts.json, what ``compile.mode: auto`` follows on this kind of device.
@@ -190,13 +190,18 @@ def family_requests(info, tag: str, b: int, steps: int, size: int):
     from stage_runtime.request import DiffusionRequest, EditInput, SamplingParams
 
     frames = 9 if info.video else None
-    side = size if not info.video else 32
+    side = video_side(info) if info.video else size
     grey = np.full((side, side, 3), 128, dtype=np.uint8)
     return [DiffusionRequest(f"{tag}-{i}", "a red cube on a table", SamplingParams(
         num_inference_steps=steps, seed=i, height=None if info.fixed_size else side,
         width=None if info.fixed_size else side, num_frames=frames), video=info.video,
         reference=grey if info.reference == "required" else None, edit=EditInput(grey) if info.edits_only else None)
         for i in range(b)]
+
+
+def video_side(info) -> int:
+    """A video family's tiny frame side: 32, or the least it takes (LTX-2: two latent pixels of 32)."""
+    return max(32, 2 * info.size_multiple)
 
 
 def child_family(kind: str, runs: int, steps: int, size: int) -> dict:
@@ -211,8 +216,8 @@ def child_family(kind: str, runs: int, steps: int, size: int) -> dict:
         try:
             probe = make_engine(path, "none", cache, "request", max_num_seqs=4) if mode == "none" else None
             info = (probe or engines["none"]).model_info
-            shape = () if info.fixed_size else (f"{32 if info.video else size}x{32 if info.video else size}"
-                                                + ("x9" if info.video else ""),)
+            side = video_side(info) if info.video else size
+            shape = () if info.fixed_size else (f"{side}x{side}" + ("x9" if info.video else ""),)
             engines[mode] = timed(probe or make_engine(path, mode, cache, "request", shape, max_num_seqs=4))
             stats = engines[mode].compile_warmup_stats
             out[mode] = {"ready_s": round(time.perf_counter() - start, 1)}

@@ -17,7 +17,7 @@ from stage_runtime.config import ConfigError, StageConfig
 __all__ = ["Compiler", "install_compiler"]
 
 
-def install_compiler(adapter, config: StageConfig, device: torch.device) -> Compiler | None:
+def install_compiler(adapter, config: StageConfig, device: torch.device, rank: int = 0) -> Compiler | None:
     compile_config = config.compile
     if not compile_config.enabled:
         return None
@@ -28,7 +28,8 @@ def install_compiler(adapter, config: StageConfig, device: torch.device) -> Comp
             return Compiler(compile_config, "none", [], device, auto_reason)
     check_offload(adapter, config)
     regions = find_regions(adapter, mode)
-    compiler = Compiler(compile_config, mode, regions, device, auto_reason, frozenset(adapter.block_holders()))
+    key = f"{config.model.path}|{mode}|{config.parallel.describe()}|rank {rank}"
+    compiler = Compiler(compile_config, mode, regions, device, auto_reason, frozenset(adapter.block_holders()), key)
     install(regions, compiler)
     return compiler
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from stage_runtime.compilation.crash_guard import CrashGuard
 from stage_runtime.compilation.regions import Region, uninstall
 from stage_runtime.config import CompileConfig
 from stage_runtime.errors import WorkerFatalError
@@ -45,7 +46,7 @@ def _inductor_counts() -> Counter:
 
 class Compiler:
     def __init__(self, config: CompileConfig, mode: str, regions: list[Region], device: torch.device,
-                 auto_reason: str | None = None, holders: frozenset[str] = frozenset()):
+                 auto_reason: str | None = None, holders: frozenset[str] = frozenset(), guard_key: str = ""):
         self.config = config
         self.mode = mode                      # the effective mode asked for (auto resolved): regional | full
         self.regions = regions
@@ -65,10 +66,12 @@ class Compiler:
         self._bound = config.timeout_s
         self._baseline = _inductor_counts()
         self._cache_counts: Counter | None = None
-        options = {"cpp_wrapper": True} if device.type == "cpu" else {}   # measured faster on CPU (docs/compile.md)
+        # inductor's defaults: its cpp_wrapper was faster on CPU for tiny graphs, but segfaults on ops without a C shim
+        # (crash_guard.py), so it is not used
+        self._inductor_options: dict = {}
         for region in regions:
             region.compiled = torch.compile(region.function, backend=self._backend, dynamic=True)
-        self._inductor_options = options
+        self._guard = CrashGuard(config.cache_dir, guard_key) if config.cache_dir and regions else None
         configure_dynamo(config)
 
     # -- the backend: counts, bounds, then inductor ----------------------------------------------------------
@@ -156,6 +159,12 @@ class Compiler:
         bound = self.config.timeout_s if budget_s is None else min(self.config.timeout_s, max(0.0, budget_s))
         self._deadline = time.monotonic() + bound
         self._bound = bound
+        if self._guard is not None and not self.warm and self.reason is None:
+            if self._guard.previous_died():
+                self.fall_back(f"a previous warm-up of this model compiling {self.mode} died with its process "
+                               f"(its marker {self._guard.path} was left): serving eagerly; delete it to compile again")
+            else:
+                self._guard.hold()
         return self.stats()
 
     def warmed(self) -> dict:
@@ -163,6 +172,8 @@ class Compiler:
         if not self.warm:
             self.warm = True
             self.warm_compile_s = self.compile_s
+            if self._guard is not None:
+                self._guard.release()
             self._cache_counts = _inductor_counts() - self._baseline
             if self.graphs >= self.config.max_graphs and not self.limited:
                 self._limit()
@@ -188,6 +199,8 @@ class Compiler:
     def close(self) -> None:
         """The modules get their eager forwards back; dynamo's stance is the default again."""
         uninstall(self.regions)
+        if self._guard is not None:
+            self._guard.release()
         if self.limited:
             torch.compiler.set_stance("default")
             self.limited = False

@@ -63,13 +63,14 @@ class DiffusionModelRunner:
         self.compiler = None                                   # the compiled denoiser (compile mode != none)
         self.prompt_cache = None                               # cache.prompt_max_bytes > 0 and a text encoder
         self.writes_checkpoints = True        # this rank writes its replica's step checkpoints (the worker says)
+        self.rank = 0                         # the worker's rank (the compile crash guard's key)
 
     def load_model(self, parallelize: Callable[[object], None] | None = None) -> ModelInfo:
         """Load the model; ``parallelize(adapter)`` (the worker's distributed.apply) runs before the startup LoRA
         adapters are read, so their factors are cut to the tensor-parallel shards and hook the sharded layers."""
         adapter_cls = resolve_adapter_class(self.config.model)
         self.adapter = adapter_cls.load(self.config.model.path, self.device, self.config.model.dtype)
-        self.compiler = install_compiler(self.adapter, self.config, self.device)    # before any wrapper of forward
+        self.compiler = install_compiler(self.adapter, self.config, self.device, self.rank)   # before any wrapper
         if self.config.limits.decode_tile_side is not None:
             self.adapter.bound_decode(self.config.limits.decode_tile_side)
         self.model_info = dataclasses.replace(self.adapter.info(), block_cache_refusal=block_cache.block_cache_refusal(

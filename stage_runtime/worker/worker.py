@@ -59,6 +59,7 @@ class DiffusionWorker:
                                            self.config.collective_timeout_s)
         self.model_runner = DiffusionModelRunner(self.config, self.device, progress_hook=self.progress_hook)
         self.model_runner.writes_checkpoints = self.groups.is_replica_leader     # one writer per replica
+        self.model_runner.rank = self.rank
 
     def load_model(self) -> ModelInfo:
         return self.model_runner.load_model(
