@@ -277,7 +277,8 @@ def write_verdicts(families: dict, source: str) -> None:
     for row in families.values():
         if "pipeline_class" not in row:
             continue
-        rows[row["pipeline_class"]] = {"mode": row["verdict"], "source": source, "ratios": {
+        rows[row["pipeline_class"]] = {"mode": row["verdict"], "source": source, "kind": f"tiny-{row['kind']}",
+                                       "ratios": {
             f"{m} b{b}": row[m][f"ratio_b{b}"] for m in MODES[1:] for b in (1, 4) if f"ratio_b{b}" in row.get(m, {})}}
     VERDICTS.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 

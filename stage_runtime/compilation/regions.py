@@ -56,9 +56,12 @@ class CompiledForward:
 
 
 def repeated_block_classes(adapter, holder: torch.nn.Module) -> tuple[str, ...]:
-    """The block class names regional compilation compiles in ``holder``: the model's ``_repeated_blocks``, else the
-    family's ``compile_blocks``."""
-    return tuple(getattr(holder, "_repeated_blocks", None) or ()) or tuple(getattr(adapter, "compile_blocks", ()))
+    """The block class names regional compilation compiles in ``holder``: the ``_repeated_blocks`` its models declare
+    (the holder's own, or the model inside a family's wrapper: LTX-2's row router), else the family's
+    ``compile_blocks``."""
+    declared = dict.fromkeys(name for module in holder.modules() for name in getattr(module, "_repeated_blocks", None)
+                             or ())
+    return tuple(declared) or tuple(getattr(adapter, "compile_blocks", ()))
 
 
 def find_regions(adapter, mode: str) -> list[Region]:

@@ -24,6 +24,7 @@ REGIONAL = {
     "sd": {"BasicTransformerBlock": 4},                                     # UNet2DConditionModel._repeated_blocks
     "flux": {"FluxTransformerBlock": 1, "FluxSingleTransformerBlock": 1},  # both classes, one function each
     "wan22": {"WanTransformerBlock": 4},                                    # both experts' blocks
+    "ltx2": {"LTX2VideoTransformerBlock": 2},                               # inside the family's row router
 }
 
 
