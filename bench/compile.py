@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -133,6 +134,13 @@ def digits_part(args) -> dict:
     result: dict = {"model": "tiny-digits (trained DiT, 5 blocks x 64 channels, 16 tokens)", "steps": args.steps,
                     "runs": args.runs}
     cache = tempfile.mkdtemp(prefix="compile-bench-")        # regional's graphs, then full's: the engines below warm
+    try:
+        return _digits_part(args, path, result, cache)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _digits_part(args, path: str, result: dict, cache: str) -> dict:
     for mode in MODES[1:]:
         cold, warm = compile_times(path, mode, cache)
         result[mode] = {"cold_compile_s": cold["cold_compile_s"], "warm_compile_s": warm["cold_compile_s"],
@@ -205,9 +213,16 @@ def video_side(info) -> int:
 
 
 def child_family(kind: str, runs: int, steps: int, size: int) -> dict:
+    root = tempfile.mkdtemp(prefix="compile-bench-family-")
+    try:
+        return _child_family(kind, runs, steps, size, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _child_family(kind: str, runs: int, steps: int, size: int, root: str) -> dict:
     from stage_runtime.models.tiny import make_tiny_model
 
-    root = tempfile.mkdtemp(prefix="compile-bench-family-")
     path = str(make_tiny_model(Path(root) / kind, kind=kind))
     cache = str(Path(root) / "cache")
     engines, out = {}, {"kind": kind}
