@@ -50,6 +50,7 @@ ENGINE_FLAGS = {
     "stall_fail_s": ("limits", "stall_fail_s"), "decode_tile_side": ("limits", "decode_tile_side"),
     "compile": ("compile", "mode"), "compile_cache_dir": ("compile", "cache_dir"),
     "compile_max_graphs": ("compile", "max_graphs"), "compile_timeout_s": ("compile", "timeout_s"),
+    "quantization": ("quantization", "method"), "quantization_file": ("quantization", "file"),
 }
 
 
@@ -98,6 +99,11 @@ def add_engine_flags(p: argparse.ArgumentParser, model_required: bool = False) -
                                                           "eagerly (default 64)")
     p.add_argument("--compile-timeout-s", type=float, help="the warm-up's compile bound; past it the stage serves "
                                                            "eagerly and says so (default 900)")
+    p.add_argument("--quantization", choices=["none", "fp8-storage", "int8-weight", "fp8", "gguf"],
+                   help="store the denoiser's weights quantized (docs/quantization.md; default none)")
+    p.add_argument("--quantization-file", help="gguf: the .gguf denoiser (relative: inside the model folder)")
+    p.add_argument("--quantization-components", help="components quantized, comma-separated (default: the denoiser)")
+    p.add_argument("--quantization-skip", help="module-name patterns kept as loaded, comma-separated")
     p.add_argument("--decode-tile-side", type=int, help="the VAE decodes in tiles of at most this many pixels a side "
                                                         "(a video VAE's memory bound; default: whole frames)")
 
@@ -113,6 +119,10 @@ def config_from_args(args: argparse.Namespace, defaults: dict | None = None) -> 
         overrides["loras"] = [parse_lora_flag(v) for v in args.lora]
     if getattr(args, "compile_shapes", None):
         overrides.setdefault("compile", {})["shapes"] = [v.strip() for v in args.compile_shapes.split(",") if v.strip()]
+    for flag, field in (("quantization_components", "components"), ("quantization_skip", "skip")):
+        if getattr(args, flag, None):
+            overrides.setdefault("quantization", {})[field] = [v.strip() for v in getattr(args, flag).split(",")
+                                                               if v.strip()]
     if getattr(args, "model", None):
         overrides["model"]["path"] = builtin_model(args.model)
     if args.config:
@@ -159,6 +169,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         c = config.compile
         print(f"compile: {c.mode}  shapes: {', '.join(c.shapes) or 'the default size'}  max_graphs: {c.max_graphs}  "
               f"timeout_s: {c.timeout_s:g}  cache_dir: {c.cache_dir or 'torch default'}")
+    if config.quantization.enabled:
+        q = config.quantization
+        print(f"quantization: {q.method}  components: {', '.join(q.components) or 'the denoiser'}  skip: "
+              f"{', '.join(q.skip) or 'norms, positional and patch embeddings, first and last projections'}"
+              + (f"  file: {q.file}" if q.file else ""))
     for coords in p.rank_layout():
         print("  rank {0.rank}: tp={0.tp} sp={0.sp} pp={0.pp} cfg={0.cfg} dp={0.dp}".format(coords))
     return 0

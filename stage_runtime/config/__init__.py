@@ -20,6 +20,7 @@ from stage_runtime.config.compile import (MAX_SHAPES, SHAPE_PATTERN, CompileConf
                                           parse_shape)
 from stage_runtime.config.jobs import JobsConfig  # noqa: F401 (re-exported)
 from stage_runtime.config.limits import LimitsConfig  # noqa: F401 (re-exported)
+from stage_runtime.config.quantization import QuantizationConfig, QuantizationMethod  # noqa: F401 (re-exported)
 from stage_runtime.config.parallel import ParallelConfig, ParallelDim, RankCoords  # noqa: F401 (re-exported)
 from stage_runtime.errors import ConfigError
 from stage_runtime.lora_spec import LORA_NAME_PATTERN, LoraSpec, StartupLoras  # noqa: F401 (re-exported)
@@ -27,7 +28,7 @@ from stage_runtime.lora_spec import LORA_NAME_PATTERN, LoraSpec, StartupLoras  #
 __all__ = [
     "ConfigError", "ExecutionMode", "ParallelDim", "ModelConfig", "OffloadConfig", "OffloadMode", "ParallelConfig",
     "SchedulerConfig", "ServerConfig", "StageConfig", "RankCoords", "load_config", "load_config_file", "read_config_file",
-    "merge_overrides", "CacheConfig", "CompileConfig", "JobsConfig", "LimitsConfig", "MAX_CACHE_THRESHOLD", "LoraSpec", "LORA_NAME_PATTERN",
+    "merge_overrides", "CacheConfig", "CompileConfig", "QuantizationConfig", "JobsConfig", "LimitsConfig", "MAX_CACHE_THRESHOLD", "LoraSpec", "LORA_NAME_PATTERN",
 ]
 
 ExecutionMode = Literal["request", "step"]
@@ -188,6 +189,7 @@ class StageConfig(BaseModel):
     offload: OffloadConfig = Field(default_factory=OffloadConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
     compile: CompileConfig = Field(default_factory=CompileConfig)
+    quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     jobs: JobsConfig = Field(default_factory=JobsConfig)     # the /v1/videos job API (off without a store)
     executor: str | None = None  # "uni" | "mp" | "package.module:ClassName"; None → resolved_executor
@@ -214,6 +216,14 @@ class StageConfig(BaseModel):
             raise ValueError(f"compile.mode={self.compile.mode!r} with offload.mode='layerwise': layerwise offload "
                              "swaps the weights of each denoiser block from hooks inside the blocks a compiled graph "
                              "runs; use offload.mode='model' over the other components, or compile.mode='none'")
+        quant = self.quantization.method
+        if quant != "none" and self.offload.mode != "none":
+            raise ValueError(f"quantization.method={quant!r} with offload.mode={self.offload.mode!r}: the offloader "
+                             "moves plain weight storages and a quantized weight is not one; use one or the other")
+        if quant != "none" and self.parallel.tensor_parallel_size > 1:
+            raise ValueError(f"quantization.method={quant!r} with tensor_parallel_size="
+                             f"{self.parallel.tensor_parallel_size}: tensor parallel cuts full-precision weights; "
+                             "quantized weights are not sharded (use Ulysses, ring or CFG parallel)")
         return self
 
     @property
