@@ -6,11 +6,12 @@
     jobs      video job store, records, leases       core                 (never torch / diffusers)
     engine    admission, the step, output delivery   core, sched, executor
     executor  ranks, IPC, async output               core, worker, distributed
-    worker    device, groups, model runner           core, models, distributed, offload, compilation
+    worker    device, groups, model runner           core, models, distributed, offload, compilation, quantization
     models    adapters, step contract, tiny builds   core, distributed
     train     the tiny digits model's training       core, models
     offload   weight residency                       core
     compilation  the compiled denoiser (torch.compile)  core
+    quantization  quantized weights (torchao, fp8, GGUF)  core
     sched     scheduling policy                      core                 (never torch / diffusers)
     distributed  groups, collectives, CFG/Ulysses    core
     core      config, errors, request, outputs, scheduler_output, model_info, plugins, imageio, control,
@@ -46,9 +47,10 @@ RUNTIME_ALLOWED: dict[str, set[str]] = {
     "distributed": {"core"},
     "offload": {"core"},
     "compilation": {"core"},
+    "quantization": {"core"},
     "models": {"core", "distributed"},
     "train": {"core", "models"},
-    "worker": {"core", "models", "distributed", "offload", "compilation"},
+    "worker": {"core", "models", "distributed", "offload", "compilation", "quantization"},
     "executor": {"core", "worker", "distributed"},
     "engine": {"core", "sched", "executor"},
     "serve": {"core", "engine", "fetch", "jobs"},

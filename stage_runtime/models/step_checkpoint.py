@@ -57,10 +57,13 @@ class CheckpointError(RuntimeError):
     """A step state holds something a checkpoint cannot carry (a programming error of the family)."""
 
 
-def model_fingerprint(adapter) -> str:
+def model_fingerprint(adapter, quantization: str = "none") -> str:
     """16 hex digits naming the loaded model: the pipeline's and components' classes, the diffusers components'
-    configs (path-like keys left out) and the first elements of five of the denoiser's weights."""
+    configs (path-like keys left out) and the first elements of five of the denoiser's weights (as loaded: taken
+    before any quantization), and the quantization the stage serves it with (another one computes other numbers)."""
     h = hashlib.sha256(type(adapter.pipe).__name__.encode())
+    if quantization != "none":
+        h.update(f"|quantization:{quantization}".encode())
     for name, component in sorted(adapter.pipe.components.items()):
         h.update(f"|{name}:{type(component).__name__}".encode())
         config = getattr(component, "config", None)

@@ -34,6 +34,7 @@ from stage_runtime.config import StageConfig
 from stage_runtime.errors import InvalidRequestError, WorkerFatalError
 from stage_runtime.checkpoint import read_manifest
 from stage_runtime.compilation import install_compiler
+from stage_runtime.quantization import quantize
 from stage_runtime.models import block_cache, prompt_cache, step_checkpoint
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.model_info import ModelInfo
@@ -61,6 +62,7 @@ class DiffusionModelRunner:
         self.parked: dict[str, int] = {}      # preempted request id → its bytes on the host (0: left in place)
         self.offloader = None                                  # weight residency owner (offload mode != none)
         self.compiler = None                                   # the compiled denoiser (compile mode != none)
+        self.weights = None                                    # quantization.WeightReport: bytes per component
         self.prompt_cache = None                               # cache.prompt_max_bytes > 0 and a text encoder
         self.writes_checkpoints = True        # this rank writes its replica's step checkpoints (the worker says)
         self.rank = 0                         # the worker's rank (the compile crash guard's key)
@@ -70,11 +72,14 @@ class DiffusionModelRunner:
         adapters are read, so their factors are cut to the tensor-parallel shards and hook the sharded layers."""
         adapter_cls = resolve_adapter_class(self.config.model)
         self.adapter = adapter_cls.load(self.config.model.path, self.device, self.config.model.dtype)
-        self.compiler = install_compiler(self.adapter, self.config, self.device, self.rank)   # before any wrapper
+        # the weights as loaded name the model; a checkpoint resumes only under the same quantization
+        fingerprint = step_checkpoint.model_fingerprint(self.adapter, self.config.quantization.method)
+        self.weights = quantize(self.adapter, self.config, self.device)      # the stored weights, before any wrapper
+        self.compiler = install_compiler(self.adapter, self.config, self.device, self.rank)
         if self.config.limits.decode_tile_side is not None:
             self.adapter.bound_decode(self.config.limits.decode_tile_side)
         self.model_info = dataclasses.replace(self.adapter.info(), block_cache_refusal=block_cache.block_cache_refusal(
-            self.adapter, self.config), fingerprint=step_checkpoint.model_fingerprint(self.adapter))
+            self.adapter, self.config), fingerprint=fingerprint)
         self.offloader = build_offloader(self.config.offload, self.adapter, self.device)
         self.prompt_cache = prompt_cache.install(self.adapter.pipe, self.config.cache.prompt_max_bytes)
         if parallelize is not None:
@@ -340,6 +345,9 @@ class DiffusionModelRunner:
             return contextlib.nullcontext()
         reason = self.compiler.eager_reason(requests, self.adapter.loras, cached)
         return contextlib.nullcontext() if reason is None else self.compiler.eager(reason)
+
+    def weight_stats(self) -> dict:
+        return {"method": "none", "components": {}, "bytes": 0} if self.weights is None else self.weights.as_dict()
 
     def compile_stats(self) -> dict:
         return {"mode": "none"} if self.compiler is None else self.compiler.stats()
