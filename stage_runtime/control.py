@@ -19,6 +19,7 @@ CONTROL_RPCS: dict[str, str] = {
     "model_info": "the loaded model's ModelInfo (its family's facts)",
     "num_request_states": "per-request state the rank holds (0 when idle)",
     "offload_stats": "the rank's weight-offload accounting",
+    "weight_stats": "the rank's weights: {rank, method, bytes, components: {name: {bytes, method, ...}}}",
     "compile_stats": "the rank's compiled denoiser: {rank, mode, mode_effective, reason, graphs, recompiles, ...}",
     "compile_warmup": "(budget_s) the engine's warm-up begins: the rank bounds its compiling from now; its compile stats",
     "compile_warmed": "the engine's compile warm-up is over (later graphs are recompiles); the rank's compile stats",

@@ -57,6 +57,7 @@ class DiffusionEngine:
         self.executor = (executor_class or DiffusionExecutor.get_class(config))(config)
         try:
             self.model_info = self.executor.collective_rpc("model_info", unique_reply_rank=0)
+            self.weights = self.executor.collective_rpc("weight_stats")     # every rank's weights, as loaded
             check_execution_mode(config, self.model_info)
             self.check_family = family_check(self.model_info)   # the family's refusals, before queueing
             self.prompt_length = PromptLength.for_model(self.model_info)   # a prompt the encoder would cut

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from stage_runtime.jobs.record import STATUSES
-from stage_runtime.serve.compile_view import CompileMetrics
+from stage_runtime.serve.model_views import CompileMetrics, WeightMetrics
 from stage_runtime.serve.fleet_metrics import FleetCollector
 
 __all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "StageMetrics"]
@@ -81,6 +81,7 @@ class StageMetrics:
         self.lora_operations = Gauge(f"{PREFIX}lora_operations", "LoRA adapter operations since start, by kind "
                                      "(loads, unloads, evictions, refused)", ["kind"], registry=r)
         self.compile = CompileMetrics(PREFIX, r)
+        self.weights = WeightMetrics(PREFIX, r)
         self.fleet = FleetCollector()      # utilisation, the LoRA gauge for the endpoint picker, the cost signal
         r.register(self.fleet)
 
@@ -137,6 +138,7 @@ class StageMetrics:
         for worker in stats["workers"]:
             self.worker_alive.labels(str(worker["rank"])).set(1 if worker["alive"] else 0)
         self.compile.observe(stats.get("compile"))
+        self.weights.observe(stats.get("weights"))
         for rank_stats in stats.get("offload") or []:
             if rank_stats.get("mode", "none") == "none":
                 continue

@@ -209,7 +209,8 @@ class CostView(BaseModel):
 
 class StageStats(BaseModel):
     """``GET /v1/stats`` — what the operator polls. Exactly these keys (``offload`` only with offload on, ``compile``
-    only with compile on (serve/compile_view.py), ``jobs`` only with a job store)."""
+    only with compile on (serve/model_views.py), ``weights`` once the engine is loaded, ``jobs`` only with a job
+    store)."""
 
     model_config = ConfigDict(extra="forbid")
     state: Literal["starting", "ready", "stalled", "draining", "dead"]
@@ -226,6 +227,7 @@ class StageStats(BaseModel):
     cost: CostView
     offload: list[dict[str, Any]] | None = None
     compile: dict[str, Any] | None = None
+    weights: dict[str, Any] | None = None
     jobs: JobsView | None = None
 
 

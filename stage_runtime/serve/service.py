@@ -20,7 +20,7 @@ from stage_runtime.errors import (DiffStageError, EngineClosedError, EngineDeadE
                                   outcome_of)
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.outputs import DiffusionOutput
-from stage_runtime.serve.compile_view import compile_view
+from stage_runtime.serve.model_views import compile_view, weights_view
 from stage_runtime.serve.metrics import StageMetrics
 from stage_runtime.serve.startup import StartupProgress
 
@@ -236,7 +236,8 @@ class StageService:
                 "cost": {k: work[k] for k in ("outstanding", "completed_total", "rate")},
                 **({"offload": self.offload} if self.config.offload.mode != "none" else {}),
                 **({"compile": compile_view(self.config.compile.mode, self.compile)}
-                   if self.config.compile.enabled else {})}
+                   if self.config.compile.enabled else {}),
+                **({"weights": weights_view(self.engine.weights)} if self.engine is not None else {})}
 
     def workers(self) -> list[dict[str, Any]]:
         """Each rank's pid and liveness: the executor's ``workers()`` when it has worker processes (mp),

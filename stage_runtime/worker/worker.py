@@ -98,6 +98,13 @@ class DiffusionWorker:
         stats = {"mode": "none"} if self.model_runner is None else self.model_runner.offload_stats()
         return {"rank": self.rank, **stats}
 
+    def weight_stats(self) -> dict:
+        """This rank's weights (stage_runtime.quantization): ``{"rank", "method", "bytes", "components": {name:
+        {"bytes", "method"[, "bytes_as_loaded", "layers_quantized"]}}}``, measured on the storages after loading."""
+        stats = {"method": "none", "components": {}, "bytes": 0} if self.model_runner is None else \
+            self.model_runner.weight_stats()
+        return {"rank": self.rank, **stats}
+
     def compile_stats(self) -> dict:
         """This rank's compiled denoiser (stage_runtime.compilation): ``{"rank", "mode"}`` plus, when compile is on,
         ``mode_effective``, ``reason``, ``graphs``, ``recompiles``, ``cold_compile_s``, ``cache`` and the rest of

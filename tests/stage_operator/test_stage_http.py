@@ -104,7 +104,7 @@ async def _probe_stats(stats: dict):
 async def test_the_probe_reads_the_compile_report_and_a_fallback_wakes_the_reconcile():
     compiled = {"mode": "regional", "mode_effective": "regional", "reason": None, "auto": None, "warm": True,
                 "graphs": 4, "recompiles": 0, "graph_limit_reached": False, "cold_compile_s": 12.3, "cache": "miss",
-                "eager_calls": {"lora": 2}, "ranks": [{"rank": 0, "graphs": 4}]}  # serve/compile_view.py's keys
+                "eager_calls": {"lora": 2}, "ranks": [{"rank": 0, "graphs": 4}]}  # serve/model_views.py's keys
     result = await _probe_stats({"state": "ready", "waiting": 0, "running": 0, "compile": compiled})
     assert result.compile == {"mode": "regional", "mode_effective": "regional", "reason": None, "auto": None,
                               "graphs": 4, "recompiles": 0, "graph_limit_reached": False, "cold_compile_s": 12.3,

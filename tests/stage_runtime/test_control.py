@@ -22,7 +22,7 @@ def test_everything_else_is_refused_naming_the_method_and_the_declared_set(metho
     with pytest.raises(RpcError) as info:
         check_control_rpc(method)
     assert str(info.value) == (f"method={method!r} is not a control RPC; the workers offer: "
-                               "ping, worker_info, model_info, num_request_states, offload_stats, compile_stats, "
+                               "ping, worker_info, model_info, num_request_states, offload_stats, weight_stats, compile_stats, "
                                "compile_warmup, compile_warmed, load_lora, unload_lora, list_loras, "
                                "checkpoint_request")
 

@@ -78,7 +78,7 @@ def test_abort_body_takes_ids_or_all_but_not_both():
 def test_stats_shape_is_exactly_the_operator_contract():
     assert list(StageStats.model_fields) == ["state", "waiting", "running", "capacity", "finished_total",
                                              "aborted_total", "failed_total", "world_size", "topology", "workers",
-                                             "startup", "cost", "offload", "compile", "jobs"]
+                                             "startup", "cost", "offload", "compile", "weights", "jobs"]
 
 
 def test_error_body():

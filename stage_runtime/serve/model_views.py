@@ -1,4 +1,7 @@
-"""The compiled denoiser as the stage reports it: ``/v1/stats.compile`` (one view over every rank) and its metrics.
+"""What the stage's model holds and runs, as ``/v1/stats`` reports it over the ranks, and its metrics.
+
+``/v1/stats.weights`` (``weights_view``): the weights per component (quantization.WeightReport).
+``/v1/stats.compile`` (``compile_view``), the compiled denoiser:
 
     mode            what was asked (none | auto | regional | full)
     mode_effective  what runs: the mode auto resolved to; none when it resolved to eager or ANY rank fell back
@@ -37,6 +40,31 @@ def compile_view(mode: str, ranks: Sequence[Mapping[str, Any]] | None) -> dict[s
             "cold_compile_s": max(r.get("cold_compile_s", 0.0) for r in ranks),
             "cache": None if not caches else caches.pop() if len(caches) == 1 else "partial",
             "eager_calls": dict(eager), "ranks": [dict(r) for r in ranks]}
+
+
+def weights_view(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``/v1/stats.weights``: rank 0's weights per component (bytes now, and as loaded when quantized), the method,
+    and every rank's total (a tensor-parallel rank holds its shard)."""
+    first = ranks[0]
+    return {"method": first["method"], "components": first["components"], "bytes": first["bytes"],
+            "rank_bytes": [r["bytes"] for r in ranks]}
+
+
+class WeightMetrics:
+    """``diffstage_weight_bytes{component}`` (rank 0's resident weights) and ``diffstage_weight_bytes_as_loaded``
+    (before quantization), from ``/v1/stats.weights`` at scrape time."""
+
+    def __init__(self, prefix: str, registry: CollectorRegistry):
+        self.bytes = Gauge(f"{prefix}weight_bytes", "Bytes of the component's weights (rank 0), as stored: "
+                           "quantized when quantization is on", ["component"], registry=registry)
+        self.as_loaded = Gauge(f"{prefix}weight_bytes_as_loaded", "Bytes of the component's weights before "
+                               "quantization (quantized components only)", ["component"], registry=registry)
+
+    def observe(self, view: Mapping[str, Any] | None) -> None:
+        for name, entry in ((view or {}).get("components") or {}).items():
+            self.bytes.labels(name).set(entry["bytes"])
+            if "bytes_as_loaded" in entry:
+                self.as_loaded.labels(name).set(entry["bytes_as_loaded"])
 
 
 class CompileMetrics:

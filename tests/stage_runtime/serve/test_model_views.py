@@ -1,4 +1,4 @@
-"""``/v1/stats.compile`` over the ranks (serve/compile_view.py) and its metrics: a fallback on any rank is the
+"""``/v1/stats.weights`` and ``/v1/stats.compile`` over the ranks (serve/model_views.py) and their metrics: a fallback on any rank is the
 stage's, recompiles only grow the counter, the cache outcome of the ranks combines."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from serve_probes import metric_samples
 
-from stage_runtime.serve.compile_view import CompileMetrics, compile_view
+from stage_runtime.serve.model_views import CompileMetrics, WeightMetrics, compile_view, weights_view
 
 
 def rank(r: int, **over) -> dict:
@@ -43,3 +43,18 @@ def test_the_metrics_follow_the_reports():
     assert samples[("diffstage_compile_recompiles_total", (("rank", "0"),))] == 2
     assert samples[("diffstage_compile_fallback", (("rank", "0"),))] == 1
     assert samples[("diffstage_compile_cold_seconds", (("rank", "0"),))] == 10.0
+
+
+def test_the_weights_view_and_its_metrics():
+    ranks = [{"rank": r, "method": "int8-weight", "bytes": 130 + r, "components": {
+        "transformer": {"bytes": 100, "bytes_as_loaded": 400, "method": "int8-weight", "layers_quantized": 9},
+        "vae": {"bytes": 30 + r, "method": "none"}}} for r in (0, 1)]
+    view = weights_view(ranks)
+    assert (view["method"], view["bytes"], view["rank_bytes"]) == ("int8-weight", 130, [130, 131])
+    registry = CollectorRegistry()
+    WeightMetrics("diffstage_", registry).observe(view)
+    samples = metric_samples(generate_latest(registry).decode())
+    assert samples[("diffstage_weight_bytes", (("component", "transformer"),))] == 100
+    assert samples[("diffstage_weight_bytes", (("component", "vae"),))] == 30
+    assert samples[("diffstage_weight_bytes_as_loaded", (("component", "transformer"),))] == 400
+    assert ("diffstage_weight_bytes_as_loaded", (("component", "vae"),)) not in samples
