@@ -39,7 +39,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from digit_quality import images, judge_score, psnr  # noqa: E402
-from stats import machine  # noqa: E402
+from stats import machine, per_step  # noqa: E402
+from stats import timed_engine as timed  # noqa: E402
 
 MODES = ("none", "regional", "full")
 BATCHES = (1, 2, 4)
@@ -58,21 +59,6 @@ def make_engine(path: str, mode: str, cache_dir: str, execution_mode: str = "ste
     if mode != "none":
         config["compile"] = {"mode": mode, "cache_dir": cache_dir, "shapes": list(shapes)}
     return DiffusionEngine.make_engine(load_config(config))
-
-
-def timed(engine):
-    """``engine`` with a record of every executed step's seconds (a tick, or a wave's seconds / its steps)."""
-    engine.step_seconds = []
-    engine.observers.add(lambda batch, seconds, steps: engine.step_seconds.append(seconds / max(1, steps)))
-    return engine
-
-
-def per_step(engine, requests) -> float:
-    """The median seconds of one denoising step while ``requests`` run together."""
-    start = len(engine.step_seconds)
-    for stream in [engine.add_request(r) for r in requests]:
-        stream.result(timeout=900)
-    return statistics.median(engine.step_seconds[start:])
 
 
 def digit_requests(tag: str, b: int, steps: int):

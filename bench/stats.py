@@ -74,3 +74,18 @@ def max_uint8_diff(results: dict, pairs: list[tuple[str, str]], diff: int = 0) -
             diff = max(diff, int(np.abs(got.astype(int) - ref.astype(int)).max()))
     return diff
 
+
+
+def timed_engine(engine):
+    """``engine`` with a record of every executed step's seconds (a tick, or a wave's seconds / its steps)."""
+    engine.step_seconds = []
+    engine.observers.add(lambda batch, seconds, steps: engine.step_seconds.append(seconds / max(1, steps)))
+    return engine
+
+
+def per_step(engine, requests) -> float:
+    """The median seconds of one denoising step of a ``timed_engine`` while ``requests`` run together."""
+    start = len(engine.step_seconds)
+    for stream in [engine.add_request(r) for r in requests]:
+        stream.result(timeout=900)
+    return statistics.median(engine.step_seconds[start:])
