@@ -15,7 +15,8 @@ soon as it has them, and the JSON report (with the table beside it) is rewritten
 3. real-size throughput with random weights built on the device: FLUX.1-dev-sized at 1024², Wan-2.1-1.3B-sized at
    480x832x81, SDXL-sized at 1024² — engine vs bare, step-mode batches of 2 and 4 vs sequential, peak memory, the
    denoiser compiled regional (FLUX and Wan: cold and warm compile seconds, compiled ÷ eager per tick, recompiles
-   under the batches), the offload tiers' step time, each next to the published anchors;
+   under the batches), FLUX's weights in int8-weight and fp8 (bytes, step time against unquantized), the offload
+   tiers' step time, each next to the published anchors;
 4. hygiene: one GPU only, offline, every process and /dev/shm segment of every part gone (swept and reported if
    not); the report names the GPU, driver, torch and CUDA versions.
 

@@ -37,6 +37,8 @@ ANCHORS = (
            "1x H100", "xDiT docs/performance/flux.md"),
     Anchor("compile", "LTX-2.3 warm-up 42.2 s -> 24.2 s with regional compile, denoise 1.81x", "1x H100",
            "sgl-project/sglang#32696"),
+    Anchor("quantization", "FP8: Z-Image 19.15 -> 13.40 GiB, 1.32x faster, LPIPS 0.038; Qwen-Image 53.75 -> 41.20 GiB, "
+           "1.30x, LPIPS 0.298", "vLLM-Omni, per family", "vLLM-Omni quantization docs (issue 45's figures)"),
     Anchor("offload", "denoise 312.8 s of 322 s with layerwise offload; component offload lowered memory, not "
            "latency", "Wan 2.1 1.3B 81 frames, 50 steps, 8x H200", "SGLang disaggregation.md, deployment_cookbook.md"),
 )

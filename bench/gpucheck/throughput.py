@@ -10,7 +10,9 @@ Per model, on one pipeline built on the device:
    B x t(1) / t(B), "vs sequential";
 3. compile (FLUX and Wan): the same ticks with the denoiser compiled ``regional``, its cold and warm compile and its
    recompiles (gpucheck/compiled.py);
-4. offload: the same tick with the weights on the host tier (model and layerwise) and the disk tier (layerwise;
+4. quantization (FLUX): int8-weight and fp8 on freshly drawn weights, the denoiser's bytes and the tick against the
+   unquantized one (gpucheck/quantized.py);
+5. offload: the same tick with the weights on the host tier (model and layerwise) and the disk tier (layerwise;
    not for FLUX's 24 GB by default), each on a freshly built pipeline (an offloader owns weights until it closes);
    step time against no offload, and peak device memory.
 
@@ -24,6 +26,7 @@ import statistics
 import time
 
 from gpucheck.compiled import COMPILED, compile_arm
+from gpucheck.quantized import QUANTIZED, quantization_arm
 from gpucheck.families import Call, bare_call, max_diff, request
 from gpucheck.residency import attach_offloader
 from gpucheck.sizes import MODELS, build, parameters
@@ -187,6 +190,11 @@ def measure(name: str, target, clock, emit, root: str, args) -> None:
             emit(check, "budget", "", clock.reason(), model=name)
             continue
         offload_arm(folder, spec, shape, target, dtype, args, mode, tier_name, eager[1], emit)
+    if name in QUANTIZED:
+        if clock.spent(need_s=args.arm_s):
+            emit(f"{name} quantization, step", "budget", "", clock.reason(), model=name)
+        else:
+            quantization_arm(folder, spec, shape, target, dtype, args, eager[1], emit, config, tick_times, build)
     if name == "flux" and not args.flux_disk:
         emit(f"{name} offload layerwise -> disk tier, step", "skip", "",
              "writing 24 GB of weights to disk is not worth the budget (--flux-disk runs it)", model=name)
