@@ -9,7 +9,8 @@
                   GPUs of compute capability 8.9 or more only
 
 Kept as loaded by every method: norms (no method touches them), the positional and patch embeddings, the first and
-last projections (``KEPT``), and what ``quantization.skip`` names. The methods never see what a family's adapter
+last projections (``KEPT``), and what ``quantization.skip`` names; and what the model declares unsafe in low
+precision (``declared_keeps``: diffusers' own list for layerwise casting, e.g. Z-Image's ``t_embedder``). The methods never see what a family's adapter
 does around the layers: LoRA's per-row hooks, Ulysses' attention processors and the block cache act on the layers'
 inputs and outputs, which keep their dtype.
 """
@@ -36,9 +37,20 @@ def targets(component: torch.nn.Module, patterns: tuple[str, ...], kinds: tuple[
     return [name for name, m in component.named_modules() if isinstance(m, kinds) and not skipped(name, patterns)]
 
 
+def declared_keeps(component: torch.nn.Module) -> tuple[str, ...]:
+    """What the model declares unsafe in low precision (diffusers' ``_skip_layerwise_casting_patterns``: code that
+    reads a layer's weight dtype to cast its inputs, e.g. Wan's ``condition_embedder``; layers it calls precision
+    sensitive, Z-Image's ``t_embedder`` and ``cap_embedder``), its bare ``"norm"`` read as
+    the norm layers themselves (a module named norm*), not every layer under one (DiT's class embedding tables live
+    under ``norm1`` and store fine: measured with the judge)."""
+    declared = getattr(component, "_skip_layerwise_casting_patterns", None) or ()
+    return tuple(r"(^|\.)norm[^.]*$" if p == "norm" else p for p in declared)
+
+
 def fp8_storage(component: torch.nn.Module, patterns: tuple[str, ...], compute_dtype: torch.dtype) -> list[str]:
     from diffusers.hooks import apply_layerwise_casting
 
+    patterns = (*patterns, *declared_keeps(component))
     kinds = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Embedding)
     layers = targets(component, patterns, kinds)
     kept = [name for name, m in component.named_modules() if isinstance(m, kinds) and name not in layers]
@@ -51,6 +63,7 @@ def int8_weight(component: torch.nn.Module, patterns: tuple[str, ...], compute_d
     from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
     from torchao.quantization.granularity import PerAxis
 
+    patterns = (*patterns, *declared_keeps(component))
     linears = set(targets(component, patterns, (torch.nn.Linear,)))
     embeddings = set(targets(component, patterns, (torch.nn.Embedding,)))
     if linears:
@@ -66,6 +79,7 @@ def fp8(component: torch.nn.Module, patterns: tuple[str, ...], compute_dtype: to
     check_fp8_device(device)
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
+    patterns = (*patterns, *declared_keeps(component))
     linears = set(targets(component, patterns, (torch.nn.Linear,)))
     quantize_(component, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
               filter_fn=lambda m, name: name in linears)
