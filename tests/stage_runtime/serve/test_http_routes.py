@@ -163,7 +163,7 @@ async def test_stats_requests_and_metrics_reflect_the_traffic(stage, http):
     stats0 = (await http.get("/v1/stats")).json()
     metrics0 = metric_samples((await http.get("/metrics")).text)
     assert set(stats0) == {"state", "waiting", "running", "capacity", "finished_total", "aborted_total",
-                           "failed_total", "world_size", "topology", "workers", "startup", "cost"}
+                           "failed_total", "world_size", "topology", "workers", "startup", "cost", "weights"}
     assert stats0["state"] == "ready" and stats0["capacity"] == 1
     assert f"world_size={stats0['world_size']}" in stats0["topology"]
     assert [w["rank"] for w in stats0["workers"]] == list(range(stats0["world_size"]))
