@@ -14,17 +14,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from stage_runtime.models.tiny.gguf_layouts import TINY_LAYOUT, to_layout
-
+# Imported without torch, numpy or gguf (the CLI reads WRITABLE for make-tiny-model --gguf's choices).
 WRITABLE = ("Q8_0", "Q5_1", "Q5_0", "Q4_1", "Q4_0", "BF16", "F16", "F32")
 DENOISERS = ("transformer", "unet")          # the denoiser component of a pipeline folder, by name
 ARCH = {"FluxTransformer2DModel": "flux", "WanTransformer3DModel": "wan"}     # general.architecture, as published
 
 
-def quantized(name: str, array: np.ndarray, block_size: int) -> bool:
+def quantized(name: str, array, block_size: int) -> bool:
     """Whether tensor ``name`` is stored quantized: a 2-D weight of a repeated block with whole quant blocks."""
     return "blocks." in name and name.endswith(".weight") and array.ndim == 2 and array.shape[-1] % block_size == 0
 
@@ -39,6 +35,8 @@ def write_gguf(state_dict: dict[str, torch.Tensor], path: str | Path, quant: str
     the rest float32 (F16 for ``quant="F16"``); ``also``: more string metadata. Any quant type gguf can write is
     accepted (also those diffusers cannot read: the refusal tests make such files)."""
     import gguf
+    import numpy as np
+    import torch
 
     qtype = gguf.GGMLQuantizationType[quant]
     block_size, _ = gguf.GGML_QUANT_SIZES[qtype]
@@ -77,6 +75,8 @@ def write_folder_gguf(folder: str | Path, quant: str = "Q8_0", layout: str | Non
     component folders, where ``quantization.file: <component>.<quant>.gguf`` finds it). ``layout``: the file's key
     layout (gguf_layouts; default: ``TINY_LAYOUT``, else diffusers')."""
     import diffusers
+
+    from stage_runtime.models.tiny.gguf_layouts import TINY_LAYOUT, to_layout
 
     if quant not in WRITABLE:
         raise ValueError(f"--gguf {quant}: this writer makes {', '.join(WRITABLE)} (gguf's quantizers that diffusers "
