@@ -114,5 +114,8 @@ def load_gguf_pipeline(adapter_cls: type, model: ModelConfig, quant: Quantizatio
     if cls.__name__ not in MEASURED:
         log.warning("quantization.method='gguf': %s is read by diffusers' GGUF loader but not measured here (measured: "
                     "%s)", cls.__name__, ", ".join(MEASURED.values()))
-    denoiser = load_gguf_denoiser(cls, path, model, adapter_cls.denoiser_name)
+    try:
+        denoiser = load_gguf_denoiser(cls, path, model, adapter_cls.denoiser_name)
+    except ValueError as exc:                  # diffusers' own checks, should one pass ours (check_gguf_file)
+        raise ConfigError(f"quantization.file={quant.file!r}: diffusers' GGUF loader refused it: {exc}") from None
     return adapter_cls.load(model.path, device, model.dtype, **{adapter_cls.denoiser_name: denoiser})

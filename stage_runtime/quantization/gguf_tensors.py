@@ -95,8 +95,10 @@ def convert(mapping_fn, config: dict, file: dict[str, torch.Tensor], cls: str, f
         raise ConfigError(f"{field}: the file has no tensor {exc.args[0]!r}, which diffusers' {mapping_fn.__name__} "
                           f"needs to read a {cls} file in its original layout") from None
     except Exception as exc:
+        first = ", ".join(repr(name) for name in list(file)[:3])
         raise ConfigError(f"{field}: diffusers' {mapping_fn.__name__} cannot read the file's tensors as {cls} "
-                          f"({type(exc).__name__}: {exc})") from None
+                          f"({type(exc).__name__}: {exc}); the file's tensors begin {first}: is it a {cls} "
+                          "file?") from None
 
 
 def check_quantized_layers(model: torch.nn.Module, converted: dict[str, torch.Tensor], field: str, how: str) -> None:
