@@ -32,7 +32,7 @@ def gguf_file_name(component: str, quant: str) -> str:
 def write_gguf(state_dict: dict[str, torch.Tensor], path: str | Path, quant: str = "Q8_0", arch: str = "diffusion",
                also: dict[str, str] | None = None, select=quantized) -> Path:
     """Write ``state_dict`` (already in the file's layout) to ``path``: the tensors ``select(name, array, block_size)``
-    picks (default: ``quantized``, the block weights) in ``quant``, the rest float32 (F16 for ``quant="F16"``);
+    picks (default: ``quantized``, the block weights) in ``quant``, the rest float32;
     ``also``: more string metadata. Any quant type gguf can write is accepted (also those diffusers cannot read: the
     refusal tests make such files)."""
     import gguf
@@ -47,10 +47,10 @@ def write_gguf(state_dict: dict[str, torch.Tensor], path: str | Path, quant: str
         writer.add_string(key, value)
     for name, tensor in state_dict.items():
         array = tensor.detach().to(torch.float32).cpu().numpy()
-        if quant not in ("F32", "F16") and select(name, array, block_size):
-            writer.add_tensor(name, gguf.quantize(array, qtype), raw_dtype=qtype)
-        elif quant == "F16" and array.ndim >= 2:
+        if quant == "F16" and select(name, array, block_size):
             writer.add_tensor(name, array.astype(np.float16))
+        elif quant not in ("F32", "F16") and select(name, array, block_size):
+            writer.add_tensor(name, gguf.quantize(array, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(name, array)
     writer.write_header_to_file()
