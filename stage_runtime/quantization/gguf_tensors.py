@@ -47,15 +47,16 @@ def read_tensors(path: Path, field: str) -> list[FileTensor]:
 
 
 def check_quant_types(tensors: list[FileTensor], field: str) -> None:
-    """Every tensor's type is one diffusers dequantizes (diffusers.quantizers.gguf.utils), else ConfigError naming it."""
+    """Every tensor's type is one diffusers dequantizes (diffusers.quantizers.gguf.utils), else ConfigError naming
+    it."""
     import diffusers
     from diffusers.quantizers.gguf.utils import SUPPORTED_GGUF_QUANT_TYPES
 
     readable = [*PLAIN, *(q.name for q in SUPPORTED_GGUF_QUANT_TYPES)]
     for t in tensors:
         if t.qtype not in readable:
-            raise ConfigError(f"{field}: tensor {t.name!r} is {t.qtype}, a quant type diffusers {diffusers.__version__} "
-                              f"does not read (it reads {', '.join(readable)})")
+            raise ConfigError(f"{field}: tensor {t.name!r} is {t.qtype}, a quant type diffusers "
+                              f"{diffusers.__version__} does not read (it reads {', '.join(readable)})")
 
 
 def match_tensors(denoiser_cls: type, config: dict, mapping_fn, tensors: list[FileTensor], field: str) -> None:

@@ -78,7 +78,7 @@ def flux_original(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
-# Wan 2.1, diffusers → Wan-AI: applied in order to each key (a block's norm2 is Wan-AI's norm3: the placeholder swaps).
+# Wan 2.1, diffusers → Wan-AI: applied in order to each key (a block's norm2 is Wan-AI's norm3).
 WAN_RENAMES = (
     (r"^condition_embedder\.time_embedder\.linear_1\.", "time_embedding.0."),
     (r"^condition_embedder\.time_embedder\.linear_2\.", "time_embedding.2."),

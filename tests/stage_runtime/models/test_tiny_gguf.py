@@ -40,7 +40,8 @@ def numbered(shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
     """A state dict of those row counts, one column, every value distinct: the converters cut and join rows only."""
     out, start = {}, 0
     for name, shape in shapes.items():
-        out[name] = torch.arange(start, start + shape[0], dtype=torch.float64).reshape(shape[0], *(1,) * (len(shape) > 1))
+        column = torch.arange(start, start + shape[0], dtype=torch.float64)
+        out[name] = column.reshape(shape[0], *(1,) * (len(shape) > 1))
         start += shape[0]
     return out
 

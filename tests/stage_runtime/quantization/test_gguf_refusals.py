@@ -108,9 +108,9 @@ def test_flux1s_original_layout_is_refused_at_a_width_other_than_flux1s(flux, tm
     """diffusers 0.42.1 splits BFL's fused single-block linear at FLUX.1's own width (3 × 3072 + 12288 rows)."""
     write_folder_gguf(flux, "Q8_0", layout="original", out=tmp_path / "bfl.gguf")
     refused(FluxAdapter, flux, str(tmp_path / "bfl.gguf"),
-            r"convert_flux_transformer_checkpoint_to_diffusers cannot read the file's tensors as FluxTransformer2DModel "
-            r"\(RuntimeError: split_with_sizes .* 224 .*\[3072, 3072, 3072, 12288\]\); the file's tensors begin "
-            r"'time_in\.in_layer\.weight'")
+            r"convert_flux_transformer_checkpoint_to_diffusers cannot read the file's tensors as "
+            r"FluxTransformer2DModel \(RuntimeError: split_with_sizes .* 224 .*\[3072, 3072, 3072, 12288\]\); "
+            r"the file's tensors begin 'time_in\.in_layer\.weight'")
 
 
 def test_a_quantized_tensor_outside_a_linear_layer_is_refused(flux, flux_state, tmp_path):
