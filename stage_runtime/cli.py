@@ -20,6 +20,7 @@ from stage_runtime.config import StageConfig, load_config, load_config_file, mer
 from stage_runtime.errors import ConfigError, InvalidRequestError, ModelLoadError
 from stage_runtime.fetch.command import add_parser as add_fetch_parser
 from stage_runtime.models.tiny import KINDS as TINY_KINDS
+from stage_runtime.models.tiny.gguf_file import WRITABLE as GGUF_QUANTS
 from stage_runtime.train.command import add_parser as add_train_parser
 
 # CLI flag → (section, field) of StageConfig.
@@ -183,6 +184,8 @@ def cmd_make_tiny_model(args: argparse.Namespace) -> int:
     from stage_runtime.models.tiny import make_tiny_model
     from stage_runtime.models.tiny.lora import write_demo_loras
 
+    if args.all and args.gguf:
+        raise ConfigError("make-tiny-model: --gguf writes one kind's denoiser; give --kind, not --all")
     kinds = TINY_KINDS if args.all else (args.kind,)
     for kind in kinds:
         t0 = time.perf_counter()
@@ -190,6 +193,10 @@ def cmd_make_tiny_model(args: argparse.Namespace) -> int:
         out = make_tiny_model(out, kind=kind, seed=args.seed)
         loras = [] if args.no_demo_loras else write_demo_loras(out)
         also = f" (demo LoRA adapters: {', '.join(str(p) for p in loras)})" if loras else ""
+        if args.gguf:
+            from stage_runtime.models.tiny.gguf_file import write_folder_gguf
+
+            also += f" (GGUF denoiser: {write_folder_gguf(out, args.gguf)})"
         print(f"wrote tiny {kind} pipeline to {out} in {time.perf_counter() - t0:.2f} s{also}")
     return 0
 
@@ -341,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--no-demo-loras", action="store_true",
                       help="skip the random demo LoRA adapters written to OUT_DIR/loras/{ink,pixel} (LoRA families)")
+    tiny.add_argument("--gguf", metavar="QUANT", choices=GGUF_QUANTS,
+                      help="also write the denoiser as OUT_DIR/<denoiser>.QUANT.gguf, for quantization.method gguf "
+                           f"({', '.join(GGUF_QUANTS)}; kinds flux and wan)")
     tiny.set_defaults(func=cmd_make_tiny_model)
     add_fetch_parser(sub)
     add_train_parser(sub)

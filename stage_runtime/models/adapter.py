@@ -107,9 +107,18 @@ class PipelineAdapter(Refusals, ABC):
         self.pipe.set_progress_bar_config(disable=True)
 
     @classmethod
-    def load(cls, path: str, device: torch.device, dtype: str = "float32") -> "PipelineAdapter":
-        pipe = DiffusionPipeline.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True,
-                                                 low_cpu_mem_usage=cls.low_cpu_mem_usage)
+    def load(cls, path: str, device: torch.device, dtype: str = "float32", **components) -> "PipelineAdapter":
+        """The pipeline in ``path`` on ``device``; ``components`` are modules already loaded (a GGUF denoiser,
+        stage_runtime/quantization/gguf.py), passed to diffusers in place of the folder's: through the folder's own
+        pipeline class, since DiffusionPipeline.from_pretrained loads a component the class declares optional
+        (WanPipeline's transformer) from the folder even when one is passed."""
+        loader = DiffusionPipeline
+        if components:
+            import diffusers
+
+            loader = getattr(diffusers, DiffusionPipeline.load_config(path)["_class_name"])
+        pipe = loader.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True,
+                                      low_cpu_mem_usage=cls.low_cpu_mem_usage, **components)
         return cls(pipe.to(device), device)
 
     @property

@@ -80,7 +80,7 @@ class GenericDiffusersAdapter(GenericRefusals, PipelineAdapter):
         log.warning("%s", self.features())
 
     @classmethod
-    def load(cls, path: str, device: torch.device, dtype: str = "float32") -> "GenericDiffusersAdapter":
+    def load(cls, path: str, device: torch.device, dtype: str = "float32", **components) -> "GenericDiffusersAdapter":
         import diffusers
 
         from stage_runtime.models.registry import read_pipeline_class
@@ -89,7 +89,7 @@ class GenericDiffusersAdapter(GenericRefusals, PipelineAdapter):
         if not isinstance(getattr(diffusers, name, None), type):
             raise ModelLoadError(f"model.path={path!r}: pipeline class {name!r} is neither served by a dedicated "
                                  f"adapter nor a diffusers pipeline class (diffusers {diffusers.__version__})")
-        return super().load(path, device, dtype)
+        return super().load(path, device, dtype, **components)
 
     def _default(self, name: str, fallback):
         parameter = self.params.get(name)

@@ -62,14 +62,14 @@ class QwenImageEditAdapter(QwenImageAdapter):
     step_key_fields = ("height", "width", "edit_shapes")        # guidance is per request rows
 
     @classmethod
-    def load(cls, path: str, device: torch.device, dtype: str = "float32") -> "QwenImageEditAdapter":
+    def load(cls, path: str, device: torch.device, dtype: str = "float32", **components) -> "QwenImageEditAdapter":
         from diffusers import DiffusionPipeline
 
         from stage_runtime.models.adapter import DTYPES
 
         pipe = DiffusionPipeline.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True,
                                                  low_cpu_mem_usage=cls.low_cpu_mem_usage,
-                                                 processor=load_processor(path))
+                                                 processor=load_processor(path), **components)
         return cls(pipe.to(device), device)
 
     @property

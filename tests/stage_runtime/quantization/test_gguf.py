@@ -1,0 +1,153 @@
+"""GGUF denoisers (quantization/gguf.py): the tiny FLUX.1 and Wan 2.1 denoisers written as Q8_0 GGUF files
+(``make-tiny-model --gguf``), loaded by ``load_gguf_pipeline`` and served by the real engine, against the bare
+diffusers pipeline whose denoiser diffusers reads from the same file (same seed): request mode within 1 uint8, step
+mode within 2. The weights stay quantized (GGUFParameter, Q8_0) and take fewer bytes than the float32 denoiser.
+(What is refused: test_gguf_refusals.py; the writer and its layouts: models/test_tiny_gguf.py.)"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import diffusers
+import pytest
+import torch
+from diffusers.quantizers.gguf.utils import GGUFLinear, GGUFParameter
+from engine_probes import assert_no_state, count_denoiser_calls, max_diff, runner_of
+from family_checks import RESULT_TIMEOUT, Family, generators, make_engine, to_uint8
+from gguf import GGMLQuantizationType
+from gguf_adapters_for_tests import GGUF_FILE
+
+from stage_runtime.cli import main as cli_main
+from stage_runtime.config import ModelConfig, QuantizationConfig
+from stage_runtime.models.flux import FluxAdapter
+from stage_runtime.quantization.gguf import load_gguf_pipeline
+from stage_runtime.quantization.weight_bytes import module_bytes
+
+torch.set_num_threads(1)
+FLUX = Family("flux", guidances=(3.5, 6.0))
+WAN = Family("wan", guidances=(6.0, 3.0), size=16, frames=9)
+ADAPTERS = {"flux": "gguf_adapters_for_tests:GgufFluxAdapter", "wan": "gguf_adapters_for_tests:GgufWanAdapter"}
+PIPELINES = {"flux": "FluxPipeline", "wan": "WanPipeline"}
+_BARE: dict[str, diffusers.DiffusionPipeline] = {}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """kind → a tiny pipeline folder with its denoiser beside it as transformer.Q8_0.gguf, by the CLI."""
+    built = {}
+    for kind in ("flux", "wan"):
+        out = tmp_path_factory.mktemp("gguf") / f"tiny-{kind}"
+        assert cli_main(["make-tiny-model", str(out), "--kind", kind, "--gguf", "Q8_0", "--no-demo-loras"]) == 0
+        built[kind] = str(out)
+    return built
+
+
+def bare_pipeline(folder: str, kind: str) -> diffusers.DiffusionPipeline:
+    """The pipeline diffusers alone builds: its transformer from the GGUF file (diffusers' own loader)."""
+    if folder not in _BARE:
+        model = getattr(diffusers, PIPELINES[kind]).load_config(folder)["transformer"][-1]
+        transformer = getattr(diffusers, model).from_single_file(
+            str(Path(folder) / GGUF_FILE), config=folder, subfolder="transformer", local_files_only=True,
+            quantization_config=diffusers.GGUFQuantizationConfig(compute_dtype=torch.float32))
+        pipe = getattr(diffusers, PIPELINES[kind]).from_pretrained(folder, transformer=transformer,
+                                                                  local_files_only=True)
+        pipe.set_progress_bar_config(disable=True)
+        _BARE[folder] = pipe
+    return _BARE[folder]
+
+
+def bare_call(family: Family, folder: str, prompt: str, steps: int, seed: int, guidance: float, n: int = 1):
+    pipe = bare_pipeline(folder, family.kind)
+    video = {} if family.frames is None else {"num_frames": family.frames}
+    out = pipe(prompt=[prompt] * n, guidance_scale=guidance, height=family.size, width=family.size, **video,
+               num_inference_steps=steps, generator=generators(seed, n), output_type="np")
+    return to_uint8(out.images if family.frames is None else out.frames)
+
+
+def served_transformer(engine) -> torch.nn.Module:
+    return runner_of(engine).adapter.pipe.transformer
+
+
+def assert_q8_0_linears(transformer: torch.nn.Module) -> int:
+    """Every linear layer of the repeated blocks is diffusers' GGUFLinear over a Q8_0 GGUFParameter; their count."""
+    blocks = [(n, m) for n, m in transformer.named_modules() if "blocks." in n and isinstance(m, torch.nn.Linear)]
+    assert blocks
+    for name, layer in blocks:
+        assert isinstance(layer, GGUFLinear) and isinstance(layer.weight, GGUFParameter), name
+        assert layer.weight.quant_type == GGMLQuantizationType.Q8_0 and layer.weight.dtype == torch.uint8, name
+    return len(blocks)
+
+
+@pytest.mark.parametrize("family", [FLUX, WAN], ids=["flux", "wan"])
+def test_a_q8_0_denoiser_in_request_mode_equals_the_bare_pipeline_on_the_same_file(folders, family):
+    folder = folders[family.kind]
+    g = family.guidances[0]
+    eng = make_engine(folder, "request", adapter=ADAPTERS[family.kind], warmup=False, max_num_seqs=2,
+                      request_batch_max_wait_ms=200)
+    calls = count_denoiser_calls(eng)
+    try:
+        assert_q8_0_linears(served_transformer(eng))
+        with eng._lock:              # admitted together: one wave, whatever the machine's speed
+            a = eng.add_request(family.request("a", "a photo of a cat", 3, 1, guidance_scale=g))
+            b = eng.add_request(family.request("b", "a red car", 3, 2, num_outputs=2, guidance_scale=g))
+        out_a, out_b = a.result(timeout=RESULT_TIMEOUT), b.result(timeout=RESULT_TIMEOUT)
+        assert calls[0] == 3, f"{calls[0]} denoiser forwards for two 3-step requests: they were not fused"
+        assert max_diff(out_a.images, bare_call(family, folder, "a photo of a cat", 3, 1, g)) <= 1
+        assert max_diff(out_b.images, bare_call(family, folder, "a red car", 3, 2, g, n=2)) <= 1
+        assert out_a.images.std() > 5 and max_diff(out_a.images, out_b.images[:1]) > 20
+        assert_no_state(eng)
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("family", [FLUX, WAN], ids=["flux", "wan"])
+def test_a_q8_0_denoiser_in_step_mode_equals_the_bare_pipeline_on_the_same_file(folders, family):
+    """Requests of different step counts and guidance share ticks; each within 2 of its bare call."""
+    folder = folders[family.kind]
+    eng = make_engine(folder, "step", adapter=ADAPTERS[family.kind], warmup=False, max_num_seqs=4)
+    calls = count_denoiser_calls(eng)
+    try:
+        g1, g2 = family.guidances
+        with eng._lock:
+            long = eng.add_request(family.request("long", "a photo of a cat", 6, 3, guidance_scale=g1))
+            short = eng.add_request(family.request("short", "a red car", 3, 4, num_outputs=2, guidance_scale=g2))
+        long_out, short_out = long.result(timeout=RESULT_TIMEOUT), short.result(timeout=RESULT_TIMEOUT)
+        assert calls[0] == 6, f"{calls[0]} denoiser forwards for 6 + 3 steps: the requests did not share ticks"
+        assert max_diff(long_out.images, bare_call(family, folder, "a photo of a cat", 6, 3, g1)) <= 2
+        assert max_diff(short_out.images, bare_call(family, folder, "a red car", 3, 4, g2, n=2)) <= 2
+        assert_no_state(eng)
+    finally:
+        eng.close()
+
+
+def test_the_q8_0_flux_denoiser_stays_quantized_in_fewer_bytes_than_float32(folders):
+    folder = folders["flux"]
+    adapter = load_gguf_pipeline(FluxAdapter, ModelConfig(path=folder),
+                                 QuantizationConfig(method="gguf", file=GGUF_FILE), torch.device("cpu"))
+    assert type(adapter) is FluxAdapter and adapter.denoiser is adapter.pipe.transformer
+    linears = assert_q8_0_linears(adapter.denoiser)
+    float32 = diffusers.FluxTransformer2DModel.from_pretrained(folder, subfolder="transformer", local_files_only=True)
+    quantized, full = module_bytes(adapter.denoiser), module_bytes(float32)
+    # Q8_0: 34 bytes per 32 weights (1.06 B) in the blocks' linears; the embedders, the final layer, norms and biases
+    # stay float32, a large share of a 32-wide model: 160768 / 314176 bytes (0.51) measured
+    assert quantized < 0.6 * full, (quantized, full, linears)
+    block_weights = sum(m.weight.numel() for n, m in float32.named_modules()
+                        if "blocks." in n and isinstance(m, torch.nn.Linear))
+    assert full - quantized == pytest.approx(block_weights * (4 - 34 / 32))
+
+
+def test_the_folder_needs_the_denoisers_config_but_not_its_weights(folders, tmp_path):
+    """A downloaded GGUF comes without the float transformer: the folder's transformer/ holds only config.json."""
+    folder = tmp_path / "flux-without-weights"
+    shutil.copytree(folders["flux"], folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    for component in ("vae", "text_encoder", "text_encoder_2"):
+        shutil.copytree(Path(folders["flux"]) / component, folder / component, dirs_exist_ok=True)
+    assert not list((folder / "transformer").glob("*.safetensors"))
+    adapter = load_gguf_pipeline(FluxAdapter, ModelConfig(path=str(folder)),
+                                 QuantizationConfig(method="gguf", file=GGUF_FILE), torch.device("cpu"))
+    served = load_gguf_pipeline(FluxAdapter, ModelConfig(path=folders["flux"]),
+                                QuantizationConfig(method="gguf", file=str(Path(folders["flux"]) / GGUF_FILE)),
+                                torch.device("cpu"))
+    for (name, mine), (_, theirs) in zip(adapter.denoiser.state_dict().items(), served.denoiser.state_dict().items()):
+        assert torch.equal(mine, theirs), name
