@@ -217,9 +217,17 @@ class StageConfig(BaseModel):
                              "swaps the weights of each denoiser block from hooks inside the blocks a compiled graph "
                              "runs; use offload.mode='model' over the other components, or compile.mode='none'")
         quant = self.quantization.method
-        if quant != "none" and self.offload.mode != "none":
-            raise ValueError(f"quantization.method={quant!r} with offload.mode={self.offload.mode!r}: the offloader "
-                             "moves plain weight storages and a quantized weight is not one; use one or the other")
+        if quant != "none" and self.offload.mode == "layerwise":
+            raise ValueError(f"quantization.method={quant!r} with offload.mode='layerwise': the offloader swaps the "
+                             "denoiser's plain weight storages block by block, and a quantized weight is not one; "
+                             "use offload.mode='model' over the components left unquantized")
+        if quant != "none" and self.offload.mode == "model":
+            both = sorted(set(self.quantization.components) & set(self.offload.components))
+            if not self.offload.components or both:
+                what = f"lists {', '.join(both)}" if both else "is empty (every component, the quantized ones too)"
+                raise ValueError(f"quantization.method={quant!r} with offload.mode='model': offload.components {what}; "
+                                 "the offloader moves plain weight storages, so offload only the components left "
+                                 "unquantized (e.g. text_encoder, vae)")
         if quant != "none" and self.parallel.tensor_parallel_size > 1:
             raise ValueError(f"quantization.method={quant!r} with tensor_parallel_size="
                              f"{self.parallel.tensor_parallel_size}: tensor parallel cuts full-precision weights; "

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from stage_runtime.config import ConfigError, StageConfig
+from stage_runtime.config import ConfigError, OffloadConfig, StageConfig
 from stage_runtime.quantization.methods import METHODS, fp8
 from stage_runtime.quantization.weight_bytes import module_bytes
 
@@ -26,6 +26,16 @@ class WeightReport:
 
     method: str
     components: dict[str, dict] = field(default_factory=dict)
+
+    def check_offload(self, offload: OffloadConfig) -> None:
+        """The offloader moves plain storages: a quantized component it would manage is a ConfigError (the config
+        refuses what it can see; the default components, the denoiser, are known once the pipeline is loaded)."""
+        quantized = sorted(name for name, c in self.components.items() if c["method"] != "none")
+        both = [name for name in quantized if name in offload.components]
+        if offload.mode != "none" and both:
+            raise ConfigError(f"offload.components lists {', '.join(both)}, quantized with method={self.method!r}: "
+                              "the offloader moves plain weight storages; offload only the components left "
+                              f"unquantized (quantized: {', '.join(quantized)})")
 
     def as_dict(self) -> dict:
         return {"method": self.method, "components": self.components,

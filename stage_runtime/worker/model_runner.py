@@ -35,6 +35,7 @@ from stage_runtime.errors import InvalidRequestError, WorkerFatalError
 from stage_runtime.checkpoint import read_manifest
 from stage_runtime.compilation import install_compiler
 from stage_runtime.quantization import quantize
+from stage_runtime.quantization.gguf import load_gguf_pipeline
 from stage_runtime.models import block_cache, prompt_cache, step_checkpoint
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.model_info import ModelInfo
@@ -71,10 +72,14 @@ class DiffusionModelRunner:
         """Load the model; ``parallelize(adapter)`` (the worker's distributed.apply) runs before the startup LoRA
         adapters are read, so their factors are cut to the tensor-parallel shards and hook the sharded layers."""
         adapter_cls = resolve_adapter_class(self.config.model)
-        self.adapter = adapter_cls.load(self.config.model.path, self.device, self.config.model.dtype)
+        if self.config.quantization.method == "gguf":             # the denoiser from its pre-quantized file
+            self.adapter = load_gguf_pipeline(adapter_cls, self.config.model, self.config.quantization, self.device)
+        else:
+            self.adapter = adapter_cls.load(self.config.model.path, self.device, self.config.model.dtype)
         # the weights as loaded name the model; a checkpoint resumes only under the same quantization
         fingerprint = step_checkpoint.model_fingerprint(self.adapter, self.config.quantization.method)
         self.weights = quantize(self.adapter, self.config, self.device)      # the stored weights, before any wrapper
+        self.weights.check_offload(self.config.offload)
         self.compiler = install_compiler(self.adapter, self.config, self.device, self.rank)
         if self.config.limits.decode_tile_side is not None:
             self.adapter.bound_decode(self.config.limits.decode_tile_side)

@@ -83,11 +83,12 @@ def edit_pictures(sides: tuple[int, ...]) -> list[np.ndarray]:
 
 
 def make_engine(path: str, mode: str = "request", adapter: str | None = None, warmup: bool = True,
-                limits: dict | None = None, **scheduler) -> DiffusionEngine:
+                limits: dict | None = None, quantization: dict | None = None, **scheduler) -> DiffusionEngine:
     """An in-process engine over the folder (the checklist turns warmup off: it runs at the model's default
     size, 512 px for the tiny Qwen-Image)."""
     config = load_config({"model": {"path": path, "adapter": adapter}, "device": "cpu", "warmup": warmup,
-                          "scheduler": {"execution_mode": mode, **scheduler}, "limits": limits or {}})
+                          "scheduler": {"execution_mode": mode, **scheduler}, "limits": limits or {},
+                          "quantization": quantization or {}})
     return DiffusionEngine.make_engine(config)
 
 

@@ -1,5 +1,6 @@
 """GGUF denoisers (quantization/gguf.py): the tiny FLUX.1 and Wan 2.1 denoisers written as Q8_0 GGUF files
-(``make-tiny-model --gguf``), loaded by ``load_gguf_pipeline`` and served by the real engine, against the bare
+(``make-tiny-model --gguf``), served by the real engine under ``quantization: {method: gguf, file}`` (the model
+runner loads through ``load_gguf_pipeline``), against the bare
 diffusers pipeline whose denoiser diffusers reads from the same file (same seed): request mode within 1 uint8, step
 mode within 2. The weights stay quantized (GGUFParameter, Q8_0) and take fewer bytes than the float32 denoiser.
 (What is refused: test_gguf_refusals.py; the writer and its layouts: models/test_tiny_gguf.py.)"""
@@ -16,7 +17,6 @@ from diffusers.quantizers.gguf.utils import GGUFLinear, GGUFParameter
 from engine_probes import assert_no_state, count_denoiser_calls, max_diff, runner_of
 from family_checks import RESULT_TIMEOUT, Family, generators, make_engine, to_uint8
 from gguf import GGMLQuantizationType
-from gguf_adapters_for_tests import GGUF_FILE
 
 from stage_runtime.cli import main as cli_main
 from stage_runtime.config import ModelConfig, QuantizationConfig
@@ -27,7 +27,8 @@ from stage_runtime.quantization.weight_bytes import module_bytes
 torch.set_num_threads(1)
 FLUX = Family("flux", guidances=(3.5, 6.0))
 WAN = Family("wan", guidances=(6.0, 3.0), size=16, frames=9)
-ADAPTERS = {"flux": "gguf_adapters_for_tests:GgufFluxAdapter", "wan": "gguf_adapters_for_tests:GgufWanAdapter"}
+GGUF_FILE = "transformer.Q8_0.gguf"          # make-tiny-model --gguf Q8_0 writes it inside the folder
+GGUF = {"method": "gguf", "file": GGUF_FILE}
 PIPELINES = {"flux": "FluxPipeline", "wan": "WanPipeline"}
 _BARE: dict[str, diffusers.DiffusionPipeline] = {}
 
@@ -83,11 +84,13 @@ def assert_q8_0_linears(transformer: torch.nn.Module) -> int:
 def test_a_q8_0_denoiser_in_request_mode_equals_the_bare_pipeline_on_the_same_file(folders, family):
     folder = folders[family.kind]
     g = family.guidances[0]
-    eng = make_engine(folder, "request", adapter=ADAPTERS[family.kind], warmup=False, max_num_seqs=2,
+    eng = make_engine(folder, "request", quantization=GGUF, warmup=False, max_num_seqs=2,
                       request_batch_max_wait_ms=200)
     calls = count_denoiser_calls(eng)
     try:
         assert_q8_0_linears(served_transformer(eng))
+        report = runner_of(eng).weights.components["transformer"]           # /v1/stats.weights' entry
+        assert report == {"bytes": module_bytes(served_transformer(eng)), "method": "gguf"}
         with eng._lock:              # admitted together: one wave, whatever the machine's speed
             a = eng.add_request(family.request("a", "a photo of a cat", 3, 1, guidance_scale=g))
             b = eng.add_request(family.request("b", "a red car", 3, 2, num_outputs=2, guidance_scale=g))
@@ -105,7 +108,7 @@ def test_a_q8_0_denoiser_in_request_mode_equals_the_bare_pipeline_on_the_same_fi
 def test_a_q8_0_denoiser_in_step_mode_equals_the_bare_pipeline_on_the_same_file(folders, family):
     """Requests of different step counts and guidance share ticks; each within 2 of its bare call."""
     folder = folders[family.kind]
-    eng = make_engine(folder, "step", adapter=ADAPTERS[family.kind], warmup=False, max_num_seqs=4)
+    eng = make_engine(folder, "step", quantization=GGUF, warmup=False, max_num_seqs=4)
     calls = count_denoiser_calls(eng)
     try:
         g1, g2 = family.guidances

@@ -85,7 +85,12 @@ def test_a_checkpoint_names_the_quantization_it_was_made_under(tiny_dit_path):
 
 
 @pytest.mark.parametrize("section, message", [
-    ({"offload": {"mode": "model"}}, "quantization.method='int8-weight' with offload.mode='model': the offloader"),
+    ({"offload": {"mode": "model"}},
+     "quantization.method='int8-weight' with offload.mode='model': offload.components is empty (every component"),
+    ({"offload": {"mode": "layerwise"}}, "quantization.method='int8-weight' with offload.mode='layerwise'"),
+    ({"offload": {"mode": "model", "components": ["vae", "unet"]},
+      "quantization": {"method": "int8-weight", "components": ["unet"]}},
+     "offload.mode='model': offload.components lists unet; the offloader moves plain weight storages"),
     ({"parallel": {"tensor_parallel_size": 2, "num_gpus": 2}},
      "quantization.method='int8-weight' with tensor_parallel_size=2: tensor parallel cuts full-precision weights"),
     ({"quantization": {"method": "gguf"}}, "method='gguf' needs file"),

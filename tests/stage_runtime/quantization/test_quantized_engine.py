@@ -10,7 +10,7 @@ import pytest
 import torch
 from family_checks import Family, generators, prompt_call, to_uint8
 
-from stage_runtime.config import ModelConfig, load_config
+from stage_runtime.config import ConfigError, ModelConfig, load_config
 from stage_runtime.engine import DiffusionEngine
 from stage_runtime.models.registry import resolve_adapter_class
 from stage_runtime.quantization import quantize
@@ -76,3 +76,52 @@ def test_ulysses_on_an_int8_base_equals_one_int8_rank(tiny_digits_path):
         two.close()
     for i in single:
         assert np.abs(single[i].images.astype(int) - sharded[i].images.astype(int)).max() <= 2, i
+
+
+def test_model_offload_of_the_unquantized_components_on_an_int8_unet(tiny_sd_path):
+    """The text encoder and the VAE offloaded (model mode), the int8 UNet resident: equal to the bare int8 pipeline
+    within 1, and the offloaded components released to the host after the request."""
+    eng = engine(tiny_sd_path, "int8-weight", "request",
+                 offload={"mode": "model", "components": ["text_encoder", "vae"]})
+    try:
+        got = eng.add_request(SD.request("o", "a cat 1", STEPS, SEED, guidance_scale=GUIDANCE)).result(timeout=120)
+        (offload,) = eng.collective_rpc("offload_stats")
+        (weights,) = eng.weights
+    finally:
+        eng.close()
+    assert np.abs(got.images.astype(int) - bare_quantized(tiny_sd_path, "int8-weight", "a cat 1", 1)).max() <= 1
+    assert weights["components"]["unet"]["method"] == "int8-weight", weights
+    offloaded = weights["components"]["text_encoder"]["bytes"] + weights["components"]["vae"]["bytes"]
+    assert offload["loads"] > 0 and offload["managed_bytes"] == offloaded, (offload, weights)
+    assert offload["resident_bytes"]["cpu"] == 0, offload                # released after the request
+
+
+def test_offloading_the_quantized_denoiser_is_refused_at_load_naming_it(tiny_sd_path):
+    with pytest.raises(ConfigError) as info:
+        engine(tiny_sd_path, "int8-weight", "request", offload={"mode": "model", "components": ["unet", "vae"]})
+    assert "offload.components lists unet, quantized with method='int8-weight'" in str(info.value)
+
+
+def test_regional_compile_over_int8_weights_recompiles_nothing_and_equals_the_uncompiled_int8_engine(
+        tiny_digits_path):
+    """The compiled blocks run torchao's int8 linears inside their graphs: warmed before ready, no recompile after,
+    the digits within 1 of the same int8 engine without compile."""
+    from support.compile_cache import shared_compile_cache
+
+    compiled = engine(tiny_digits_path, "int8-weight", "step", executor="mp", warmup=True,
+                      compile={"mode": "regional", "cache_dir": str(shared_compile_cache())})
+    try:
+        (warmed,) = compiled.compile_warmup_stats
+        got = digits(compiled)
+        (after,) = compiled.collective_rpc("compile_stats")
+    finally:
+        compiled.close()
+    plain = engine(tiny_digits_path, "int8-weight", "step")
+    try:
+        expected = digits(plain)
+    finally:
+        plain.close()
+    assert warmed["mode_effective"] == "regional" and warmed["graphs"] >= 1, warmed
+    assert (after["graphs"], after["recompiles"]) == (warmed["graphs"], 0), after
+    for i in expected:
+        assert np.abs(got[i].images.astype(int) - expected[i].images.astype(int)).max() <= 1, i
