@@ -151,8 +151,19 @@ def read_lora(name: str, path: str, components: dict[str, torch.nn.Module], pipe
             a, b = m.a, m.b
             if hasattr(module, "shard_low_rank"):
                 a, b = module.shard_low_rank(a, b)
-            weight = module.weight
+            device, dtype = module.weight.device, compute_dtype(module)
             modules.setdefault(component, {})[module_path] = LoraFactors(
-                a.to(weight.device, weight.dtype).contiguous(), b.to(weight.device, weight.dtype).contiguous(),
-                m.scaling)
+                a.to(device, dtype).contiguous(), b.to(device, dtype).contiguous(), m.scaling)
     return LoraWeights(name, path, digest, modules)
+
+
+def compute_dtype(module: torch.nn.Module) -> torch.dtype:
+    """The dtype an adapted layer computes in, which its factors take. A quantized weight is stored in another:
+    a GGUF layer's bytes (its ``compute_dtype``), float8 storage (its layerwise-casting hook's compute dtype);
+    a torchao int8 weight reports the dtype it dequantizes to."""
+    gguf = getattr(module, "compute_dtype", None)
+    if isinstance(gguf, torch.dtype):
+        return gguf
+    registry = getattr(module, "_diffusers_hook", None)
+    casting = registry.get_hook("layerwise_casting") if registry is not None else None
+    return casting.compute_dtype if casting is not None else module.weight.dtype

@@ -19,7 +19,8 @@ from family_checks import RESULT_TIMEOUT, Family, generators, make_engine, to_ui
 from gguf import GGMLQuantizationType
 
 from stage_runtime.cli import main as cli_main
-from stage_runtime.config import ModelConfig, QuantizationConfig
+from stage_runtime.config import ModelConfig, QuantizationConfig, load_config
+from stage_runtime.engine import DiffusionEngine
 from stage_runtime.models.flux import FluxAdapter
 from stage_runtime.quantization.gguf import load_gguf_pipeline
 from stage_runtime.quantization.weight_bytes import module_bytes
@@ -39,7 +40,7 @@ def folders(tmp_path_factory):
     built = {}
     for kind in ("flux", "wan"):
         out = tmp_path_factory.mktemp("gguf") / f"tiny-{kind}"
-        assert cli_main(["make-tiny-model", str(out), "--kind", kind, "--gguf", "Q8_0", "--no-demo-loras"]) == 0
+        assert cli_main(["make-tiny-model", str(out), "--kind", kind, "--gguf", "Q8_0"]) == 0
         built[kind] = str(out)
     return built
 
@@ -154,3 +155,30 @@ def test_the_folder_needs_the_denoisers_config_but_not_its_weights(folders, tmp_
                                 torch.device("cpu"))
     for (name, mine), (_, theirs) in zip(adapter.denoiser.state_dict().items(), served.denoiser.state_dict().items()):
         assert torch.equal(mine, theirs), name
+
+
+def test_a_lora_on_the_q8_0_denoiser_equals_diffusers_lora_on_the_same_file(folders):
+    """An adapted row and a plain row in one tick: the adapted one within 2 of diffusers' own LoRA (PEFT) over the
+    GGUF denoiser, the plain one within 2 of the bare call (the factors compute in the layer's compute dtype, not
+    its stored bytes: regression, they were cast to uint8)."""
+    folder, g = folders["flux"], FLUX.guidances[0]
+    ink = str(Path(folder) / "loras" / "ink")
+    eng = DiffusionEngine.make_engine(load_config({
+        "model": {"path": folder}, "device": "cpu", "warmup": False, "quantization": GGUF,
+        "loras": [{"name": "ink", "path": ink}], "scheduler": {"execution_mode": "step", "max_num_seqs": 4}}))
+    try:
+        with eng._lock:
+            adapted = eng.add_request(FLUX.request("ink", "a photo of a cat", 3, 4, guidance_scale=g,
+                                                   loras=({"name": "ink", "scale": 1.0},)))
+            plain = eng.add_request(FLUX.request("plain", "a photo of a cat", 3, 4, guidance_scale=g))
+        adapted, plain = adapted.result(timeout=RESULT_TIMEOUT).images, plain.result(timeout=RESULT_TIMEOUT).images
+    finally:
+        eng.close()
+    assert max_diff(plain, bare_call(FLUX, folder, "a photo of a cat", 3, 4, g)) <= 2
+    pipe = bare_pipeline(folder, "flux")
+    pipe.load_lora_weights(ink, adapter_name="ink")
+    try:
+        assert max_diff(adapted, bare_call(FLUX, folder, "a photo of a cat", 3, 4, g)) <= 2
+    finally:
+        pipe.unload_lora_weights()
+    assert max_diff(adapted, plain) > 5, "the adapter changed nothing"

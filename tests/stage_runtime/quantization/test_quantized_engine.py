@@ -27,11 +27,16 @@ def engine(path: str, method: str, mode: str, **extra) -> DiffusionEngine:
 
 
 def bare_quantized(path: str, method: str, prompt: str, n: int) -> np.ndarray:
+    """The bare pipeline quantized by the same function."""
     adapter = resolve_adapter_class(ModelConfig(path=path)).load(path, torch.device("cpu"))
     quantize(adapter, load_config({"model": {"path": path}, "quantization": {"method": method}}), torch.device("cpu"))
-    adapter.pipe.set_progress_bar_config(disable=True)
-    out = adapter.pipe(**prompt_call(adapter.pipe, prompt, n, GUIDANCE), height=SD.size, width=SD.size,
-                       num_inference_steps=STEPS, generator=generators(SEED, n), output_type="np")
+    return run_bare(adapter.pipe, prompt, n)
+
+
+def run_bare(pipe, prompt: str, n: int) -> np.ndarray:
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(**prompt_call(pipe, prompt, n, GUIDANCE), height=SD.size, width=SD.size,
+               num_inference_steps=STEPS, generator=generators(SEED, n), output_type="np")
     return to_uint8(out.images)
 
 
@@ -48,6 +53,25 @@ def test_a_quantized_engine_equals_the_bare_pipeline_quantized_alike(method, mod
     for n, images in got.items():
         bare = bare_quantized(tiny_sd_path, method, f"a cat {n}", n)
         assert np.abs(images.astype(int) - bare.astype(int)).max() <= tolerance, (method, mode, n)
+
+
+def float8_rounded_with_lora(path: str, lora: str):
+    """The bare pipeline whose UNet holds exactly what fp8-storage stores (each weight it casts, rounded to float8 and
+    back, in plain float32 tensors), with diffusers' own LoRA loaded over it."""
+    stored = resolve_adapter_class(ModelConfig(path=path)).load(path, torch.device("cpu"))
+    quantize(stored, load_config({"model": {"path": path}, "quantization": {"method": "fp8-storage"}}),
+             torch.device("cpu"))
+    pipe = resolve_adapter_class(ModelConfig(path=path)).load(path, torch.device("cpu")).pipe
+    rounded = 0
+    with torch.no_grad():
+        for name, param in pipe.unet.named_parameters():
+            kept = stored.pipe.unet.get_parameter(name)
+            if kept.dtype == torch.float8_e4m3fn:
+                param.copy_(kept.to(torch.float32))
+                rounded += 1
+    assert rounded > 10, rounded
+    pipe.load_lora_weights(lora, adapter_name="ink")
+    return pipe
 
 
 def digits(eng: DiffusionEngine, **sampling) -> dict:
@@ -125,3 +149,26 @@ def test_regional_compile_over_int8_weights_recompiles_nothing_and_equals_the_un
     assert (after["graphs"], after["recompiles"]) == (warmed["graphs"], 0), after
     for i in expected:
         assert np.abs(got[i].images.astype(int) - expected[i].images.astype(int)).max() <= 1, i
+
+
+def test_a_lora_on_float8_storage_equals_diffusers_lora_on_the_same_storage(tiny_sd_path, tmp_path):
+    """fp8-storage keeps each layer's weights in float8 and casts them to float32 as it runs: the LoRA factors compute
+    in float32 (regression: they were cast to the stored float8). The adapted row is within 2 of diffusers' own LoRA
+    on the stored weights (float8 values in float32 tensors: diffusers' PEFT layers cannot run over float8-stored
+    convolutions on CPU)."""
+    from lora_probes import write_adapter
+
+    ink = write_adapter(tiny_sd_path, tmp_path / "ink", seed=3, text_encoder=False, gain=0.3)
+    eng = engine(tiny_sd_path, "fp8-storage", "step", loras=[{"name": "ink", "path": ink}])
+    try:
+        with eng._lock:
+            adapted = eng.add_request(SD.request("ink", "a cat 1", STEPS, SEED, guidance_scale=GUIDANCE,
+                                                 loras=({"name": "ink", "scale": 1.0},)))
+            plain = eng.add_request(SD.request("plain", "a cat 1", STEPS, SEED, guidance_scale=GUIDANCE))
+        adapted, plain = adapted.result(timeout=120).images, plain.result(timeout=120).images
+    finally:
+        eng.close()
+    assert np.abs(plain.astype(int) - bare_quantized(tiny_sd_path, "fp8-storage", "a cat 1", 1)).max() <= 2
+    expected = run_bare(float8_rounded_with_lora(tiny_sd_path, ink), "a cat 1", 1)
+    assert np.abs(adapted.astype(int) - expected.astype(int)).max() <= 2
+    assert np.abs(adapted.astype(int) - plain.astype(int)).max() > 5, "the adapter changed nothing"
