@@ -182,3 +182,20 @@ def test_a_lora_on_the_q8_0_denoiser_equals_diffusers_lora_on_the_same_file(fold
     finally:
         pipe.unload_lora_weights()
     assert max_diff(adapted, plain) > 5, "the adapter changed nothing"
+
+
+def test_ulysses_over_two_ranks_on_the_q8_0_denoiser_equals_one_rank(folders):
+    """Each rank reads the same GGUF file; the attention heads split across two gloo ranks: within 2 of one rank."""
+    folder, g = folders["flux"], FLUX.guidances[0]
+    images = {}
+    for name, extra in (("one", {}), ("two", {"executor": "mp", "parallel": {"ulysses_degree": 2},
+                                              "collective_timeout_s": 300})):
+        eng = DiffusionEngine.make_engine(load_config({
+            "model": {"path": folder}, "device": "cpu", "warmup": False, "quantization": GGUF,
+            "scheduler": {"execution_mode": "step", "max_num_seqs": 2}, **extra}))
+        try:
+            images[name] = eng.add_request(FLUX.request(name, "a red car", 3, 6, guidance_scale=g)).result(
+                timeout=RESULT_TIMEOUT).images
+        finally:
+            eng.close()
+    assert max_diff(images["one"], images["two"]) <= 2
