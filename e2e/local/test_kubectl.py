@@ -186,6 +186,21 @@ def test_cfg_parallel_3_is_refused_by_the_schema_maximum(kubectl, api):
     assert api.get('dstage', 'bad-cfg') is None
 
 
+def test_an_unknown_quantization_method_and_gguf_without_its_file_are_refused(kubectl, api):
+    """spec.quantization: the schema's enum (the runtime's methods) and its CEL rule, before the operator sees it."""
+    bad = kubectl('apply', '-f', '-', input=stage_yaml('bad-quant', quantization={'method': 'int4'}), check=False)
+    assert bad.returncode != 0 and bad.stderr.startswith('The DiffusionStage "bad-quant" is invalid: '), bad.stderr
+    assert ('* spec.quantization.method: Unsupported value: "int4": supported values: "none", "fp8-storage", '
+            '"int8-weight", "fp8", "gguf"\n') in bad.stderr, bad.stderr  # and: CEL rules not checked (as a real one)
+    no_file = kubectl('apply', '-f', '-', input=stage_yaml('no-file', quantization={'method': 'gguf'}), check=False)
+    assert no_file.returncode != 0
+    assert no_file.stderr.strip() == (
+        'The DiffusionStage "no-file" is invalid: spec.quantization: Invalid value: "object": quantization.method gguf '
+        'needs file: the pre-quantized denoiser (.gguf), a path relative to the model folder or absolute'), \
+        no_file.stderr
+    assert api.get('dstage', 'bad-quant') is None and api.get('dstage', 'no-file') is None
+
+
 def test_an_unknown_field_is_refused_strictly_and_pruned_without_validation(kubectl, api):
     unknown = stage_yaml('unknown', replicas=0, bogus=1, engine={'maxNumSeqs': 2, 'nope': True})
     strict = kubectl('apply', '-f', '-', input=unknown, check=False)

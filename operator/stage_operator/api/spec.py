@@ -20,6 +20,7 @@ from stage_operator.api.jobs import Jobs
 from stage_operator.api.meta import DEFAULT_GPU_RESOURCE, DEFAULT_IMAGE
 from stage_operator.api.model import ModelSource
 from stage_operator.api.pod import Auth, NetworkPolicy, PodTemplate
+from stage_operator.api.quantization import TENSOR_PARALLEL_RULE, Quantization, tensor_parallel_refusal
 from stage_operator.api.routing import Routing
 from stage_runtime.config import LORA_NAME_PATTERN, ConfigError, ParallelConfig
 
@@ -255,7 +256,8 @@ _PRODUCT = ("self.parallel.tensorParallelSize * self.parallel.ulyssesDegree * se
 class StageSpec(ApiModel):
     """The stage you want: which model, how many pods of how many GPUs, and how the operator runs, restarts,
     rolls out and scales them. Only `model` is required; nested objects default to {}, so the API server
-    fills their defaults. The product of the parallel degrees must equal resources.gpusPerPod (CEL)."""
+    fills their defaults. The product of the parallel degrees must equal resources.gpusPerPod, and quantized weights
+    need parallel.tensorParallelSize 1 (CEL)."""
 
     model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [cel(
         f"{_PRODUCT} == self.resources.gpusPerPod",
@@ -265,7 +267,7 @@ class StageSpec(ApiModel):
         "' x data ' + string(self.parallel.dataParallelSize) + ' x pipeline ' + "
         "string(self.parallel.pipelineParallelSize) + ') but resources.gpusPerPod is ' + "
         "string(self.resources.gpusPerPod)",
-        reason="FieldValueInvalid")]})
+        reason="FieldValueInvalid"), TENSOR_PARALLEL_RULE]})
     model: ModelSource
     image: str = Field(DEFAULT_IMAGE, min_length=1, description=(
         f"The stage container's image (default {DEFAULT_IMAGE}), also run by the fetch-model and make-model "
@@ -281,6 +283,7 @@ class StageSpec(ApiModel):
     resources: Resources = Field(default_factory=Resources)
     engine: Engine = Field(default_factory=Engine)
     compile: Compile | None = None  # None: the wire form (hence the digest) of stages without it is unchanged
+    quantization: Quantization | None = None  # None: the wire form (and digest) of stages without it is unchanged
     restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
     health_check: HealthCheck = Field(default_factory=HealthCheck)
     abort: Abort | None = None
@@ -303,6 +306,9 @@ class StageSpec(ApiModel):
     @model_validator(mode="after")
     def _topology_fits(self) -> StageSpec:
         self.topology()  # ConfigError (a ValueError) names the numbers
+        tp = self.parallel.tensor_parallel_size
+        if self.quantization is not None and self.quantization.enabled and tp > 1:
+            raise ValueError(tensor_parallel_refusal(self.quantization.method, tp))
         return self
 
     def topology(self) -> ParallelConfig:

@@ -51,6 +51,23 @@ def compile_config(spec: StageSpec) -> dict[str, Any]:
     return {"compile": section}
 
 
+def quantization_config(spec: StageSpec) -> dict[str, Any]:
+    """The stage's `quantization:` section (stage_runtime.config.QuantizationConfig's names). {} without
+    spec.quantization or with method none: the stage config of a stage that quantizes nothing is what it was (no
+    rollout on upgrade)."""
+    if spec.quantization is None or not spec.quantization.enabled:
+        return {}
+    q = spec.quantization.runtime()
+    section: dict[str, Any] = {"method": q.method}
+    if q.components:
+        section["components"] = list(q.components)
+    if q.skip:
+        section["skip"] = list(q.skip)
+    if q.file is not None:
+        section["file"] = q.file
+    return {"quantization": section}
+
+
 def stage_config(spec: StageSpec, stage_name: str, loras: Any = None) -> dict[str, Any]:
     """The dict `stage_runtime.config.load_config` accepts (snake_case, its own field names). ``loras``: the startup
     adapters ([{name, path, pinned}]) when not the spec's (the list applied on the replicas: lora_sync)."""
@@ -76,6 +93,7 @@ def stage_config(spec: StageSpec, stage_name: str, loras: Any = None) -> dict[st
         loras["max_loras"] = spec.max_loras
     return {"model": model, "device": device(spec), "executor": executor(spec), "scheduler": scheduler, **loras,
             "cache": cache, "limits": limits, **jobs_config(spec), **compile_config(spec),
+            **quantization_config(spec),
             "parallel": {"tensor_parallel_size": p.tensor_parallel_size, "ulysses_degree": p.ulysses_degree,
                          "ring_degree": p.ring_degree, "cfg_parallel_size": p.cfg_parallel_size,
                          "data_parallel_size": p.data_parallel_size, "pipeline_parallel_size": p.pipeline_parallel_size,

@@ -93,6 +93,31 @@ COMPILE_CASES = [  # spec.compile (issue 44)
     ('compile-cache-nowhere', {'compile': {'mode': 'auto', 'cache': {}}},
      ['spec.compile.cache: compile.cache: set exactly one of hostPath or pvc']),
 ]
+QUANT_TP = ('spec: quantization.method fp8 with parallel.tensorParallelSize 2: tensor parallel cuts full-precision '
+            'weights; quantized weights are not sharded (use Ulysses, ring or CFG parallel)')
+QUANTIZATION_CASES = [  # spec.quantization (api/quantization.py; more in test_quantization.py)
+    ('quantization-int8', {'quantization': {'method': 'int8-weight'}}, []),
+    ('quantization-components-skip', {'quantization': {'method': 'fp8-storage', 'components': ['unet', 'vae'],
+                                                       'skip': [r'\.ff\.', '^down_blocks']}}, []),
+    ('quantization-gguf', {'quantization': {'method': 'gguf', 'file': 'flux1-dev-Q4_K.gguf'}}, []),
+    ('quantization-with-ulysses', {'quantization': {'method': 'int8-weight'}, 'parallel': {'ulyssesDegree': 2},
+                                   'resources': {'gpusPerPod': 2}}, []),
+    ('quantization-none-with-tp', {'quantization': {}, 'parallel': {'tensorParallelSize': 2},
+                                   'resources': {'gpusPerPod': 2}}, []),
+    ('quantization-gguf-without-file', {'quantization': {'method': 'gguf'}},
+     ['spec.quantization: quantization.method gguf needs file: the pre-quantized denoiser (.gguf), a path relative '
+      'to the model folder or absolute']),
+    ('quantization-file-without-gguf', {'quantization': {'method': 'int8-weight', 'file': 'd.gguf'}},
+     ['spec.quantization: quantization.file (d.gguf) applies only to method gguf, not int8-weight']),
+    ('quantization-gguf-components', {'quantization': {'method': 'gguf', 'file': 'd.gguf',
+                                                       'components': ['transformer']}},
+     ['spec.quantization: quantization.components (transformer) does not apply to method gguf: the GGUF file is '
+      'the denoiser']),
+    ('quantization-component-twice', {'quantization': {'method': 'fp8', 'components': ['unet', 'vae', 'unet']}},
+     ['spec.quantization: quantization.components lists unet twice: each component is quantized once']),
+    ('quantization-with-tp', {'quantization': {'method': 'fp8'}, 'parallel': {'tensorParallelSize': 2},
+                              'resources': {'gpusPerPod': 2}}, [QUANT_TP]),
+]
 SCALE_TO_ZERO = ('spec.autoscaling: autoscaling.minReplicas 0 is refused with mode Operator: a stage at 0 has no pod '
                  'to probe, so nothing would scale it back up; use mode External with KEDA (its HTTP add-on holds '
                  'requests and scales 0 to 1 through /scale), or set minReplicas >= 1')
@@ -124,7 +149,7 @@ CEL_CASES = [
     ('model-both', {'model': {'builtin': 'tiny-sd', 'path': '/m'}},
      ['spec.model: model: set exactly one of builtin, path or source']),
     ('model-none', {'model': {'name': 'x'}}, ['spec.model: model: set exactly one of builtin, path or source']),
-] + MODEL_CASES + COMPILE_CASES + [
+] + MODEL_CASES + COMPILE_CASES + QUANTIZATION_CASES + [
     ('operator-autoscaling', {'autoscaling': {'mode': 'Operator', 'minReplicas': 1, 'maxReplicas': 4}}, []),
     ('min-above-max', {'autoscaling': {'mode': 'Operator', 'minReplicas': 5, 'maxReplicas': 4}},
      ['spec.autoscaling: autoscaling.minReplicas (5) must not exceed maxReplicas (4)']),
@@ -177,7 +202,7 @@ def test_every_cel_rule_is_exercised_by_a_failing_case():
     for path, node in _nodes(version_schema(CRD)):
         rules.update(r['messageExpression'] for r in node.get('x-kubernetes-validations', ()))
     failing = {m.split(': ', 1)[1] for _, spec, msgs in CEL_CASES for m in msgs}
-    assert len(rules) == 22 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
+    assert len(rules) == 27 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
 
 
 def _nodes(node, path=''):
@@ -227,8 +252,8 @@ def test_spec_errors_name_field_and_value():
             update={'gpus_per_pod': 3})).topology()
 
 
-@pytest.mark.parametrize('spec, messages', [c[1:] for c in MODEL_CASES + COMPILE_CASES],
-                         ids=[c[0] for c in MODEL_CASES + COMPILE_CASES])
+@pytest.mark.parametrize('spec, messages', [c[1:] for c in MODEL_CASES + COMPILE_CASES + QUANTIZATION_CASES],
+                         ids=[c[0] for c in MODEL_CASES + COMPILE_CASES + QUANTIZATION_CASES])
 def test_the_operator_refuses_what_the_api_server_refuses_with_the_same_words(spec, messages):
     """The pydantic side of each model rule (a server without CEL, or an object written before the CRD)."""
     body = stage(**spec)['spec']
