@@ -21,6 +21,7 @@ from stage_runtime.config.compile import (MAX_SHAPES, SHAPE_PATTERN, CompileConf
 from stage_runtime.config.jobs import JobsConfig  # noqa: F401 (re-exported)
 from stage_runtime.config.limits import LimitsConfig  # noqa: F401 (re-exported)
 from stage_runtime.config.quantization import QuantizationConfig, QuantizationMethod  # noqa: F401 (re-exported)
+from stage_runtime.config.sleep import ProfilerConfig, SleepConfig, SleepLevel  # noqa: F401 (re-exported)
 from stage_runtime.config.parallel import ParallelConfig, ParallelDim, RankCoords  # noqa: F401 (re-exported)
 from stage_runtime.errors import ConfigError
 from stage_runtime.lora_spec import LORA_NAME_PATTERN, LoraSpec, StartupLoras  # noqa: F401 (re-exported)
@@ -28,7 +29,7 @@ from stage_runtime.lora_spec import LORA_NAME_PATTERN, LoraSpec, StartupLoras  #
 __all__ = [
     "ConfigError", "ExecutionMode", "ParallelDim", "ModelConfig", "OffloadConfig", "OffloadMode", "ParallelConfig",
     "SchedulerConfig", "ServerConfig", "StageConfig", "RankCoords", "load_config", "load_config_file", "read_config_file",
-    "merge_overrides", "CacheConfig", "CompileConfig", "QuantizationConfig", "JobsConfig", "LimitsConfig", "MAX_CACHE_THRESHOLD", "LoraSpec", "LORA_NAME_PATTERN",
+    "merge_overrides", "CacheConfig", "CompileConfig", "QuantizationConfig", "SleepConfig", "ProfilerConfig", "JobsConfig", "LimitsConfig", "MAX_CACHE_THRESHOLD", "LoraSpec", "LORA_NAME_PATTERN",
 ]
 
 ExecutionMode = Literal["request", "step"]
@@ -190,6 +191,8 @@ class StageConfig(BaseModel):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     compile: CompileConfig = Field(default_factory=CompileConfig)
     quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
+    sleep: SleepConfig = Field(default_factory=SleepConfig)
+    profiler: ProfilerConfig = Field(default_factory=ProfilerConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     jobs: JobsConfig = Field(default_factory=JobsConfig)     # the /v1/videos job API (off without a store)
     executor: str | None = None  # "uni" | "mp" | "package.module:ClassName"; None → resolved_executor
