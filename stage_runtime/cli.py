@@ -52,6 +52,10 @@ ENGINE_FLAGS = {
     "compile": ("compile", "mode"), "compile_cache_dir": ("compile", "cache_dir"),
     "compile_max_graphs": ("compile", "max_graphs"), "compile_timeout_s": ("compile", "timeout_s"),
     "quantization": ("quantization", "method"), "quantization_file": ("quantization", "file"),
+    "enable_sleep_mode": ("sleep", "enabled"), "sleep_level": ("sleep", "level"),
+    "sleep_after_idle_s": ("sleep", "after_idle_s"), "sleep_drain_timeout_s": ("sleep", "drain_timeout_s"),
+    "sleep_wake_timeout_s": ("sleep", "wake_timeout_s"),
+    "profiler_dir": ("profiler", "dir"), "profiler_max_seconds": ("profiler", "max_seconds"),
 }
 
 
@@ -105,6 +109,19 @@ def add_engine_flags(p: argparse.ArgumentParser, model_required: bool = False) -
     p.add_argument("--quantization-file", help="gguf: the .gguf denoiser (relative: inside the model folder)")
     p.add_argument("--quantization-components", help="components quantized, comma-separated (default: the denoiser)")
     p.add_argument("--quantization-skip", help="module-name patterns kept as loaded, comma-separated")
+    p.add_argument("--enable-sleep-mode", action="store_true", default=None,
+                   help="POST /sleep, /wake_up, GET /is_sleeping: give the weights' memory back while idle "
+                        "(docs/sleep-and-profile.md)")
+    p.add_argument("--sleep-level", type=int, choices=[1, 2], help="the level the stage sleeps itself at (default 1)")
+    p.add_argument("--sleep-after-idle-s", type=float, help="sleep after this many seconds without work (default: "
+                                                            "only POST /sleep)")
+    p.add_argument("--sleep-drain-timeout-s", type=float, help="a sleep waits this long for running requests "
+                                                               "(default 30)")
+    p.add_argument("--sleep-wake-timeout-s", type=float, help="a request at a sleeping stage waits this long for the "
+                                                              "wake, else 503 (default 120)")
+    p.add_argument("--profiler-dir", help="POST /start_profile, /stop_profile: torch.profiler traces of every rank "
+                                          "into this folder")
+    p.add_argument("--profiler-max-seconds", type=float, help="a profile stops by itself after this long (default 60)")
     p.add_argument("--decode-tile-side", type=int, help="the VAE decodes in tiles of at most this many pixels a side "
                                                         "(a video VAE's memory bound; default: whole frames)")
 
@@ -175,6 +192,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"quantization: {q.method}  components: {', '.join(q.components) or 'the denoiser'}  skip: "
               f"{', '.join(q.skip) or 'norms, positional and patch embeddings, first and last projections'}"
               + (f"  file: {q.file}" if q.file else ""))
+    if config.sleep.enabled:
+        sl = config.sleep
+        print(f"sleep mode: level {sl.level}  after_idle_s: {sl.after_idle_s or 'never (POST /sleep only)'}  "
+              f"drain_timeout_s: {sl.drain_timeout_s:g}  wake_timeout_s: {sl.wake_timeout_s:g}")
+    if config.profiler.enabled:
+        print(f"profiler: {config.profiler.dir}  max_seconds: {config.profiler.max_seconds:g}")
     for coords in p.rank_layout():
         print("  rank {0.rank}: tp={0.tp} sp={0.sp} pp={0.pp} cfg={0.cfg} dp={0.dp}".format(coords))
     return 0

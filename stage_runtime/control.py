@@ -31,6 +31,13 @@ CONTROL_RPCS: dict[str, str] = {
     # Step checkpoints (step mode): run between ticks, written by the leader of the replica holding the request
     "checkpoint_request": "(request_id, path) → the leader holding the request's step state writes it to path: "
                           "{path, step, total_steps, bytes, seconds}, or {error}; None from every other rank",
+    # Sleep mode (engine.sleep_control): every rank together, between ticks, with nothing running
+    "sleep": "(level) → the rank gives its weights back (1: to host memory, 2: dropped): {rank, level, seconds}",
+    "wake_up": "the rank's weights back (level 2: read again from the model source): {rank, level, seconds}",
+    # The profiler (engine.profiler_control)
+    "start_profile": "(profile_id, folder, record_shapes, profile_memory) → torch.profiler records on the rank: "
+                     "{rank, profile_id, pid}, or {error}",
+    "stop_profile": "the rank's trace written: {rank, profile_id, path, bytes, seconds}, or {error}",
 }
 
 

@@ -100,6 +100,13 @@ class QueueFullError(RequestError):
     error_type, http_status, outcome = "queue_full", 429, "rejected"
 
 
+class StageBusyError(RequestError):
+    """An admin operation that needs the stage idle or alone found it otherwise: a sleep whose drain timeout passed
+    with requests still in flight (the stage stays awake), a profile started while one records."""
+
+    error_type, http_status = "stage_busy", 409
+
+
 class RequestAbortedError(RequestError):
     error_type, http_status, outcome = "request_aborted", 409, "aborted"
 

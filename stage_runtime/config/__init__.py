@@ -231,6 +231,9 @@ class StageConfig(BaseModel):
                 raise ValueError(f"quantization.method={quant!r} with offload.mode='model': offload.components {what}; "
                                  "the offloader moves plain weight storages, so offload only the components left "
                                  "unquantized (e.g. text_encoder, vae)")
+        if self.sleep.enabled and self.offload.mode != "none":
+            raise ValueError(f"sleep.enabled with offload.mode={self.offload.mode!r}: the offloader decides where "
+                             "the weights live, and a sleep moves or drops them; use one or the other")
         if quant != "none" and self.parallel.tensor_parallel_size > 1:
             raise ValueError(f"quantization.method={quant!r} with tensor_parallel_size="
                              f"{self.parallel.tensor_parallel_size}: tensor parallel cuts full-precision weights; "

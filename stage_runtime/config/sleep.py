@@ -55,3 +55,14 @@ class ProfilerConfig(BaseModel):
     @property
     def enabled(self) -> bool:
         return self.dir is not None
+
+
+def level_2_refusal(config) -> str | None:
+    """Why level 2 cannot drop this stage's weights (they are not what the folder holds), or None."""
+    if config.quantization.method != "none":
+        return f"the weights are quantized (quantization.method={config.quantization.method!r})"
+    if config.parallel.tensor_parallel_size > 1:
+        return f"each rank holds a tensor-parallel shard (tensor_parallel_size={config.parallel.tensor_parallel_size})"
+    if config.offload.mode != "none":
+        return f"the offloader holds the weights (offload.mode={config.offload.mode!r})"
+    return None

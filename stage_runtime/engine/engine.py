@@ -1,4 +1,6 @@
-"""DiffusionEngine: admission, the engine step and its busy-loop thread, abort, RPC ordering, warmup, close.
+"""DiffusionEngine: admission, the engine step and its busy-loop thread, abort, failure, close (with its parts:
+engine.warmup, engine.control_rpc, engine.introspection; sleep mode and the profiler are engine.sleep_control and
+engine.profiler_control).
 
 One request's life: ``add_request`` → scheduler (WAITING) → ``step()``: ``schedule()`` →
 ``executor.execute_model(sched_out)`` → ``scheduler.update_from_output(...)`` → the request's stream
@@ -17,20 +19,24 @@ from typing import Any
 
 from stage_runtime.checkpoint import check_resume
 from stage_runtime.config import StageConfig
+from stage_runtime.engine.aborts import EngineAborts
 from stage_runtime.engine.admission import admit, check_execution_mode, family_check
-from stage_runtime.engine.compile_warmup import compile_warmup_requests
+from stage_runtime.engine.control_rpc import EngineControlRpc
 from stage_runtime.engine.cost_meter import CostMeter
+from stage_runtime.engine.introspection import EngineIntrospection
 from stage_runtime.engine.limits import max_request_cost
-from stage_runtime.engine.lora_table import LORA_RPCS, LoraTable
+from stage_runtime.engine.lora_table import LoraTable
 from stage_runtime.engine.observers import ExecuteObservers
-from stage_runtime.engine.output_table import OutputTable, warmup_request
+from stage_runtime.engine.output_table import OutputTable
+from stage_runtime.engine.profiler_control import ProfilerControl
 from stage_runtime.engine.prompt_length import PromptLength
 from stage_runtime.engine.result_cache import ResultCache
 from stage_runtime.engine.rpc_queue import ControlRpcQueue
+from stage_runtime.engine.sleep_control import SleepControl
 from stage_runtime.engine.stream import RequestStream
+from stage_runtime.engine.warmup import EngineWarmup
 from stage_runtime.engine.watchdog import StepWatchdog
-from stage_runtime.errors import (ConfigError, DuplicateRequestError, EngineClosedError, EngineDeadError,
-                                  EngineStartupError, InvalidRequestError)
+from stage_runtime.errors import DuplicateRequestError, EngineClosedError, EngineDeadError
 from stage_runtime.executor.abstract import DiffusionExecutor
 from stage_runtime.outputs import BatchRunnerOutput, DiffusionOutput, ProgressEvent
 from stage_runtime.request import DiffusionRequest, RequestStatus, SamplingParams
@@ -40,7 +46,7 @@ from stage_runtime.scheduler_output import SchedulerOutput
 log = logging.getLogger(__name__)
 
 
-class DiffusionEngine:
+class DiffusionEngine(EngineWarmup, EngineAborts, EngineControlRpc, EngineIntrospection):
     def __init__(self, config: StageConfig, executor_class: type[DiffusionExecutor] | None = None):
         self.config = config
         self._lock = threading.Condition(threading.RLock())
@@ -75,6 +81,8 @@ class DiffusionEngine:
         self.watchdog = StepWatchdog(config.limits, self._fail_stalled)      # armed once ready
         self.result_cache = ResultCache.from_config(config)      # off (never hits) unless result_max_bytes > 0
         self.outputs.on_final = self.result_cache.on_delivered
+        self.sleep = SleepControl(self, config)              # sleep mode: scheduling held while the ranks sleep
+        self.profiler = ProfilerControl(self, config.profiler)
         self.executor.set_progress_hook(self._on_progress)
         self.executor.set_output_hook(self.outputs.on_output_ready)
         self.executor.register_failure_callback(self._on_executor_failure)
@@ -99,32 +107,6 @@ class DiffusionEngine:
             self._thread = threading.Thread(target=self._busy_loop, name="diffusion-engine", daemon=True)
             self._thread.start()
 
-    def run_warmup(self, compile_budget_s: float | None = None) -> None:
-        """The warm-up request, then (compile on) the compile warm-up, its compiling bounded by compile.timeout_s
-        or ``compile_budget_s`` (what the stage's startup budget leaves) when shorter."""
-        try:
-            if self.config.compile.enabled:
-                self.collective_rpc("compile_warmup", (compile_budget_s,))
-            self.add_request(warmup_request(self.model_info)).result(timeout=600)
-            if self.config.compile.enabled:
-                self._compile_warmup()
-        except ConfigError:
-            raise
-        except Exception as exc:
-            raise EngineStartupError(f"Warmup failed: {type(exc).__name__}: {exc}") from exc
-
-    def _compile_warmup(self) -> None:
-        """Every compile shape at 1 row and 2+ rows (engine.compile_warmup), then every rank told that warm-up is
-        over (``compile_warmed``: a later graph is a recompile). Each rank bounds its own compiling (timeout_s)."""
-        wait = self.config.compile.timeout_s + 600
-        for label, request in compile_warmup_requests(self.config.compile, self.model_info):
-            try:
-                self.add_request(request).result(timeout=wait)
-            except InvalidRequestError as exc:
-                raise ConfigError(f"compile.shapes: {label} cannot be served by {self.model_info.pipeline_class}: "
-                                  f"{exc}") from None
-        self.compile_warmup_stats = self.collective_rpc("compile_warmed")
-
     # -- admission -------------------------------------------------------------------------------------
     def add_request(self, request: DiffusionRequest) -> RequestStream:
         """Admit one request (resolved against the model once); its outputs arrive on the returned stream."""
@@ -142,6 +124,7 @@ class DiffusionEngine:
             self.scheduler.add_request(resolved)
             self.result_cache.expect(request.request_id, key)
             stream = self.outputs.open(request.request_id)
+            self.sleep.admitted()                     # asleep: a wake starts; the request waits for it
             self._lock.notify_all()
         return stream
 
@@ -167,62 +150,11 @@ class DiffusionEngine:
         return self.add_request(DiffusionRequest(request_id or uuid.uuid4().hex, prompt, SamplingParams.parse(sampling),
                                                  video=self.model_info.video, reference=reference)).result(timeout)
 
-    def abort(self, request_ids: str | list[str]) -> list[str]:
-        """Abort waiting or running requests; returns the ids that were in flight (others are unknown)."""
-        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        with self._lock:
-            if self._closed:
-                return []
-            known = [rid for rid in ids if rid in self.outputs]
-            self._abort_ids.extend(known)
-            self._lock.notify_all()
-        return known
-
-    def abort_counted(self, request_ids: list[str]) -> dict[str, int]:
-        """Abort as :meth:`abort`, and say how many denoising steps each in-flight one had done when its abort was
-        registered (after it, a running request finishes at most the step in progress)."""
-        with self._lock:
-            done = {s.request_id: s.step_index for s in self.scheduler.live_states(request_ids)}
-            return {rid: done.get(rid, 0) for rid in self.abort(request_ids)}
-
-    def abort_all(self) -> list[str]:
-        with self._lock:
-            return self.abort(self.outputs.user_request_ids())      # (the lock is re-entrant)
-
     def _check_open(self) -> None:
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
         if self._closed:
             raise EngineClosedError("DiffusionEngine is closed.")
-
-    # -- control RPC -----------------------------------------------------------------------------------
-    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
-                       timeout: float | None = None, unique_reply_rank: int | None = None,
-                       abort_with: tuple[str, ...] = ()) -> Any:
-        """A declared control RPC (``stage_runtime.control``) on the busy-loop thread, ordered with waves;
-        direct before the loop starts. An undeclared name, a failed rank or a timeout: RpcError. The LoRA
-        RPCs go through the engine's adapter table (engine.lora_table), which then tells every rank.
-        ``abort_with``: requests aborted at the tick boundary the RPC runs at (before their runner state is
-        freed), so no step runs between the two: a job's hand-off checkpoints its last step and stops there."""
-        if method in LORA_RPCS:
-            self._check_open()
-            return self.loras.control(method, tuple(args), kwargs or {})
-        return self.rank_rpc(method, args, kwargs, timeout, unique_reply_rank, abort_with)
-
-    def rank_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None, timeout: float | None = None,
-                 unique_reply_rank: int | None = None, abort_with: tuple[str, ...] = ()) -> Any:
-        self._check_open()
-        if self._thread is None:
-            with self._rpc_lock:
-                try:
-                    return self.executor.collective_rpc(method, args, kwargs, timeout, unique_reply_rank)
-                finally:
-                    self.abort(list(abort_with))
-        with self._lock:                 # one _schedule() takes both: the aborts, then the RPC before any execute
-            future = self._rpcs.submit(method, args, kwargs, unique_reply_rank)
-            self.abort(list(abort_with))
-            self._lock.notify_all()
-        return self._rpcs.wait(future, method, timeout)
 
     # -- the engine step: schedule → execute_model → update_from_output ---------------------------------
     def step(self) -> bool:
@@ -243,7 +175,8 @@ class DiffusionEngine:
             rpcs = self._rpcs.take()
             self._apply_aborts_locked()
             self._finalize_locked(self.scheduler.expire_deadlines())
-            sched_out = self.scheduler.schedule()
+            # asleep (or falling asleep, or waking): the queue waits; aborts and RPCs still run
+            sched_out = SchedulerOutput(-1, mode=self.scheduler.mode) if self.sleep.gated else self.scheduler.schedule()
         self._rpcs.run(rpcs, self.executor)
         return sched_out
 
@@ -283,6 +216,9 @@ class DiffusionEngine:
         """Block until there is something to do; False when the engine is stopping."""
         with self._lock:
             while not self._stop and not self._abort_ids and not self._rpcs:
+                if self.sleep.gated:
+                    self._lock.wait(1.0)              # the wake ungates and notifies
+                    continue
                 if self.scheduler.has_unreported_finished():
                     break                     # an empty tick retires the runner state of aborted requests
                 delay = self.scheduler.admission_delay() if self.scheduler.has_requests() else 1.0
@@ -345,6 +281,8 @@ class DiffusionEngine:
             self._closed = self._stop = True
             self.ready = False
         self.watchdog.stop()
+        self.sleep.close()
+        self.profiler.close()
         with self._lock:
             self._lock.notify_all()
             self.outputs.fail_all("DiffusionEngine is closed.", EngineClosedError.error_type)
@@ -360,36 +298,3 @@ class DiffusionEngine:
                 self._rpcs.fail_all("DiffusionEngine is shutting down.")
                 self.scheduler.close()
             self.executor.shutdown()
-
-    # -- introspection ---------------------------------------------------------------------------------
-    @property
-    def state(self) -> str:
-        """dead (fail closed) → closed → ready (after warmup) → starting."""
-        return ("dead" if self.dead_reason is not None else "closed" if self._closed
-                else "ready" if self.ready else "starting")
-
-    def stats(self) -> dict[str, int]:
-        """Load and outcome counters in one consistent snapshot (``GET /v1/stats``)."""
-        with self._lock:
-            return {"waiting": self.scheduler.num_waiting_reqs, "running": self.scheduler.num_running_reqs,
-                    "capacity": self.scheduler.max_num_running_reqs, **self.counters}
-
-    def load_snapshot(self) -> dict[str, Any]:
-        """Outstanding and completed work in pixel-steps, the completion rate, the waiting requests' adapters
-        (``engine.cost_meter``: ``/v1/stats`` and ``/metrics``)."""
-        with self._lock:
-            return self.cost.snapshot(self.scheduler.live_states(list(self.outputs.streams)))
-
-    def _live_requests(self) -> list[DiffusionRequest]:
-        """The requests in flight (waiting, running, preempted); under the lock (the LoRA table's port)."""
-        return [state.request for state in self.scheduler.live_states(list(self.outputs.streams))]
-
-    def requests_snapshot(self) -> list[dict[str, Any]]:
-        """In-flight requests with state and step progress (``GET /v1/requests``)."""
-        with self._lock:
-            return [state.snapshot() for state in self.scheduler.live_states(self.outputs.streams)]
-
-    def num_request_states(self) -> int:
-        """Per-request state held by the engine and its scheduler (0 when idle)."""
-        with self._lock:
-            return len(self.outputs.streams) + self.scheduler.num_states

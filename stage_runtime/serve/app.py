@@ -12,6 +12,7 @@ from aiohttp import web
 
 from stage_runtime.errors import (DiffStageError, EngineDeadError, InvalidRequestError, QueueFullError,
                                   RequestTooLargeError, StageUnavailableError)
+from stage_runtime.serve.admin_route import add_routes as add_admin_routes
 from stage_runtime.serve.auth import bearer_auth
 from stage_runtime.serve.bodies import read_json
 from stage_runtime.serve.images import SERVICE, create_edits, create_images
@@ -34,7 +35,8 @@ _HTTP_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_la
 def error_response(exc: DiffStageError, service: StageService) -> web.Response:
     error_type = error_type_of(exc)
     param = exc.field if isinstance(exc, (InvalidRequestError, RequestTooLargeError)) else None
-    headers = {"Retry-After": str(service.retry_after())} if isinstance(exc, QueueFullError) else None
+    retry = getattr(exc, "retry_after_s", None) or (service.retry_after() if isinstance(exc, QueueFullError) else None)
+    headers = {"Retry-After": str(retry)} if retry else None
     return web.json_response(error_body(error_type, str(exc), param), status=status_of(error_type),
                              headers=headers)
 
@@ -132,6 +134,7 @@ def build_app(service: StageService, api_keys: tuple[bytes, ...] = (), jobs: Job
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model_id}", get_model)
     add_lora_routes(app)
+    add_admin_routes(app)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)

@@ -1,4 +1,5 @@
-"""API keys (``--api-key-file``): every ``/v1/*`` route needs ``Authorization: Bearer <key>``.
+"""API keys (``--api-key-file``): every ``/v1/*`` route and the admin routes of sleep mode and the profiler need
+``Authorization: Bearer <key>``.
 
 The file holds one key a line (blank lines and ``#`` comments ignored); it is read once at startup and a
 file with no key is a configuration error (exit 2). A key is compared with every configured key in
@@ -18,6 +19,8 @@ from stage_runtime.errors import ConfigError, UnauthorizedError
 from stage_runtime.serve.schemas import error_body
 
 PROTECTED_PREFIX = "/v1/"
+# the admin routes of sleep mode and the profiler (serve.admin_route): vLLM's paths, outside /v1/, keyed as well
+PROTECTED_PATHS = ("/sleep", "/wake_up", "/is_sleeping", "/start_profile", "/stop_profile")
 
 
 def load_api_keys(path: str) -> tuple[bytes, ...]:
@@ -41,7 +44,7 @@ def key_matches(given: bytes, keys: tuple[bytes, ...]) -> bool:
 def bearer_auth(keys: tuple[bytes, ...]):
     @web.middleware
     async def check_key(request: web.Request, handler):
-        if request.path.startswith(PROTECTED_PREFIX):
+        if request.path.startswith(PROTECTED_PREFIX) or request.path in PROTECTED_PATHS:
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not key_matches(token.strip().encode(), keys):
                 why = "a wrong API key" if token else "no API key (Authorization: Bearer <key>)"

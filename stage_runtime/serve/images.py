@@ -19,6 +19,7 @@ from stage_runtime.engine.stream import raise_for_output
 from stage_runtime.errors import InvalidRequestError, RequestAbortedError, RequestTooLargeError, StageUnavailableError
 from stage_runtime.imageio import encode_image
 from stage_runtime.outputs import DiffusionOutput
+from stage_runtime.serve.wake import ensure_awake
 from stage_runtime.request import DiffusionRequest
 from stage_runtime.serve.bodies import read_edit_form, read_json
 from stage_runtime.serve.events import EventWriter
@@ -75,6 +76,7 @@ async def create_edits(request: web.Request) -> web.StreamResponse:
 
 async def run_request(request: web.Request, service: StageService, body: ImageOptions,
                       engine_request: DiffusionRequest, event_prefix: str) -> web.StreamResponse:
+    await ensure_awake(service)
     stream = service.submit(engine_request)
 
     async def encode(images: np.ndarray) -> list[str]:

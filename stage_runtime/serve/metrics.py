@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from stage_runtime.jobs.record import STATUSES
-from stage_runtime.serve.model_views import CompileMetrics, WeightMetrics
+from stage_runtime.serve.model_views import CompileMetrics, SleepMetrics, WeightMetrics
 from stage_runtime.serve.fleet_metrics import FleetCollector
 
 __all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "StageMetrics"]
@@ -82,6 +82,7 @@ class StageMetrics:
                                      "(loads, unloads, evictions, refused)", ["kind"], registry=r)
         self.compile = CompileMetrics(PREFIX, r)
         self.weights = WeightMetrics(PREFIX, r)
+        self.sleep = SleepMetrics(PREFIX, r)
         self.fleet = FleetCollector()      # utilisation, the LoRA gauge for the endpoint picker, the cost signal
         r.register(self.fleet)
 
@@ -139,6 +140,7 @@ class StageMetrics:
             self.worker_alive.labels(str(worker["rank"])).set(1 if worker["alive"] else 0)
         self.compile.observe(stats.get("compile"))
         self.weights.observe(stats.get("weights"))
+        self.sleep.observe(stats.get("sleep"))
         for rank_stats in stats.get("offload") or []:
             if rank_stats.get("mode", "none") == "none":
                 continue

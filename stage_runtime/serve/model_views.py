@@ -21,7 +21,7 @@ from collections import Counter as Tally
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 def compile_view(mode: str, ranks: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
@@ -95,3 +95,22 @@ class CompileMetrics:
                 self.recompiles.labels(rank)
             self.fallback.labels(rank).set(1 if r.get("reason") else 0)
             self.cold_seconds.labels(rank).set(r.get("cold_compile_s", 0.0))
+
+
+class SleepMetrics:
+    """``diffstage_sleeping`` (1 while asleep), ``diffstage_sleep_level`` (0 awake) from ``/v1/stats.sleep`` at
+    scrape time, and ``diffstage_wake_seconds``, observed as each wake ends (engine.sleep_control's ``on_wake``)."""
+
+    def __init__(self, prefix: str, registry: CollectorRegistry):
+        self.sleeping = Gauge(f"{prefix}sleeping", "1 while the stage sleeps (sleep mode: its weights given back)",
+                              registry=registry)
+        self.level = Gauge(f"{prefix}sleep_level", "The sleep level (1: weights in host memory, 2: dropped); 0 awake",
+                           registry=registry)
+        self.wake_seconds = Histogram(f"{prefix}wake_seconds", "Seconds from a wake's start to every rank serving "
+                                      "again", buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160),
+                                      registry=registry)
+
+    def observe(self, view: Mapping[str, Any] | None) -> None:
+        if view is not None:
+            self.sleeping.set(1 if view["is_sleeping"] else 0)
+            self.level.set(view["level"] or 0)

@@ -53,6 +53,8 @@ class StageService:
     def attach(self, engine: DiffusionEngine) -> None:
         """The engine is started and warmed up: the stage becomes ready."""
         engine.observers.add(self.metrics.observe_execute)
+        engine.sleep.on_wake.append(self.metrics.sleep.wake_seconds.observe)
+        engine.sleep.run_idle_timer()                  # sleep.after_idle_s: the stage sleeps itself when idle
         self.engine = engine
         self.compile = engine.compile_warmup_stats
         polled = [name for name, on in (("offload", self.config.offload.mode != "none"),
@@ -237,7 +239,9 @@ class StageService:
                 **({"offload": self.offload} if self.config.offload.mode != "none" else {}),
                 **({"compile": compile_view(self.config.compile.mode, self.compile)}
                    if self.config.compile.enabled else {}),
-                **({"weights": weights_view(self.engine.weights)} if self.engine is not None else {})}
+                **({"weights": weights_view(self.engine.weights)} if self.engine is not None else {}),
+                **({"sleep": self.engine.sleep.view()} if self.engine is not None and self.config.sleep.enabled
+                   else {})}
 
     def workers(self) -> list[dict[str, Any]]:
         """Each rank's pid and liveness: the executor's ``workers()`` when it has worker processes (mp),

@@ -41,6 +41,7 @@ from stage_runtime.serve.bodies import read_json
 from stage_runtime.serve.events import send
 from stage_runtime.serve.images import SERVICE, check_model, final_output
 from stage_runtime.serve.schemas import _EDGE, _SIZE, error_body, parse_body
+from stage_runtime.serve.wake import ensure_awake
 from stage_runtime.video_request import Fps, Frames
 from stage_runtime.videoio import encode_mp4
 
@@ -134,6 +135,7 @@ async def create_video_sync(request: web.Request) -> web.Response:
     except (InvalidRequestError, RequestTooLargeError) as exc:
         service.metrics.count(exc.outcome)
         raise
+    await ensure_awake(service)
     stream = service.submit(engine_request)
     fps = engine_request.sampling.fps or service.model_info.default_fps
     if body.stream:

@@ -10,14 +10,18 @@ from typing import Any
 import torch
 
 from stage_runtime.config import ParallelConfig, StageConfig
+from stage_runtime.config.sleep import level_2_refusal
 from stage_runtime.control import check_control_rpc
 from stage_runtime.distributed.apply import apply_parallelism
 from stage_runtime.distributed.groups import ParallelGroups, destroy_distributed, init_distributed, single_rank_groups
 from stage_runtime.errors import ConfigError, LoraLoadError
 from stage_runtime.model_info import ModelInfo
+from stage_runtime.models.registry import resolve_adapter_class
 from stage_runtime.outputs import BatchRunnerOutput, ProgressHook
 from stage_runtime.scheduler_output import SchedulerOutput
 from stage_runtime.worker.model_runner import DiffusionModelRunner
+from stage_runtime.worker.profiler import RankProfiler
+from stage_runtime.worker.sleep import WeightSleeper
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,8 @@ class DiffusionWorker:
         self.device: torch.device | None = None
         self.groups: ParallelGroups = single_rank_groups()
         self.model_runner: DiffusionModelRunner | None = None
+        self.sleeper: WeightSleeper | None = None       # the weights given back while the stage sleeps
+        self.profiler: RankProfiler | None = None       # a torch.profiler session, on request
 
     def init_device(self) -> None:
         """Pick this rank's device; join the process groups when the world has more than one rank."""
@@ -62,11 +68,17 @@ class DiffusionWorker:
         self.model_runner.rank = self.rank
 
     def load_model(self) -> ModelInfo:
-        return self.model_runner.load_model(
+        info = self.model_runner.load_model(
             parallelize=lambda adapter: apply_parallelism(adapter, self.groups, self.config.parallel))
+        self.sleeper = WeightSleeper(self.device, self._read_components, level_2_refusal(self.config))
+        self.profiler = RankProfiler(self.rank, self.device)
+        return info
 
     def execute_model(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
-        return self.model_runner.execute_model(sched_out)
+        if self.profiler is None or not self.profiler.active:
+            return self.model_runner.execute_model(sched_out)
+        with self.profiler.range(f"execute step={sched_out.step_id} [{','.join(sched_out.scheduled_request_ids)}]"):
+            return self.model_runner.execute_model(sched_out)
 
     def control_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None) -> Any:
         """Dispatch a declared control RPC (``stage_runtime.control``); any other name is an RpcError."""
@@ -128,7 +140,39 @@ class DiffusionWorker:
         ``writes_checkpoints``): every rank of a replica holds the same state, and one writer keeps the file whole."""
         if self.model_runner is None:
             return None
-        return self.model_runner.checkpoint(request_id, path)
+        with self.profiler.range(f"checkpoint [{request_id}]"):
+            return self.model_runner.checkpoint(request_id, path)
+
+    # Sleep and wake (engine.sleep_control decides when; every rank together)
+    def sleep(self, level: int) -> dict:
+        """The rank's weights given back (worker.sleep): ``{"rank", "level", "seconds"}``."""
+        return {"rank": self.rank, **self.sleeper.sleep(self._components(), level)}
+
+    def wake_up(self) -> dict:
+        """The rank's weights back where they served from: ``{"rank", "level", "seconds"}``."""
+        return {"rank": self.rank, **self.sleeper.wake(self._components())}
+
+    def _components(self) -> dict[str, torch.nn.Module]:
+        pipe = self.model_runner.adapter.pipe
+        return {name: m for name, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+
+    def _read_components(self) -> dict[str, torch.nn.Module]:
+        """The model source's weights again (level 2's wake), read on the CPU by the family's own load."""
+        adapter = resolve_adapter_class(self.config.model).load(self.config.model.path, torch.device("cpu"),
+                                                                self.config.model.dtype)
+        return {name: m for name, m in adapter.pipe.components.items() if isinstance(m, torch.nn.Module)}
+
+    # The profiler (engine.profiler_control starts and stops it on every rank)
+    def start_profile(self, profile_id: str, folder: str, record_shapes: bool = False,
+                      profile_memory: bool = False) -> dict:
+        started = self.profiler.start(profile_id, folder, record_shapes, profile_memory)
+        if "error" not in started:
+            self.model_runner.progress_hook = self.profiler.wrap(self.progress_hook)
+        return started
+
+    def stop_profile(self) -> dict:
+        self.model_runner.progress_hook = self.progress_hook
+        return self.profiler.stop()
 
     # LoRA: the rank's half (the engine's LoraTable decides names, pinning and max_loras).
     def load_lora(self, name: str, path: str, pinned: bool = False) -> dict:

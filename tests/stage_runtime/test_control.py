@@ -24,7 +24,7 @@ def test_everything_else_is_refused_naming_the_method_and_the_declared_set(metho
     assert str(info.value) == (f"method={method!r} is not a control RPC; the workers offer: "
                                "ping, worker_info, model_info, num_request_states, offload_stats, weight_stats, compile_stats, "
                                "compile_warmup, compile_warmed, load_lora, unload_lora, list_loras, "
-                               "checkpoint_request")
+                               "checkpoint_request, sleep, wake_up, start_profile, stop_profile")
 
 
 def test_the_worker_refuses_undeclared_names_itself():
