@@ -26,7 +26,7 @@ In another shell:
     export KUBECONFIG={kubeconfig}
     kubectl apply -f {sample}
     kubectl get dstage -w                      # PHASE, READY, REPLICAS, GPUS, RESTARTS, AGE (a row per change)
-    kubectl get dstage -o wide                 # + REASON (why the phase), RANKS (rank processes per pod), QUEUED/JOBS
+    kubectl get dstage -o wide                 # + REASON (why the phase), SLEEPING, RANKS (ranks per pod), QUEUED/JOBS
     kubectl wait --for=condition=Ready dstage/tiny --timeout=300s
     kubectl explain dstage.spec.parallel
     curl -s {url}/api/v1/namespaces/{namespace}/services/tiny:http/proxy/v1/images/generations \\

@@ -94,9 +94,9 @@ def test_get_dstage_prints_the_crd_columns_and_wide_explains_the_phase(kubectl, 
             ['cols-deleting', 'Terminating', '2', '2', '0', '0'],
             ['cols-gpus', 'Pending', '0', '2', '2', '0']], lines  # 2 nvidia.com/gpu per pod
         wide = kubectl('get', 'dstage', *COLUMN_CASES, '-o', 'wide').stdout.splitlines()
-        assert wide[0].split() == ['NAME', 'PHASE', 'REASON', 'READY', 'REPLICAS', 'GPUS', 'RANKS', 'QUEUED', 'JOBS',
-                                   'RESTARTS', 'AGE'], wide
-        assert [line.split()[:7] for line in wide[1:]] == [
+        assert wide[0].split() == ['NAME', 'PHASE', 'REASON', 'READY', 'SLEEPING', 'REPLICAS', 'GPUS', 'RANKS',
+                                   'QUEUED', 'JOBS', 'RESTARTS', 'AGE'], wide
+        assert [line.split()[:7] for line in wide[1:]] == [  # SLEEPING blank: only with spec.sleep
             ['cols-ready', 'Ready', 'AllReplicasReady', '2', '2', '0', '2'],
             ['cols-rolled-back', 'Degraded', 'RolloutFailed', '1', '2', '0', '2'],
             ['cols-deleting', 'Terminating', 'Draining', '2', '2', '0', '2'],

@@ -63,12 +63,12 @@ def test_a_list_as_a_table_has_the_crd_columns(http):
     table = response.json()
     assert (table['kind'], table['apiVersion']) == ('Table', 'meta.k8s.io/v1')
     names = [c['name'] for c in table['columnDefinitions']]
-    assert names == ['Name', 'Phase', 'Reason', 'Ready', 'Replicas', 'GPUs', 'Ranks', 'Queued', 'Jobs', 'Restarts',
-                     'Age']
+    assert names == ['Name', 'Phase', 'Reason', 'Ready', 'Sleeping', 'Replicas', 'GPUs', 'Ranks', 'Queued', 'Jobs',
+                     'Restarts', 'Age']
     wide = [c['name'] for c in table['columnDefinitions'] if c['priority'] == 1]
-    assert wide == ['Reason', 'Ranks', 'Queued', 'Jobs'], 'shown with -o wide'
-    (row,) = table['rows']  # no topology in this status yet: GPUs unknown; Ranks from the spec's default
-    assert row['cells'][:8] == ['s', 'Ready', 'AllReplicasReady', 3, 3, None, 1, None]
+    assert wide == ['Reason', 'Sleeping', 'Ranks', 'Queued', 'Jobs'], 'shown with -o wide'
+    (row,) = table['rows']  # no topology in this status yet: GPUs unknown; Ranks from the spec's default; no sleep
+    assert row['cells'][:9] == ['s', 'Ready', 'AllReplicasReady', 3, None, 3, None, 1, None]
     assert row['object']['kind'] == 'PartialObjectMetadata' and row['object']['metadata']['name'] == 's'
     full = http.get(f'{STAGES}/s', headers={'Accept': TABLE}, params={'includeObject': 'Object'}).json()
     assert full['rows'][0]['object']['spec']['replicas'] == 3

@@ -97,13 +97,16 @@ API_VERSION_WORDS = f"The versioned schema of this object: {meta.API_VERSION}."
 KIND_WORDS = f"The REST resource this object represents: {meta.KIND}."
 
 # `kubectl get dstage`: PHASE READY REPLICAS GPUS RESTARTS AGE; `-o wide` adds REASON next to the phase it
-# explains, RANKS next to GPUS, and QUEUED and JOBS (the video jobs waiting and running, with spec.jobs) before
-# RESTARTS (kubectl keeps the definition order and hides priority 1 without -o wide).
+# explains, SLEEPING next to READY (the ready replicas asleep, with spec.sleep), RANKS next to GPUS, and QUEUED and
+# JOBS (the video jobs waiting and running, with spec.jobs) before RESTARTS (kubectl keeps the definition order and
+# hides priority 1 without -o wide).
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1,
      "description": "Why the phase: the reason of the condition that decided it"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+    {"name": "Sleeping", "type": "integer", "jsonPath": ".status.sleepingReplicas", "priority": 1,
+     "description": "spec.sleep: ready replicas asleep (they wake on the next request)"},
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
     {"name": "GPUs", "type": "integer", "jsonPath": ".status.topology.gpus",
      "description": "GPUs each pod requests (0: CPU ranks)"},

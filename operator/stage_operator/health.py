@@ -24,6 +24,7 @@ class ProbeResult:
     jobs: dict | None = None  # /v1/stats.jobs: {here, queued, in_progress, completed, failed} (a stage with a store)
     cost: int | None = None  # /v1/stats.cost.outstanding: the pixel-steps left in flight (None: an older stage)
     compile: dict | None = None  # /v1/stats.compile: {mode, mode_effective, reason, graphs, …} (spec.compile on)
+    sleep: dict | None = None  # /v1/stats.sleep: {is_sleeping, level, sleeps_total, wakes_total} (spec.sleep on)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,12 @@ class PodHealth:
     jobs: dict | None = None  # the video jobs it runs (here) and the store's by status, at its last scan
     cost: int | None = None  # outstanding pixel-steps (remaining steps x pixels x frames x outputs in flight)
     compile: dict | None = None  # what the stage said of its compiled denoiser (stage_http.compile_report's keys)
+    sleep: dict | None = None  # whether it sleeps, at its last answer (stage_http.sleep_report's keys)
+
+    @property
+    def sleeping(self) -> bool:
+        """Asleep at its last answer: still Ready and in the Service (a request wakes it), never a failure."""
+        return bool((self.sleep or {}).get("is_sleeping"))
 
     @property
     def jobs_here(self) -> int:
@@ -76,16 +83,19 @@ class HealthBook:
         if result.error is not None:
             failures = (old.failures if old else 0) + 1
             new = PodHealth("Unreachable", result.at, failures, bool(old and old.answered), result.error,
-                            compile=old.compile if old else None)  # what it compiled at warm-up still holds
+                            compile=old.compile if old else None,  # what it compiled at warm-up still holds
+                            sleep=old.sleep if old else None)  # one missed answer does not wake it
         else:
             new = PodHealth("Unhealthy" if result.dead else "Healthy", result.at, 0, True, result.dead or "",
                             result.state, result.waiting, result.running,
                             result.startup if result.startup is not None else (old.startup if old else None),
                             result.loras if result.loras is not None else (old.loras if old else None),
                             result.jobs, result.cost,
-                            result.compile if result.compile is not None else (old.compile if old else None))
+                            result.compile if result.compile is not None else (old.compile if old else None),
+                            result.sleep)
         self._pods[uid] = new
-        shown = ("health", "failures", "waiting", "running", "state", "loading_phase", "loras", "jobs", "compile")
+        shown = ("health", "failures", "waiting", "running", "state", "loading_phase", "loras", "jobs", "compile",
+                 "sleeping")
         changed = old is None or any(getattr(old, k) != getattr(new, k) for k in shown)
         return new, changed
 

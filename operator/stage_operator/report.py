@@ -100,6 +100,8 @@ def _replica_status(pod: PodView, desired_hash: str | None, record: ReplicaRecor
             out["loras"] = list(health.loras)
         if health.jobs is not None:
             out["jobs"] = health.jobs_here
+        if health.sleep is not None:
+            out["sleeping"] = health.sleeping
     return out
 
 
@@ -287,6 +289,9 @@ def build_status(stage: Stage, pods: dict[int, PodView], fit: Fit, decisions: De
         status["model"] = _model_status(stage, pods, desired_hash, extras.health)
         if stage.spec.jobs is not None:
             status["jobs"] = _jobs_status(pods, extras.health, previous.get("jobs"))
+        if stage.spec.sleep is not None:  # asleep and Ready: counted in readyReplicas too (a request wakes it)
+            status["sleepingReplicas"] = sum(1 for p in live if p.available and (h := extras.health.get(p.uid))
+                                             is not None and h.sleeping)
     for key, value in (("abort", extras.abort), ("autoscaling", extras.autoscaling), ("rollout", extras.rollout)):
         if value is not None or key in previous:
             status[key] = value if value is not None else previous[key]

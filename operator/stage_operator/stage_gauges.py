@@ -12,7 +12,8 @@ from typing import Any
 from prometheus_client import Gauge
 
 REPLICAS = Gauge("diffstage_operator_stage_replicas", "A stage's replicas by kind: desired (spec.replicas, or the "
-                 "operator autoscaler's decision), current, ready, updated", ["namespace", "stage", "kind"])
+                 "operator autoscaler's decision), current, ready, updated, sleeping (ready and asleep, with "
+                 "spec.sleep)", ["namespace", "stage", "kind"])
 CONDITION = Gauge("diffstage_operator_stage_condition", "1 while the stage's condition is True, else 0",
                   ["namespace", "stage", "type"])
 ROLLOUT = Gauge("diffstage_operator_stage_rollout_info", "1 for the stage's current and stable rollout revision "
@@ -53,7 +54,8 @@ def publish(namespace: str, stage: str, status: Mapping[str, Any], spec_replicas
     auto = status.get("autoscaling") or {}
     desired = auto.get("desiredReplicas", spec_replicas)
     for kind, value in (("desired", desired), ("current", status.get("replicas")),
-                        ("ready", status.get("readyReplicas")), ("updated", status.get("updatedReplicas"))):
+                        ("ready", status.get("readyReplicas")), ("updated", status.get("updatedReplicas")),
+                        ("sleeping", status.get("sleepingReplicas"))):
         if value is not None:
             _set(key, REPLICAS, (namespace, stage, kind), float(value), seen)
     conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or ()}

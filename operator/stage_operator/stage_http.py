@@ -58,7 +58,7 @@ async def probe(session: aiohttp.ClientSession, base: str, timeout: float, api_k
                            running=int(stats.get("running", 0)), startup=startup if isinstance(startup, dict) else None,
                            loras=loras, jobs=_job_counts(jobs) if isinstance(jobs, dict) else None,
                            cost=int(cost.get("outstanding") or 0) if isinstance(cost, dict) else None,
-                           compile=compile_report(stats.get("compile")))
+                           compile=compile_report(stats.get("compile")), sleep=sleep_report(stats.get("sleep")))
     except _ERRORS as exc:
         return ProbeResult(at, error=_why(exc))
 
@@ -78,6 +78,20 @@ def compile_report(compiled: Any) -> dict[str, Any] | None:
         value = compiled.get(key)
         out[key] = kind(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     out["graph_limit_reached"] = bool(compiled.get("graph_limit_reached"))
+    return out
+
+
+def sleep_report(sleep: Any) -> dict[str, Any] | None:
+    """What the operator keeps of `/v1/stats.sleep` (absent unless the stage runs with sleep mode): whether it sleeps
+    now, at which level (None while awake), and how many times it slept and woke. None without a usable report."""
+    if not isinstance(sleep, dict) or not isinstance(sleep.get("is_sleeping"), bool):
+        return None
+    level = sleep.get("level")
+    out: dict[str, Any] = {"is_sleeping": sleep["is_sleeping"],
+                           "level": level if isinstance(level, int) and not isinstance(level, bool) else None}
+    for key in ("sleeps_total", "wakes_total"):
+        value = sleep.get(key)
+        out[key] = int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
     return out
 
 

@@ -39,7 +39,7 @@ def test_crd_names_subresources_and_printer_columns():
     columns = [c['name'] for c in version['additionalPrinterColumns'] if not c.get('priority')]
     assert columns == ['Phase', 'Ready', 'Replicas', 'GPUs', 'Restarts', 'Age']
     wide = [c['name'] for c in version['additionalPrinterColumns']]  # -o wide: the reason beside the phase
-    assert wide == ['Phase', 'Reason', 'Ready', 'Replicas', 'GPUs', 'Ranks', 'Queued', 'Jobs', 'Restarts', 'Age']
+    assert wide == ['Phase', 'Reason', 'Ready', 'Sleeping', 'Replicas', 'GPUs', 'Ranks', 'Queued', 'Jobs', 'Restarts', 'Age']
 
 
 def test_every_printer_column_reads_a_field_of_the_schema():

@@ -39,6 +39,7 @@ COMPILE_IN_MODEL_CACHE = f"{MODEL_CACHE_DIR}/compile"  # without compile.cache b
 AUTH_DIR = "/etc/diffstage-auth"  # spec.auth.secretRef, mounted read-only
 API_KEY_FILE = f"{AUTH_DIR}/api-keys"
 JOBS_DIR = "/var/lib/diffstage/jobs"  # spec.jobs.claimName, mounted read-write: the stage's jobs.store
+PROFILES_DIR = "/var/lib/diffstage/profiles"  # spec.profiling.volume (default an emptyDir): the stage's profiler.dir
 DEFAULT_IMAGE = "diffstage/runtime:0.1.0"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 

@@ -22,6 +22,7 @@ from stage_operator.api.model import ModelSource
 from stage_operator.api.pod import Auth, NetworkPolicy, PodTemplate
 from stage_operator.api.quantization import TENSOR_PARALLEL_RULE, Quantization, tensor_parallel_refusal
 from stage_operator.api.routing import Routing
+from stage_operator.api.sleep import Profiling, Sleep
 from stage_runtime.config import LORA_NAME_PATTERN, ConfigError, ParallelConfig
 
 _CAMEL = ApiModel.model_config
@@ -284,6 +285,8 @@ class StageSpec(ApiModel):
     engine: Engine = Field(default_factory=Engine)
     compile: Compile | None = None  # None: the wire form (hence the digest) of stages without it is unchanged
     quantization: Quantization | None = None  # None: the wire form (and digest) of stages without it is unchanged
+    sleep: Sleep | None = None  # None: sleep mode off; the wire form (and digest) of stages without it is unchanged
+    profiling: Profiling | None = None  # None: the profiler off; the same
     restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
     health_check: HealthCheck = Field(default_factory=HealthCheck)
     abort: Abort | None = None

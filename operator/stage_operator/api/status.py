@@ -94,6 +94,9 @@ class ReplicaStatus(ApiModel):
         "Why the pod is not running yet (waiting for GPUs: …, waiting for quota: scheduling gates …), or "
         "terminating."))
     loras: list[str] | None = Field(None, description="The LoRA adapters the replica has loaded (its /v1/loras).")
+    sleeping: bool | None = Field(None, description=(
+        "With spec.sleep: the replica is asleep (its /v1/stats at the last probe): still ready and in the Service, "
+        "it wakes on the next request."))
     jobs: int | None = Field(None, description=(
         "With spec.jobs: the video jobs the replica runs now (when it drains they hand off to another replica)."))
     startup_seconds: dict[str, Annotated[float, Field(description="Seconds.")]] | None = Field(None, description=(
@@ -228,6 +231,9 @@ class StageStatus(ApiModel):
     replicas: int = Field(0, description="The stage's pods that are not terminating (the /scale status).")
     ready_replicas: int = Field(0, description="Of those, the ready ones.")
     updated_replicas: int = Field(0, description="Of those, the ones built from templateHash.")
+    sleeping_replicas: int | None = Field(None, description=(
+        "With spec.sleep: of the ready ones, those asleep at their last probe (they count as ready and wake on the "
+        "next request). The SLEEPING printer column (-o wide)."))
     selector: str = Field("", description=(
         "The label selector of the stage's pods, diffstage.io/stage=<name> (for /scale, HPAs and KEDA)."))
     template_hash: str | None = Field(None, description=(

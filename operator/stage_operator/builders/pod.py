@@ -9,7 +9,7 @@ from typing import Any
 
 from stage_operator.api.meta import (API_KEY_FILE, AUTH_DIR, CONFIG_DIR, ENGINE_TYPE, HTTP_PORT, JOBS_DIR,
                                      LABEL_ENGINE_TYPE, LABEL_REPLICA, LABEL_SERVING, LABEL_TEMPLATE_HASH,
-                                     TERMINATION_LOG, ZMQ_PORT)
+                                     PROFILES_DIR, TERMINATION_LOG, ZMQ_PORT)
 from stage_operator.api.spec import StageSpec
 from stage_operator.builders.children import build_configmap, configmap_name, owned_metadata, stage_labels
 from stage_operator.builders.compile_cache import compile_cache
@@ -73,6 +73,23 @@ def _jobs(spec: StageSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return [volume], [{"name": JOBS_VOLUME, "mountPath": JOBS_DIR}]
 
 
+PROFILES_VOLUME = "profiles"
+
+
+def _profiles(spec: StageSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """spec.profiling's volume at PROFILES_DIR (the stage config's profiler.dir), read-write: its claim, else an
+    emptyDir (sizeLimit when given). Never a hostPath, so the restricted Pod Security level admits it."""
+    if spec.profiling is None:
+        return [], []
+    volume = spec.profiling.volume
+    if volume is not None and volume.pvc is not None:
+        source: dict[str, Any] = {"persistentVolumeClaim": {"claimName": volume.pvc.claim_name}}
+    else:
+        limit = volume.empty_dir.size_limit if volume is not None and volume.empty_dir is not None else None
+        source = {"emptyDir": {"sizeLimit": limit} if limit else {}}
+    return [{"name": PROFILES_VOLUME, **source}], [{"name": PROFILES_VOLUME, "mountPath": PROFILES_DIR}]
+
+
 def _probe(path: str, settings: dict[str, int]) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http"}, **settings}
 
@@ -112,6 +129,9 @@ def build_pod_spec(stage: Stage, image_volumes: bool = False) -> dict[str, Any]:
     compiled = compile_cache(spec)
     volumes += compiled.volumes
     mounts += compiled.mounts
+    profile_volumes, profile_mounts = _profiles(spec)
+    volumes += profile_volumes
+    mounts += profile_mounts
     env = [{"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "DIFFSTAGE_STAGE", "value": stage.name},
            {"name": "DIFFSTAGE_REPLICA",
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_REPLICA}']"}}}]

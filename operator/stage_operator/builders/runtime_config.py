@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from stage_operator.api.meta import (API_KEY_FILE, CONFIG_DIR, CONFIG_FILE, HTTP_PORT, JOBS_DIR, TERMINATION_LOG,
-                                     ZMQ_PORT)
+from stage_operator.api.meta import (API_KEY_FILE, CONFIG_DIR, CONFIG_FILE, HTTP_PORT, JOBS_DIR, PROFILES_DIR,
+                                     TERMINATION_LOG, ZMQ_PORT)
 from stage_operator.api.spec import StageSpec
 from stage_operator.builders.compile_cache import compile_cache
 from stage_operator.builders.model_delivery import model_delivery
@@ -68,6 +68,26 @@ def quantization_config(spec: StageSpec) -> dict[str, Any]:
     return {"quantization": section}
 
 
+def sleep_config(spec: StageSpec) -> dict[str, Any]:
+    """The stage's `sleep:` section (stage_runtime.config.SleepConfig's names), enabled. {} without spec.sleep: the
+    stage config of a stage without sleep mode is what it was (no rollout on upgrade)."""
+    if spec.sleep is None:
+        return {}
+    s = spec.sleep.runtime()
+    return {"sleep": {"enabled": True, "level": s.level, "after_idle_s": s.after_idle_s,
+                      "drain_timeout_s": s.drain_timeout_s, "wake_timeout_s": s.wake_timeout_s}}
+
+
+def profiler_config(spec: StageSpec) -> dict[str, Any]:
+    """The stage's `profiler:` section (stage_runtime.config.ProfilerConfig's names), the traces in the volume
+    builders.pod mounts at PROFILES_DIR. {} without spec.profiling (no rollout on upgrade)."""
+    if spec.profiling is None:
+        return {}
+    p = spec.profiling.runtime(PROFILES_DIR)
+    return {"profiler": {"dir": p.dir, "max_seconds": p.max_seconds, "record_shapes": p.record_shapes,
+                         "profile_memory": p.profile_memory}}
+
+
 def stage_config(spec: StageSpec, stage_name: str, loras: Any = None) -> dict[str, Any]:
     """The dict `stage_runtime.config.load_config` accepts (snake_case, its own field names). ``loras``: the startup
     adapters ([{name, path, pinned}]) when not the spec's (the list applied on the replicas: lora_sync)."""
@@ -93,7 +113,7 @@ def stage_config(spec: StageSpec, stage_name: str, loras: Any = None) -> dict[st
         loras["max_loras"] = spec.max_loras
     return {"model": model, "device": device(spec), "executor": executor(spec), "scheduler": scheduler, **loras,
             "cache": cache, "limits": limits, **jobs_config(spec), **compile_config(spec),
-            **quantization_config(spec),
+            **quantization_config(spec), **sleep_config(spec), **profiler_config(spec),
             "parallel": {"tensor_parallel_size": p.tensor_parallel_size, "ulysses_degree": p.ulysses_degree,
                          "ring_degree": p.ring_degree, "cfg_parallel_size": p.cfg_parallel_size,
                          "data_parallel_size": p.data_parallel_size, "pipeline_parallel_size": p.pipeline_parallel_size,

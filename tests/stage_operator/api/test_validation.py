@@ -118,6 +118,24 @@ QUANTIZATION_CASES = [  # spec.quantization (api/quantization.py; more in test_q
     ('quantization-with-tp', {'quantization': {'method': 'fp8'}, 'parallel': {'tensorParallelSize': 2},
                               'resources': {'gpusPerPod': 2}}, [QUANT_TP]),
 ]
+AFTER_IDLE_RANGE = ('spec.sleep: sleep.afterIdle {} is out of range: more than 0s and at most 168h (a duration such '
+                    'as 10m, 90s or 1h30m)')
+SLEEP_CASES = [  # spec.sleep and spec.profiling (api/sleep.py; more in test_sleep.py)
+    ('sleep-on-demand', {'sleep': {}}, []),
+    ('sleep-after-idle', {'sleep': {'afterIdle': '1h30m', 'level': 2, 'drainTimeoutSeconds': 0,
+                                    'wakeTimeoutSeconds': 600}}, []),
+    ('sleep-after-a-week', {'sleep': {'afterIdle': '168h'}}, []),
+    ('sleep-after-zero', {'sleep': {'afterIdle': '0s'}}, [AFTER_IDLE_RANGE.format('0s')]),
+    ('sleep-after-too-long', {'sleep': {'afterIdle': '167h60m1s'}}, [AFTER_IDLE_RANGE.format('167h60m1s')]),
+    ('profiling-default-volume', {'profiling': {}}, []),
+    ('profiling-on-a-claim', {'profiling': {'maxSeconds': 30, 'recordShapes': True, 'profileMemory': True,
+                                            'volume': {'pvc': {'claimName': 'traces'}}}}, []),
+    ('profiling-empty-dir', {'profiling': {'volume': {'emptyDir': {'sizeLimit': '2Gi'}}}}, []),
+    ('profiling-volume-two-places', {'profiling': {'volume': {'emptyDir': {}, 'pvc': {'claimName': 'p'}}}},
+     ['spec.profiling.volume: profiling.volume: set exactly one of emptyDir or pvc']),
+    ('profiling-volume-nowhere', {'profiling': {'volume': {}}},
+     ['spec.profiling.volume: profiling.volume: set exactly one of emptyDir or pvc']),
+]
 SCALE_TO_ZERO = ('spec.autoscaling: autoscaling.minReplicas 0 is refused with mode Operator: a stage at 0 has no pod '
                  'to probe, so nothing would scale it back up; use mode External with KEDA (its HTTP add-on holds '
                  'requests and scales 0 to 1 through /scale), or set minReplicas >= 1')
@@ -149,7 +167,7 @@ CEL_CASES = [
     ('model-both', {'model': {'builtin': 'tiny-sd', 'path': '/m'}},
      ['spec.model: model: set exactly one of builtin, path or source']),
     ('model-none', {'model': {'name': 'x'}}, ['spec.model: model: set exactly one of builtin, path or source']),
-] + MODEL_CASES + COMPILE_CASES + QUANTIZATION_CASES + [
+] + MODEL_CASES + COMPILE_CASES + QUANTIZATION_CASES + SLEEP_CASES + [
     ('operator-autoscaling', {'autoscaling': {'mode': 'Operator', 'minReplicas': 1, 'maxReplicas': 4}}, []),
     ('min-above-max', {'autoscaling': {'mode': 'Operator', 'minReplicas': 5, 'maxReplicas': 4}},
      ['spec.autoscaling: autoscaling.minReplicas (5) must not exceed maxReplicas (4)']),
@@ -202,7 +220,7 @@ def test_every_cel_rule_is_exercised_by_a_failing_case():
     for path, node in _nodes(version_schema(CRD)):
         rules.update(r['messageExpression'] for r in node.get('x-kubernetes-validations', ()))
     failing = {m.split(': ', 1)[1] for _, spec, msgs in CEL_CASES for m in msgs}
-    assert len(rules) == 27 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
+    assert len(rules) == 29 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
 
 
 def _nodes(node, path=''):
@@ -252,8 +270,10 @@ def test_spec_errors_name_field_and_value():
             update={'gpus_per_pod': 3})).topology()
 
 
-@pytest.mark.parametrize('spec, messages', [c[1:] for c in MODEL_CASES + COMPILE_CASES + QUANTIZATION_CASES],
-                         ids=[c[0] for c in MODEL_CASES + COMPILE_CASES + QUANTIZATION_CASES])
+MODEL_RULE_CASES = MODEL_CASES + COMPILE_CASES + QUANTIZATION_CASES + SLEEP_CASES
+
+
+@pytest.mark.parametrize('spec, messages', [c[1:] for c in MODEL_RULE_CASES], ids=[c[0] for c in MODEL_RULE_CASES])
 def test_the_operator_refuses_what_the_api_server_refuses_with_the_same_words(spec, messages):
     """The pydantic side of each model rule (a server without CEL, or an object written before the CRD)."""
     body = stage(**spec)['spec']
