@@ -72,6 +72,15 @@ class Target:
         self.sync()
         return int(torch.cuda.max_memory_allocated(self.torch_device))
 
+    def allocated_bytes(self) -> int | None:
+        """The device memory tensors hold now (None on the CPU)."""
+        if self.device != "cuda":
+            return None
+        import torch
+
+        self.sync()
+        return int(torch.cuda.memory_allocated(self.torch_device))
+
     def free(self) -> None:
         """Return what the part dropped to the device (between models: the next one needs the room)."""
         import gc

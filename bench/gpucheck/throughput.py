@@ -27,6 +27,7 @@ import time
 
 from gpucheck.compiled import COMPILED, compile_arm
 from gpucheck.quantized import QUANTIZED, quantization_arm
+from gpucheck.sleeping import SLEPT, sleep_arm
 from gpucheck.families import Call, bare_call, max_diff, request
 from gpucheck.residency import attach_offloader
 from gpucheck.sizes import MODELS, build, parameters
@@ -195,6 +196,11 @@ def measure(name: str, target, clock, emit, root: str, args) -> None:
             emit(f"{name} quantization, step", "budget", "", clock.reason(), model=name)
         else:
             quantization_arm(folder, spec, shape, target, dtype, args, eager[1], emit, config, tick_times, build)
+    if name in SLEPT:
+        if clock.spent(need_s=args.arm_s):
+            emit(f"{name} sleep level 1, wake", "budget", "", clock.reason(), model=name)
+        else:
+            sleep_arm(folder, spec, target, dtype, emit, config, build)
     if name == "flux" and not args.flux_disk:
         emit(f"{name} offload layerwise -> disk tier, step", "skip", "",
              "writing 24 GB of weights to disk is not worth the budget (--flux-disk runs it)", model=name)

@@ -146,4 +146,6 @@ def serve_command(spec: StageSpec, stage_name: str) -> list[str]:
         cmd += ["--api-key-file", API_KEY_FILE]
     if spec.jobs is not None:  # the claim's mount (builders.pod); a flag, so a runner that maps mounts rewrites it
         cmd += ["--job-store", JOBS_DIR]
+    if spec.profiling is not None:  # its volume's mount, a flag for the same reason (over the config's profiler.dir)
+        cmd += ["--profiler-dir", PROFILES_DIR]
     return cmd + list(spec.engine.extra_args)
