@@ -1,9 +1,10 @@
 """The engine's sleep control (engine.sleep_control, worker.sleep): what survives a level-2 sleep (a loaded LoRA
-adapter, the queued request that wakes it), what is refused (level 2 over quantized weights naming why, sleep on a
+adapter, compiled graphs with no recompile, the queued request that wakes it), what is refused (level 2 over quantized weights naming why, sleep on a
 stage without sleep mode), and a worker that dies asleep fails the engine closed at the wake."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 
@@ -19,9 +20,9 @@ from stage_runtime.request import DiffusionRequest, SamplingParams
 from support.waiting import wait_until
 
 
-def engine(path: str, **extra) -> DiffusionEngine:
+def engine(path: str, warmup: bool = False, **extra) -> DiffusionEngine:
     return DiffusionEngine.make_engine(load_config({
-        "model": {"path": path}, "device": "cpu", "warmup": False,
+        "model": {"path": path}, "device": "cpu", "warmup": warmup,
         "scheduler": {"execution_mode": "step", "max_num_seqs": 2}, **extra}))
 
 
@@ -79,3 +80,20 @@ def test_a_worker_that_dies_asleep_fails_the_engine_closed_at_the_wake(tiny_dit_
         wait_until(lambda: eng.state == "dead", timeout=30, what="the engine failed closed")
     finally:
         eng.close()
+
+
+def test_compiled_graphs_survive_level_2_no_recompile_and_the_same_image(tiny_digits_path):
+    from support.compile_cache import shared_compile_cache
+
+    eng = engine(tiny_digits_path, sleep={"enabled": True}, executor="mp", warmup=True,
+                 compile={"mode": "regional", "cache_dir": str(shared_compile_cache())})
+    try:
+        digit = DiffusionRequest("a", "3", SamplingParams(num_inference_steps=4, seed=1))
+        before = eng.add_request(digit).result(timeout=120).images
+        eng.collective_rpc("sleep", (2,))
+        after = eng.add_request(dataclasses.replace(digit, request_id="b")).result(timeout=120).images
+        (stats,) = eng.collective_rpc("compile_stats")
+    finally:
+        eng.close()
+    assert np.array_equal(before, after)
+    assert stats["recompiles"] == 0 and stats["mode_effective"] == "regional", stats

@@ -219,3 +219,11 @@ async def test_health_ready_and_json_errors_for_unknown_routes(http):
     wrong = await http.get("/v1/images/generations")
     assert wrong.status_code == 405 and wrong.json()["error"]["type"] == "method_not_allowed"
     assert await request_states(http) == {}
+
+
+@pytest.mark.parametrize("method, path", [("POST", "/sleep"), ("POST", "/wake_up"), ("GET", "/is_sleeping"),
+                                          ("POST", "/start_profile"), ("POST", "/stop_profile")])
+async def test_the_admin_routes_are_404_on_a_stage_without_sleep_mode_or_profiler(http, method, path):
+    resp = await http.request(method, path)
+    assert resp.status_code == 404 and resp.json()["error"]["type"] == "not_found", resp.text
+    assert ("--enable-sleep-mode" if "profile" not in path else "--profiler-dir") in resp.text
