@@ -1,6 +1,7 @@
 """The engine's sleep control (engine.sleep_control, worker.sleep): what survives a level-2 sleep (a loaded LoRA
-adapter, compiled graphs with no recompile, the queued request that wakes it), what is refused (level 2 over quantized weights naming why, sleep on a
-stage without sleep mode), and a worker that dies asleep fails the engine closed at the wake."""
+adapter, compiled graphs with no recompile, the queued request that wakes it), what is refused (level 2 over
+quantized weights naming why, sleep on a stage without sleep mode), and a worker that dies asleep fails the engine
+closed at the wake."""
 
 from __future__ import annotations
 
