@@ -3,8 +3,8 @@
 The modules stay — their hooks, compiled forwards, LoRA factors (held apart from the weights), attention
 processors — only the tensors' storages move or go, and come back into the same ``Parameter`` objects:
 
-- level 1: each module component ``.to("cpu")``, the device's allocator cache emptied; wake moves them back. On a
-  CPU device the weights already live in host memory: nothing moves.
+- level 1: each module component's tensors copied to pinned host memory, the device's allocator cache emptied; wake
+  copies them back. On a CPU device the weights already live in host memory: nothing moves.
 - level 2: every parameter and buffer of every module component replaced by an empty tensor (host memory given back
   to the OS: ``malloc_trim``), and on wake read again from the model source the stage loaded (``reload``: the
   family's own load, on the CPU), copied in by name. What the served weights are not — quantized storages, a
@@ -35,6 +35,16 @@ def give_back_host_memory() -> None:
         log.debug("malloc_trim is not available; freed host memory stays with the allocator")
 
 
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A device tensor's copy in pinned host memory (the wake's copy back is then a DMA); a tensor subclass whose
+    storage cannot be pinned (a quantized layout), in pageable memory."""
+    host = tensor.to("cpu")
+    try:
+        return host.pin_memory()
+    except (RuntimeError, NotImplementedError):
+        return host
+
+
 def _tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(module.named_parameters()), **dict(module.named_buffers())}
 
@@ -60,7 +70,7 @@ class WeightSleeper:
         if level == 1:
             if self.device.type != "cpu":
                 for module in components.values():
-                    module.to("cpu")
+                    module._apply(to_host)          # every parameter and buffer, tensor subclasses included
         else:
             for module in components.values():
                 for tensor in _tensors(module).values():
@@ -78,7 +88,7 @@ class WeightSleeper:
         if self.level == 1:
             if self.device.type != "cpu":
                 for module in components.values():
-                    module.to(self.device)
+                    module.to(self.device, non_blocking=True)
         else:
             fresh = self.reload()
             for name, module in components.items():
