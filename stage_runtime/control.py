@@ -30,7 +30,8 @@ CONTROL_RPCS: dict[str, str] = {
     "list_loras": "the resident adapters (the engine's view); a rank answers its own summaries",
     # Step checkpoints (step mode): run between ticks, written by the leader of the replica holding the request
     "checkpoint_request": "(request_id, path) → the leader holding the request's step state writes it to path: "
-                          "{path, step, total_steps, bytes, seconds}, or {error}; None from every other rank",
+                          "{path, step, total_steps, bytes, seconds}, or {error}; None from every other rank; "
+                          "path None: the file's bytes as data, nothing written (the caller writes them)",
     # Sleep mode (engine.sleep_control): every rank together, between ticks, with nothing running
     "sleep": "(level) → the rank gives its weights back (1: to host memory, 2: dropped): {rank, level, seconds}",
     "wake_up": "the rank's weights back (level 2: read again from the model source): {rank, level, seconds}",

@@ -164,20 +164,28 @@ def unpack(fresh: Any, packed: Any, tensors: dict[str, torch.Tensor], device: to
 
 
 # -- the file ---------------------------------------------------------------------------------------------------
-def save(state: StepRequestState, path: str, info: ModelInfo) -> dict[str, Any]:
-    """Write ``state`` to ``path`` whole or not at all (a temp file beside it, synced, renamed over it).
-    {"path", "step", "total_steps", "bytes", "seconds"}."""
-    started = time.perf_counter()
+def snapshot(state: StepRequestState, info: ModelInfo) -> bytes:
+    """``state`` as a checkpoint file's bytes (its tensors copied to the host, the manifest beside them): what
+    :func:`save` writes, or what a job's writer stores off the engine thread."""
     tensors: dict[str, torch.Tensor] = {}
     tree = {f.name: pack(getattr(state, f.name), tensors, f"state.{f.name}")
             for f in dataclasses.fields(state) if f.name != "request"}
     manifest = {"format": FORMAT, "model": info.fingerprint, "pipeline_class": info.pipeline_class,
                 "request_id": state.request_id, "request": request_identity(state.request), "step": state.step_index,
                 "total_steps": state.total_steps, "saved_at": time.time(), "state": tree}
-    data = serialize(tensors, metadata={MANIFEST_KEY: json.dumps(manifest)})
-    write_atomic(path, data)
+    return serialize(tensors, metadata={MANIFEST_KEY: json.dumps(manifest)})
+
+
+def save(state: StepRequestState, path: str | None, info: ModelInfo) -> dict[str, Any]:
+    """Write ``state`` to ``path`` whole or not at all (a temp file beside it, synced, renamed over it).
+    {"path", "step", "total_steps", "bytes", "seconds"}. ``path`` None: nothing is written, the bytes come back as
+    ``data`` (the caller writes them elsewhere, off the engine thread)."""
+    started = time.perf_counter()
+    data = snapshot(state, info)
+    if path is not None:
+        write_atomic(path, data)
     return {"path": path, "step": state.step_index, "total_steps": state.total_steps, "bytes": len(data),
-            "seconds": time.perf_counter() - started}
+            "seconds": time.perf_counter() - started, **({"data": data} if path is None else {})}
 
 
 def restore(fresh: StepRequestState, info: ModelInfo) -> StepRequestState:

@@ -6,9 +6,10 @@ step goes into the record (``phase``, ``step``, ``progress``; only the newest wa
 so a slow store never slows the engine). On success the MP4, the thumbnail (the first frame) and the exact
 frames are written beside the record, then the record says ``completed``.
 
-While it denoises, the run has the engine write the job's step checkpoint (``checkpoint_request``, between two
-ticks; ``jobs/<id>/checkpoint.safetensors``, replaced whole) after every ``checkpoint_every_steps`` steps, and the
-record says its step (``checkpoint_step``). A run of a job that has a checkpoint starts from it (the engine request
+While it denoises, the run has the engine snapshot the job's step state (``checkpoint_request``, between two
+ticks) after every ``checkpoint_every_steps`` steps, and writes it off the engine's step path
+(``serve.checkpoint_writer``: one write in flight, a newer snapshot replacing a pending one;
+``jobs/<id>/checkpoint.safetensors``, replaced whole); the record says the step written (``checkpoint_step``). A run of a job that has a checkpoint starts from it (the engine request
 carries ``resume_from``; ``resumed_from_step`` in the record); one the engine refuses (another model, another
 request) is left aside and the job runs from step 0. A completed job's checkpoint is removed.
 
@@ -41,6 +42,7 @@ from stage_runtime.jobs.record import JobError, JobRecord, progress_of
 from stage_runtime.jobs.store import CHECKPOINT, OUTPUTS, REFERENCE, JobStore
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import DiffusionRequest
+from stage_runtime.serve.checkpoint_writer import CheckpointWriter
 from stage_runtime.serve.job_form import VideoJobRequest
 from stage_runtime.serve.service import StageService
 from stage_runtime.serve.videos import frames_zip
@@ -69,6 +71,9 @@ class JobRun:
         self.handing_off = False               # the replica drains: the run stops at a checkpoint, the job requeues
         self.phase: str | None = None          # the engine request's phase, as last reported
         self._checkpointing: asyncio.Task | None = None
+        # checkpoints: snapshotted between ticks by the engine, written here off its step path (serve.checkpoint_writer)
+        self.writes = CheckpointWriter(lease.job_id, lambda data: store.write_file(lease.job_id, CHECKPOINT, data),
+                                       on_written=self._written)
         self._lock = asyncio.Lock()
         self._pending: dict | None = None      # the newest progress not yet written
         self._writer: asyncio.Task | None = None
@@ -190,6 +195,7 @@ class JobRun:
         self.stopped_at = final.step_index
         if self._checkpointing is not None:
             await asyncio.gather(self._checkpointing, return_exceptions=True)
+        await self.writes.flush()                # the job's last word comes after its last checkpoint write
         if self.deleted or self.lost:
             return
         if final.error is None:
@@ -250,12 +256,12 @@ class JobRun:
         self._checkpointing = asyncio.get_running_loop().create_task(self.checkpoint())
 
     async def checkpoint(self, then_stop: bool = False) -> int | None:
-        """The job's step state to its checkpoint file, at the engine's next tick boundary: the step saved, or None
-        (no state to save: not started or already ended; the file could not be written: logged). ``then_stop``: the
-        request is aborted at that same boundary (no step runs after the one saved)."""
-        path = self.checkpoint_path
+        """The job's step state snapshotted at the engine's next tick boundary and handed to the job's writer: the
+        step snapshotted, or None (no state to save: not started or already ended; logged). The step counts as the
+        job's checkpoint once written (``checkpoint_step``). ``then_stop``: the request is aborted at that same
+        boundary (no step runs after the one saved), and this returns once the write is done: the step written."""
         try:
-            replies = await asyncio.to_thread(self.service.collective_rpc, "checkpoint_request", (self.job_id, path),
+            replies = await asyncio.to_thread(self.service.collective_rpc, "checkpoint_request", (self.job_id, None),
                                               {}, CHECKPOINT_TIMEOUT_S, None, (self.job_id,) if then_stop else ())
         except DiffStageError as exc:
             log.warning("video job %s: no checkpoint: %s", self.job_id, exc)
@@ -266,10 +272,16 @@ class JobRun:
         if "error" in saved:
             log.warning("video job %s: no checkpoint: %s", self.job_id, saved["error"])
             return None
-        self.checkpoint_step = int(saved["step"])
-        log.info("video job %s: checkpoint at step %d (%d bytes, %.3f s)", self.job_id, saved["step"], saved["bytes"],
-                 saved["seconds"])
-        return self.checkpoint_step
+        self.writes.submit(int(saved["step"]), saved["data"])
+        log.info("video job %s: checkpoint of step %d snapshotted (%d bytes, %.3f s)", self.job_id, saved["step"],
+                 saved["bytes"], saved["seconds"])
+        if then_stop:
+            return await self.writes.flush()
+        return int(saved["step"])
+
+    def _written(self, step: int) -> None:
+        if not (self.deleted or self.lost):
+            self.checkpoint_step = step
 
     def _decode_failed(self, final: DiffusionOutput) -> bool:
         stopped = self.deleted or self.lost or self.handing_off

@@ -222,9 +222,10 @@ class DiffusionModelRunner:
             state = step_checkpoint.restore(state, self.model_info)
         self.step_states[request.request_id] = state
 
-    def checkpoint(self, request_id: str, path: str) -> dict | None:
+    def checkpoint(self, request_id: str, path: str | None) -> dict | None:
         """Write the request's step state, as it is between ticks, to ``path`` (models.step_checkpoint): {"path",
-        "step", "total_steps", "bytes", "seconds"}; {"error"} when the file cannot be written; None when this
+        "step", "total_steps", "bytes", "seconds"}, and with ``path`` None the file's bytes as ``data`` instead of
+        writing them; {"error"} when the file cannot be written; None when this
         rank holds no state of the request (not prepared yet, or ended) or is not its replica's writer."""
         state = self.step_states.get(request_id)
         if state is None or not self.writes_checkpoints:

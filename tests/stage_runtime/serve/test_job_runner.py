@@ -228,3 +228,42 @@ async def test_hand_offs_do_not_count_against_max_attempts(runner):
     done = await record_where(store, moved.id, "the job completed", lambda r: r.status != "queued"
                               and r.status != "in_progress")
     assert (done.status, done.attempts, done.handoffs, done.error) == ("completed", 4, 3, None)
+
+
+class SlowCheckpointStore(JobStore):
+    """A store whose checkpoint writes take ``delay`` seconds (a slow object store): each write's start and end are
+    noted with the job's step the engine has reached by then."""
+
+    def __init__(self, root, delay: float):
+        super().__init__(root)
+        self.delay, self.writes, self.engine_step = delay, [], lambda: 0
+
+    def write_file(self, job_id: str, name: str, data: bytes) -> None:
+        if name == CHECKPOINT:
+            started = self.engine_step()
+            time.sleep(self.delay)
+            self.writes.append((started, self.engine_step()))
+        super().write_file(job_id, name, data)
+
+
+async def test_checkpoint_writes_never_block_a_step(engine, config, tmp_path):
+    """Every step checkpointed on a store that takes 0.4 s a write: the engine keeps stepping while a write is in
+    flight (the write ends steps later than it began), newer snapshots replace pending ones, and the job's end waits
+    for its last write (its checkpoint is then removed)."""
+    every_step = config.model_copy(update={"jobs": config.jobs.model_copy(update={"checkpoint_every_steps": 1})})
+    store = SlowCheckpointStore(tmp_path / "slow", delay=0.4).open()
+    service = StageService(every_step, StageMetrics())
+    service.attach(engine)
+    runner = JobRunner(service, store, every_step.jobs, "tiny-wan", owner="replica-slow")
+    slow = job(store, 40)
+    # (a write begins after the run started: a request no longer in the engine has done all its steps)
+    store.engine_step = lambda: next((r["step"] for r in engine.requests_snapshot() if r["request_id"] == slow.id), 40)
+    runner.start()
+    try:
+        done = await record_where(store, slow.id, "the slow-store job completed", lambda r: r.status == "completed")
+    finally:
+        await runner.close()
+    assert done.checkpoint_step is None and not (store.folder(slow.id) / CHECKPOINT).exists()
+    moved = [(a, b) for a, b in store.writes if b > a]
+    assert moved, f"the engine did not step during any checkpoint write: {store.writes}"
+    assert len(store.writes) < 40, "every snapshot was written: none replaced a pending one"
