@@ -15,6 +15,7 @@ and refused with a 400 before anything is stored. Every answer carries ``openai-
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from typing import Any, Literal
@@ -31,6 +32,8 @@ from stage_runtime.serve.images import SERVICE, check_model
 from stage_runtime.serve.job_form import VideoJobRequest, new_record, read_job_body
 from stage_runtime.serve.job_runner import JobRunner
 from stage_runtime.serve.models_route import model_id
+
+log = logging.getLogger(__name__)
 
 JOBS = web.AppKey("jobs", JobRunner)
 CONTENT_TYPES = {"video": "video/mp4", "thumbnail": "image/png", "frames": "application/zip"}
@@ -104,16 +107,33 @@ async def list_jobs(request: web.Request) -> web.Response:
     """A page in creation order; ids sort as they were made, so ``after`` needs no record to still exist."""
     runner = _runner(request)
     after, limit, order = _query(request)
-    now = time.time()
-    records = [r for r in await asyncio.to_thread(runner.store.records) if not r.expired(now)]
-    if order == "desc":
-        records.reverse()
-    if after is not None:
-        records = [r for r in records if (r.id > after if order == "asc" else r.id < after)]
-    page = records[:limit]
+    page, more = await asyncio.to_thread(read_page, runner.store, after, limit, order, time.time())
     return _answer(runner, {"object": "list", "data": [r.video() for r in page],
                             "first_id": page[0].id if page else None, "last_id": page[-1].id if page else None,
-                            "has_more": len(records) > limit})
+                            "has_more": more})
+
+
+def read_page(store, after: str | None, limit: int, order: str, now: float) -> tuple[list[JobRecord], bool]:
+    """(A thread.) The page without a scan: the ids alone are listed (they sort by creation time), and only the
+    records of the page are read, with one more to say ``has_more`` (an expired or vanished job is passed over)."""
+    ids = store.ids()
+    if order == "desc":
+        ids.reverse()
+    if after is not None:
+        ids = [i for i in ids if (i > after if order == "asc" else i < after)]
+    page: list[JobRecord] = []
+    for job_id in ids:
+        try:
+            record = store.get(job_id)
+        except JobStoreError as exc:
+            log.warning("skipping an unreadable job record: %s", exc)
+            continue
+        if record is None or record.expired(now):
+            continue
+        if len(page) == limit:
+            return page, True
+        page.append(record)
+    return page, False
 
 
 async def delete_job(request: web.Request) -> web.Response:
