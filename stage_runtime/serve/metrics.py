@@ -65,6 +65,8 @@ class StageMetrics:
         self.jobs = Gauge(f"{PREFIX}video_jobs", "The model's video jobs in the shared store by status (as of "
                           "the replica's last scan; every replica sees the same store)", ["status"], registry=r)
         self.jobs_here = Gauge(f"{PREFIX}video_jobs_running_here", "Video jobs this replica runs now", registry=r)
+        self.jobs_queued = Gauge(f"{PREFIX}jobs_queued", "The model's video jobs waiting for a replica, store-wide (the "
+                                 "same on every replica: scale workers by it, do not sum it)", registry=r)
         self.worker_alive = Gauge(f"{PREFIX}worker_alive", "1 while the rank's worker is alive", ["rank"],
                                   registry=r)
         self.state = Enum(f"{PREFIX}stage_state", "Stage process state", states=STATES, registry=r)
@@ -134,6 +136,7 @@ class StageMetrics:
         self.state.state(stats["state"])
         if "jobs" in stats:
             self.jobs_here.set(stats["jobs"]["here"])
+            self.jobs_queued.set(stats["jobs"]["queued"])
             for status in STATUSES:
                 self.jobs.labels(status).set(stats["jobs"][status])
         for worker in stats["workers"]:

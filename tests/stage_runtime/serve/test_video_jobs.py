@@ -181,6 +181,7 @@ def test_stats_and_metrics_count_the_jobs_in_the_store_and_the_runs_here(clients
         scraped = httpx.get(f"{owner.http_url}/metrics").text
         assert 'diffstage_video_jobs{status="in_progress"} 1.0' in scraped
         assert "diffstage_video_jobs_running_here 1.0" in scraped
+        assert "diffstage_jobs_queued 0.0" in scraped                # store-wide backlog: what workers scale by
     finally:
         a.videos.delete(video.id)
 
