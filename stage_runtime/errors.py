@@ -217,9 +217,11 @@ class JobsNotConfiguredError(DiffStageError):
 
 
 class JobStoreError(DiffStageError, OSError):
-    """The job store's folder could not be read or written (a full disk, a lost volume)."""
+    """The job store could not be read or written (a full disk, a lost volume, an object store out of reach). Its
+    HTTP answer carries ``Retry-After``: nothing was stored, the same request may be sent again."""
 
     error_type, http_status = "job_store_unavailable", 503
+    retry_after_s: ClassVar[int] = 5
 
 
 class RpcError(DiffStageError, RuntimeError):

@@ -41,3 +41,16 @@ def test_a_page_reads_its_records_and_one_more_not_the_store(tmp_path):
     store.reads = 0
     page, more = read_page(store, ids[35], 10, "asc", time.time())
     assert [r.id for r in page] == [ids[36], ids[37], ids[39]] and not more and store.reads == 4
+
+
+def test_a_store_failure_answers_503_with_retry_after():
+    """Nothing was stored: the client may send the same request again (the OpenAI SDK retries on it)."""
+    from stage_runtime.errors import JobStoreError
+    from stage_runtime.serve.app import error_response
+
+    class Service:
+        def retry_after(self) -> int:
+            raise AssertionError("a store failure is not a full queue")
+
+    resp = error_response(JobStoreError("job store 's3://b/p': unreachable"), Service())
+    assert resp.status == 503 and resp.headers["Retry-After"] == "5"
