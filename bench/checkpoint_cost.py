@@ -16,7 +16,12 @@ measures, ``--runs`` times:
 and whether the resumed frames equal the uninterrupted ones bitwise. Each line: median, min–max, number of
 samples; what it ran on. ``--dir`` puts the files on the folder of your job store (NFS, CephFS) to measure it.
 
+``--store fs|s3`` adds what a video job pays: a checkpoint every step taken off the step path (the engine snapshots
+the state between ticks; a writer thread stores the bytes, one write in flight, a newer snapshot replacing a pending
+one), the step's cost (its tick with the writes beside it, plus the snapshot) against a plain step, in pairs.
+
     .venv/bin/python bench/checkpoint_cost.py [--runs 3] [--steps 8] [--size 32] [--frames 9] [--kind wan]
+                                              [--store fs|s3 [--s3-url s3://B/P --s3-endpoint URL]]
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import struct
 import sys
 import tempfile
@@ -139,6 +145,109 @@ def bench_kind(kind: str, args, root: str, folder: str) -> None:
     print(f"  resumed frames equal the uninterrupted ones bitwise: {equal}")
 
 
+class OffPathWriter:
+    """The job runner's writing, as a thread (serve.checkpoint_writer's rule): one write in flight, a newer snapshot
+    replacing a pending one."""
+
+    def __init__(self, write):
+        import threading
+
+        self.write, self.pending, self.written, self.replaced = write, None, 0, 0
+        self.cond = threading.Condition()
+        self.closed = False
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def submit(self, data: bytes) -> None:
+        with self.cond:
+            self.replaced += self.pending is not None
+            self.pending = data
+            self.cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while self.pending is None and not self.closed:
+                    self.cond.wait()
+                if self.pending is None:
+                    return
+                data, self.pending = self.pending, None
+            self.write(data)
+            self.written += 1
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify()
+        self.thread.join()
+
+
+def open_store(args, root: str):
+    """The job store the writes go to: the folder store (``--dir`` or a temp folder), or the object store."""
+    if args.store == "s3":
+        from stage_runtime.jobs.object_store import ObjectJobStore
+
+        return ObjectJobStore.from_url(args.s3_url, endpoint=args.s3_endpoint).open()
+    from stage_runtime.jobs.store import JobStore
+
+    return JobStore(os.path.join(args.dir or root, "job-store")).open()
+
+
+def bench_off_path(kind: str, args, root: str) -> None:
+    """Step time with a checkpoint every step written off the step path (a snapshot between ticks, the bytes
+    stored by a writer thread), against the same request without checkpoints, in alternating pairs."""
+    import time as _time
+
+    from stage_runtime.config import load_config
+    from stage_runtime.engine import DiffusionEngine
+    from stage_runtime.jobs.record import JobRecord, new_job_id
+    from stage_runtime.jobs.store import CHECKPOINT
+    from stage_runtime.models.tiny import make_tiny_model
+
+    store = open_store(args, root)
+    now = _time.time()
+    record = JobRecord(id=new_job_id(now), model=kind, prompt="p", size="16x16", num_frames=9, fps=8,
+                       num_steps=args.steps, created_at=now, params={"prompt": "p"})
+    store.create(record)
+    path = make_tiny_model(f"{root}/{kind}-off", kind=kind, seed=0)
+    engine = DiffusionEngine(load_config({"model": {"path": str(path)}, "device": "cpu", "warmup": False,
+                                          "scheduler": {"execution_mode": "step", "max_num_seqs": 1}}))
+    ratios, plain_ticks, with_ticks, snap_s = [], [], [], []
+    writer = OffPathWriter(lambda data: store.write_file(record.id, CHECKPOINT, data))
+    try:
+        timed_run(engine, request(kind, "warm-off", args))
+        for run in range(args.runs):
+            rid = f"off-{run}"
+
+            def snapshot() -> None:
+                t0 = _time.perf_counter()
+                [saved] = engine.collective_rpc("checkpoint_request", (rid, None))
+                snap_s.append(_time.perf_counter() - t0)
+                writer.submit(saved["data"])
+
+            _, plain, _ = timed_run(engine, request(kind, f"plain-off-{run}", args))
+            before = len(snap_s)
+            _, ticks, _ = timed_run(engine, request(kind, rid, args), snapshot)
+            plain_ticks += plain[1:-1]
+            with_ticks += ticks[1:-1]
+            # a step's cost with checkpoints: its tick (the writer thread running beside it) and the snapshot
+            per_step = statistics.median(ticks[1:-1]) + statistics.median(snap_s[before:])
+            ratios.append(per_step / statistics.median(plain[1:-1]))
+    finally:
+        writer.close()
+        engine.close()
+        store.delete(record.id)
+    overhead = [r - 1 for r in ratios]
+    print(f"\n{kind}: a checkpoint every step off the step path ({args.store} store, {args.steps} steps, "
+          f"{args.runs} pairs)")
+    print(f"  tick (one step)          {spread(plain_ticks)}")
+    print(f"  tick, writes beside it   {spread(with_ticks)}")
+    print(f"  snapshot on the engine   {spread(snap_s)}  (the only part a step waits for)")
+    print(f"  step with ÷ without      overhead median {100 * sorted(overhead)[len(overhead) // 2]:+.1f} % "
+          f"(min {100 * min(overhead):+.1f} – max {100 * max(overhead):+.1f} %, n={len(overhead)}); "
+          f"{writer.written} writes, {writer.replaced} snapshots replaced before their write")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -148,6 +257,10 @@ def main() -> None:
     parser.add_argument("--kind", choices=KINDS, action="append", help="repeatable; default: all")
     parser.add_argument("--dir", help="where the checkpoints are written (default: a temp folder)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--store", choices=("fs", "s3"), help="also measure checkpoints every step written off the "
+                        "step path to this job store (fs: --dir or a temp folder; s3: --s3-url and --s3-endpoint)")
+    parser.add_argument("--s3-url", help="s3://BUCKET/PREFIX for --store s3")
+    parser.add_argument("--s3-endpoint", help="an S3-compatible server's URL for --store s3")
     args = parser.parse_args()
     import torch
 
@@ -156,6 +269,8 @@ def main() -> None:
         folder = args.dir or root
         for kind in args.kind or KINDS:
             bench_kind(kind, args, root, folder)
+            if args.store:
+                bench_off_path(kind, args, root)
     print(f"\n{machine()}")
 
 
