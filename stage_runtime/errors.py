@@ -104,7 +104,7 @@ class StageBusyError(RequestError):
     """An admin operation that needs the stage idle or alone found it otherwise: a sleep whose drain timeout passed
     with requests still in flight (the stage stays awake), a profile started while one records."""
 
-    error_type, http_status = "stage_busy", 409
+    error_type, http_status, outcome = "stage_busy", 409, None
 
 
 class RequestAbortedError(RequestError):

@@ -17,7 +17,7 @@ import math
 
 from aiohttp import web
 
-from stage_runtime.errors import InvalidRequestError, StageUnavailableError
+from stage_runtime.errors import InvalidRequestError, StageBusyError, StageUnavailableError
 from stage_runtime.serve.images import SERVICE
 
 SLEEP_PATHS = ("/sleep", "/wake_up", "/is_sleeping")
@@ -98,3 +98,22 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/is_sleeping", is_sleeping)
     app.router.add_post("/start_profile", start_profile)
     app.router.add_post("/stop_profile", stop_profile)
+
+
+def openapi_paths(responses, v1: tuple) -> dict:
+    """The admin routes in the stage's OpenAPI document (their answers are plain JSON objects)."""
+    obj = {"application/json": {"schema": {"type": "object"}}}
+    level = [{"name": "level", "in": "query", "schema": {"type": "integer", "enum": [1, 2], "default": 1}},
+             {"name": "abort", "in": "query", "schema": {"type": "boolean", "default": False}},
+             {"name": "drain_timeout_s", "in": "query", "schema": {"type": "number", "minimum": 0, "maximum": 3600}}]
+    return {
+        "/sleep": {"post": {"operationId": "sleep", "parameters": level,
+                            "responses": responses(None, InvalidRequestError, StageBusyError, 404, *v1,
+                                                   ok_types=obj)}},
+        "/wake_up": {"post": {"operationId": "wakeUp", "responses": responses(None, 404, *v1, ok_types=obj)}},
+        "/is_sleeping": {"get": {"operationId": "isSleeping", "responses": responses(None, 404, *v1, ok_types=obj)}},
+        "/start_profile": {"post": {"operationId": "startProfile",
+                                    "responses": responses(None, StageBusyError, 404, *v1, ok_types=obj)}},
+        "/stop_profile": {"post": {"operationId": "stopProfile",
+                                   "responses": responses(None, StageBusyError, 404, *v1, ok_types=obj)}},
+    }

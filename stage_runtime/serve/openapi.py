@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict
 from stage_runtime.errors import (DiffStageError, EngineDeadError, InvalidRequestError, QueueFullError,
                                   RequestAbortedError, RequestFailedError, RequestTooLargeError, StageUnavailableError,
                                   UnauthorizedError)
-from stage_runtime.serve import jobs_route
+from stage_runtime.serve import admin_route, jobs_route
+from stage_runtime.serve.auth import PROTECTED_PATHS
 from stage_runtime.serve.loras_route import LoraAdapter, LoraList, LoraLoadBody, LoraUnloaded, openapi_paths
 from stage_runtime.serve.schemas import AbortBody, ImageEditRequest, ImageGenerationRequest, StageStats
 from stage_runtime.serve.videos import VideoGenerationRequest
@@ -152,6 +153,7 @@ def openapi_document(api_keys: bool) -> dict[str, Any]:
             "responses": _responses(ModelCard, 404, StageUnavailableError, *v1)}},
         **jobs_route.openapi_paths(_responses, _json, REF, v1),
         **openapi_paths(_responses, _json, v1),
+        **admin_route.openapi_paths(_responses, v1),
         "/health": {"get": {"operationId": "health", "responses": _responses(HealthStatus, EngineDeadError)}},
         "/ready": {"get": {"operationId": "ready", "responses": _responses(HealthStatus, StageUnavailableError)}},
         "/metrics": {"get": {"operationId": "metrics", "responses": {"200": {
@@ -162,7 +164,7 @@ def openapi_document(api_keys: bool) -> dict[str, Any]:
     if api_keys:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         for path, item in paths.items():
-            if path.startswith("/v1/"):
+            if path.startswith("/v1/") or path in PROTECTED_PATHS:
                 for op in item.values():
                     op["security"] = [{"bearer": []}]
     return doc
