@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from engine_probes import count_denoiser_calls, threadless
 from PIL import Image
-from support.waiting import async_wait_until
+from support.waiting import async_wait_until, wait_until
 
 from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
@@ -231,27 +231,30 @@ async def test_hand_offs_do_not_count_against_max_attempts(runner):
 
 
 class SlowCheckpointStore(JobStore):
-    """A store whose checkpoint writes take ``delay`` seconds (a slow object store): each write's start and end are
-    noted with the job's step the engine has reached by then."""
+    """A store whose checkpoint writes end only once the engine has stepped on (a slow object store, at most
+    ``timeout`` seconds): were the engine waiting for the write, it could not step, and the write would end at the
+    step it began. Each write's start and end are noted with the job's step the engine had reached then."""
 
-    def __init__(self, root, delay: float):
+    def __init__(self, root, timeout: float):
         super().__init__(root)
-        self.delay, self.writes, self.engine_step = delay, [], lambda: 0
+        self.timeout, self.writes, self.engine_step = timeout, [], lambda: 0
 
     def write_file(self, job_id: str, name: str, data: bytes) -> None:
         if name == CHECKPOINT:
             started = self.engine_step()
-            time.sleep(self.delay)
-            self.writes.append((started, self.engine_step()))
+            try:
+                wait_until(lambda: self.engine_step() > started, timeout=self.timeout, what="a step during the write")
+            finally:                             # noted either way: the test asserts on the notes
+                self.writes.append((started, self.engine_step()))
         super().write_file(job_id, name, data)
 
 
 async def test_checkpoint_writes_never_block_a_step(engine, config, tmp_path):
-    """Every step checkpointed on a store that takes 0.4 s a write: the engine keeps stepping while a write is in
-    flight (the write ends steps later than it began), newer snapshots replace pending ones, and the job's end waits
-    for its last write (its checkpoint is then removed)."""
+    """Every step checkpointed on a store whose writes end only once the engine stepped on: it does step while a
+    write is in flight, newer snapshots replace pending ones, and the job's end waits for its last write (its
+    checkpoint is then removed)."""
     every_step = config.model_copy(update={"jobs": config.jobs.model_copy(update={"checkpoint_every_steps": 1})})
-    store = SlowCheckpointStore(tmp_path / "slow", delay=0.4).open()
+    store = SlowCheckpointStore(tmp_path / "slow", timeout=5).open()
     service = StageService(every_step, StageMetrics())
     service.attach(engine)
     runner = JobRunner(service, store, every_step.jobs, "tiny-wan", owner="replica-slow")
