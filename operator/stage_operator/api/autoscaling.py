@@ -12,11 +12,18 @@ from stage_operator.api.base import ApiModel, cel
 _CAMEL = ApiModel.model_config
 
 _OPERATOR_ONLY = ("minReplicas", "maxReplicas", "metric", "targetInFlightPerReplica", "targetCostPerReplica",
-                  "scaleUpStabilizationSeconds", "scaleDownStabilizationSeconds")
+                  "targetJobsPerReplica", "scaleUpStabilizationSeconds", "scaleDownStabilizationSeconds")
 COST_NEEDS_TARGET = ("autoscaling.metric cost needs targetCostPerReplica: the outstanding pixel-steps (remaining "
                      "steps x pixels x frames x outputs) one replica should hold, e.g. 52428800 for one 1024x1024 "
                      "50-step request")
 TARGET_NEEDS_COST = "autoscaling.targetCostPerReplica applies only with metric cost"
+TARGET_NEEDS_JOBS = "autoscaling.targetJobsPerReplica applies only with metric jobs"
+JOBS_NEED_STORE = ("autoscaling.metric jobs needs spec.jobs: it counts the video jobs queued and in progress in the "
+                   "job store, and a stage without spec.jobs has no store")  # no quote: a CEL string literal
+# On StageSpec (it reads spec.jobs beside spec.autoscaling); StageSpec's validator says the same.
+JOBS_NEED_STORE_RULE = cel(
+    "!has(self.autoscaling) || !has(self.autoscaling.metric) || self.autoscaling.metric != 'jobs' || has(self.jobs)",
+    f"'{JOBS_NEED_STORE}'")
 
 
 SCALE_TO_ZERO = ("autoscaling.minReplicas 0 is refused with mode Operator: a stage at 0 has no pod to probe, so "
@@ -40,6 +47,8 @@ class Autoscaling(ApiModel):
         cel("!has(self.metric) || self.metric != 'cost' || has(self.targetCostPerReplica)", f"'{COST_NEEDS_TARGET}'"),
         cel("!has(self.targetCostPerReplica) || (has(self.metric) && self.metric == 'cost')",
             f"'{TARGET_NEEDS_COST}'"),
+        cel("!has(self.targetJobsPerReplica) || (has(self.metric) && self.metric == 'jobs')",
+            f"'{TARGET_NEEDS_JOBS}'"),
     ]})
     mode: Literal["None", "External", "Operator"] = Field("None", description=(
         "None (default): spec.replicas is yours; External: an HPA or KEDA scales through /scale; Operator: the "
@@ -48,16 +57,23 @@ class Autoscaling(ApiModel):
         "Operator mode: the fewest replicas (default 1). 0 is refused: nothing could scale the stage back up."))
     max_replicas: int | None = Field(None, ge=1, description=(
         "Operator mode, required there: the most replicas (at least minReplicas)."))
-    metric: Literal["inflight", "cost"] | None = Field(None, description=(
+    metric: Literal["inflight", "cost", "jobs"] | None = Field(None, description=(
         "Operator mode: what to scale on. inflight (default): requests waiting + running; cost: their outstanding "
         "work in pixel-steps (remaining steps x pixels x frames x outputs, each replica's /v1/stats cost), so a few "
-        "large requests scale out where as many small ones would not."))
+        "large requests scale out where as many small ones would not; jobs (needs spec.jobs): the video jobs "
+        "queued + in progress in the stage's job store (/v1/stats jobs, store-wide: counted once, never summed "
+        "over the replicas)."))
     target_in_flight_per_replica: int | None = Field(None, ge=1, description=(
         "Operator mode, metric inflight: in-flight requests (waiting + running) per replica to aim for: desired "
         "replicas = ceil(in flight / this). Default: engine.maxNumSeqs."))
     target_cost_per_replica: int | None = Field(None, ge=1, description=(
         "Operator mode, metric cost (required there): outstanding pixel-steps per replica to aim for: desired "
         "replicas = ceil(total outstanding / this). One 1024x1024 50-step image is 52428800."))
+    target_jobs_per_replica: int | None = Field(None, ge=1, description=(
+        "Operator mode, metric jobs: video jobs (queued + in progress) per replica to aim for: desired replicas = "
+        "ceil(jobs / this). A replica runs up to engine.maxNumSeqs jobs at once (it claims that many from the "
+        "store), so the default is engine.maxNumSeqs: 1 by default, one job per replica; a lower value starts "
+        "replicas that find the jobs already claimed."))
     scale_up_stabilization_seconds: int | None = Field(None, ge=0, description=(
         "Operator mode: scale up only to the smallest recommendation seen over this many seconds (default 0: "
         "at once)."))
@@ -75,4 +91,6 @@ class Autoscaling(ApiModel):
             raise ValueError(COST_NEEDS_TARGET)
         if self.target_cost_per_replica is not None and self.metric != "cost":
             raise ValueError(TARGET_NEEDS_COST)
+        if self.target_jobs_per_replica is not None and self.metric != "jobs":
+            raise ValueError(TARGET_NEEDS_JOBS)
         return self

@@ -12,7 +12,7 @@ import warnings
 import annotated_types
 from pydantic import ConfigDict, Field, model_validator
 
-from stage_operator.api.autoscaling import Autoscaling
+from stage_operator.api.autoscaling import JOBS_NEED_STORE, JOBS_NEED_STORE_RULE, Autoscaling
 from stage_operator.api.base import ApiModel, cel
 from stage_operator.api.compile import Compile
 from stage_operator.api.engine import Engine
@@ -190,8 +190,8 @@ _PRODUCT = ("self.parallel.tensorParallelSize * self.parallel.ulyssesDegree * se
 class StageSpec(ApiModel):
     """The stage you want: which model, how many pods of how many GPUs, and how the operator runs, restarts,
     rolls out and scales them. Only `model` is required; nested objects default to {}, so the API server
-    fills their defaults. The product of the parallel degrees must equal resources.gpusPerPod, and quantized weights
-    need parallel.tensorParallelSize 1 (CEL)."""
+    fills their defaults. The product of the parallel degrees must equal resources.gpusPerPod, quantized weights
+    need parallel.tensorParallelSize 1, and autoscaling.metric jobs needs spec.jobs (CEL)."""
 
     model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [cel(
         f"{_PRODUCT} == self.resources.gpusPerPod",
@@ -201,7 +201,7 @@ class StageSpec(ApiModel):
         "' x data ' + string(self.parallel.dataParallelSize) + ' x pipeline ' + "
         "string(self.parallel.pipelineParallelSize) + ') but resources.gpusPerPod is ' + "
         "string(self.resources.gpusPerPod)",
-        reason="FieldValueInvalid"), TENSOR_PARALLEL_RULE]})
+        reason="FieldValueInvalid"), TENSOR_PARALLEL_RULE, JOBS_NEED_STORE_RULE]})
     model: ModelSource
     image: str = Field(DEFAULT_IMAGE, min_length=1, description=(
         f"The stage container's image (default {DEFAULT_IMAGE}), also run by the fetch-model and make-model "
@@ -245,6 +245,8 @@ class StageSpec(ApiModel):
         tp = self.parallel.tensor_parallel_size
         if self.quantization is not None and self.quantization.enabled and tp > 1:
             raise ValueError(tensor_parallel_refusal(self.quantization.method, tp))
+        if self.autoscaling.metric == "jobs" and self.jobs is None:
+            raise ValueError(JOBS_NEED_STORE)
         return self
 
     def topology(self) -> ParallelConfig:
