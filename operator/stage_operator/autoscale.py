@@ -1,9 +1,10 @@
 """Operator-driven autoscaling, pure: desired replicas = ceil(demand / target per replica) within
 [min, max] (demand, `autoscaling.metric` inflight: the requests in flight on the serving replicas plus the video
 jobs queued in the stage's job store, which no replica holds yet; cost: the outstanding pixel-steps the serving
-replicas report, so one 1024² 50-step request weighs what 60 small ones do), stabilized with separate windows (HPA's rule, made strict): scale up to the smallest
-recommendation seen over the whole up window, down to the largest seen over the whole down window; a
-window that the samples do not yet cover changes nothing. The operator records the decision in
+replicas report, so one 1024² 50-step request weighs what 60 small ones do; jobs: the video jobs queued + in
+progress in the job store, store-wide and so counted once), stabilized with separate windows (HPA's rule, made
+strict): scale up to the smallest recommendation seen over the whole up window, down to the largest seen over the
+whole down window; a window that the samples do not yet cover changes nothing. The operator records the decision in
 `status.autoscaling` and never writes `spec`."""
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from stage_operator.api.spec import StageSpec
 from stage_operator.clock import format_time
 from stage_operator.health import PodHealth
 
-Sample = tuple[float, int]  # (time, demand over the active replicas: in flight + queued video jobs, or cost)
-WORDS = {"inflight": "in-flight", "cost": "outstanding pixel-steps"}
+Sample = tuple[float, int]  # (time, demand over the active replicas: in flight + queued video jobs, cost, or jobs)
+WORDS = {"inflight": "in-flight", "cost": "outstanding pixel-steps", "jobs": "video jobs queued + in progress"}
 
 
 def metric_of(spec: StageSpec) -> str:
@@ -29,11 +30,20 @@ def demand(answered: Sequence[PodHealth], metric: str = "inflight") -> int:
     """The load to scale on, from the probes of the serving replicas that answered. inflight: their requests in
     flight (a running video job is one of them), plus the video jobs queued in the shared store, counted once (every
     replica counts the same store; the largest count is the newest). cost: their outstanding pixel-steps (a stage
-    too old to report it counts 0)."""
+    too old to report it counts 0). jobs: the store's jobs queued + in progress, taken once: every replica reports
+    the same store-wide counts (as of its last scan), so the largest is used, never the sum; a replica that reports
+    no job counts (no store) adds nothing."""
     if metric == "cost":
         return sum(h.cost or 0 for h in answered)
+    if metric == "jobs":
+        return max((store_backlog(h.jobs) for h in answered if h.jobs is not None), default=0)
     in_flight = sum(h.in_flight or 0 for h in answered)
     return in_flight + max((int((h.jobs or {}).get("queued") or 0) for h in answered), default=0)
+
+
+def store_backlog(jobs: Mapping[str, Any]) -> int:
+    """The job store's work not finished: its jobs queued + in progress (one replica's /v1/stats jobs)."""
+    return int(jobs.get("queued") or 0) + int(jobs.get("in_progress") or 0)
 
 
 @dataclass(frozen=True)
@@ -51,8 +61,9 @@ class Policy:
         high = a.max_replicas if a.max_replicas is not None else max(spec.replicas, 1)
         low = min(a.min_replicas if a.min_replicas is not None else 1, high)
         metric = metric_of(spec)
-        target = (a.target_cost_per_replica or 1) if metric == "cost" else (
-            a.target_in_flight_per_replica or spec.engine.max_num_seqs)
+        target = {"cost": a.target_cost_per_replica or 1,
+                  "jobs": a.target_jobs_per_replica or spec.engine.max_num_seqs,  # the jobs a replica claims at once
+                  }.get(metric, a.target_in_flight_per_replica or spec.engine.max_num_seqs)
         return cls(low, high, target,
                    a.scale_up_stabilization_seconds if a.scale_up_stabilization_seconds is not None else 0,
                    a.scale_down_stabilization_seconds if a.scale_down_stabilization_seconds is not None else 300,

@@ -41,7 +41,7 @@ class Targets:
     timeout: float
     autoscaling: bool  # record the load (operator autoscaling)
     window: float  # how much load history autoscaling needs
-    metric: str  # what the load is: inflight (requests) or cost (outstanding pixel-steps)
+    metric: str  # what the load is: inflight (requests), cost (outstanding pixel-steps) or jobs (the store backlog)
     pods: dict[str, tuple[str, str, bool]]  # uid -> (pod, base url, active: serving and not draining)
     api_key: str | None = None  # spec.auth: the Bearer key for /v1/stats
 

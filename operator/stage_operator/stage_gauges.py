@@ -22,7 +22,7 @@ ROLLOUT = Gauge("diffstage_operator_stage_rollout_info", "1 for the stage's curr
 RESTARTS = Gauge("diffstage_operator_stage_restarts", "Restarts decided for the stage since it was created "
                  "(status.restarts.total)", ["namespace", "stage"])
 AUTOSCALING = Gauge("diffstage_operator_stage_autoscaling_metric", "The Operator-mode autoscaler's metric at its "
-                    "last decision (status.autoscaling.metricValue), by metric: inflight or cost",
+                    "last decision (status.autoscaling.metricValue), by metric: inflight, cost or jobs",
                     ["namespace", "stage", "metric"])
 CONDITIONS = ("Accepted", "Progressing", "Ready", "Degraded", "Stalled", "Compiled")
 

@@ -8,11 +8,11 @@ same rule `stage_runtime.config.ParallelConfig` enforces (world size = product o
 from __future__ import annotations
 
 import warnings
-from typing import Literal
 
 import annotated_types
 from pydantic import ConfigDict, Field, model_validator
 
+from stage_operator.api.autoscaling import JOBS_NEED_STORE, JOBS_NEED_STORE_RULE, Autoscaling
 from stage_operator.api.base import ApiModel, cel
 from stage_operator.api.compile import Compile
 from stage_operator.api.engine import Engine
@@ -150,73 +150,6 @@ class Abort(ApiModel):
         "true: abort every request in flight on every pod. Exactly one of requestIds or all: true."))
 
 
-_OPERATOR_ONLY = ("minReplicas", "maxReplicas", "metric", "targetInFlightPerReplica", "targetCostPerReplica",
-                  "scaleUpStabilizationSeconds", "scaleDownStabilizationSeconds")
-COST_NEEDS_TARGET = ("autoscaling.metric cost needs targetCostPerReplica: the outstanding pixel-steps (remaining "
-                     "steps x pixels x frames x outputs) one replica should hold, e.g. 52428800 for one 1024x1024 "
-                     "50-step request")
-TARGET_NEEDS_COST = "autoscaling.targetCostPerReplica applies only with metric cost"
-
-
-SCALE_TO_ZERO = ("autoscaling.minReplicas 0 is refused with mode Operator: a stage at 0 has no pod to probe, so "
-                 "nothing would scale it back up; use mode External with KEDA (its HTTP add-on holds requests "
-                 "and scales 0 to 1 through /scale), or set minReplicas >= 1")
-
-
-class Autoscaling(ApiModel):
-    """Who owns `replicas`: None (you), External (HPA/KEDA through /scale), Operator (the operator)."""
-
-    model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [
-        cel("self.mode == 'Operator' || !(" + " || ".join(f"has(self.{f})" for f in _OPERATOR_ONLY) + ")",
-            "'autoscaling.mode is ' + self.mode + ': " + ", ".join(_OPERATOR_ONLY)
-            + " apply only with mode Operator'"),
-        cel("self.mode != 'Operator' || has(self.maxReplicas)",
-            "'autoscaling.mode Operator needs maxReplicas'"),
-        cel("!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
-            "'autoscaling.minReplicas (' + string(self.minReplicas) + ') must not exceed maxReplicas ('"
-            " + string(self.maxReplicas) + ')'"),
-        cel("self.mode != 'Operator' || !has(self.minReplicas) || self.minReplicas >= 1", f"'{SCALE_TO_ZERO}'"),
-        cel("!has(self.metric) || self.metric != 'cost' || has(self.targetCostPerReplica)", f"'{COST_NEEDS_TARGET}'"),
-        cel("!has(self.targetCostPerReplica) || (has(self.metric) && self.metric == 'cost')",
-            f"'{TARGET_NEEDS_COST}'"),
-    ]})
-    mode: Literal["None", "External", "Operator"] = Field("None", description=(
-        "None (default): spec.replicas is yours; External: an HPA or KEDA scales through /scale; Operator: the "
-        "operator scales on the in-flight requests its probe sees (status.autoscaling), never writing replicas."))
-    min_replicas: int | None = Field(None, ge=0, description=(
-        "Operator mode: the fewest replicas (default 1). 0 is refused: nothing could scale the stage back up."))
-    max_replicas: int | None = Field(None, ge=1, description=(
-        "Operator mode, required there: the most replicas (at least minReplicas)."))
-    metric: Literal["inflight", "cost"] | None = Field(None, description=(
-        "Operator mode: what to scale on. inflight (default): requests waiting + running; cost: their outstanding "
-        "work in pixel-steps (remaining steps x pixels x frames x outputs, each replica's /v1/stats cost), so a few "
-        "large requests scale out where as many small ones would not."))
-    target_in_flight_per_replica: int | None = Field(None, ge=1, description=(
-        "Operator mode, metric inflight: in-flight requests (waiting + running) per replica to aim for: desired "
-        "replicas = ceil(in flight / this). Default: engine.maxNumSeqs."))
-    target_cost_per_replica: int | None = Field(None, ge=1, description=(
-        "Operator mode, metric cost (required there): outstanding pixel-steps per replica to aim for: desired "
-        "replicas = ceil(total outstanding / this). One 1024x1024 50-step image is 52428800."))
-    scale_up_stabilization_seconds: int | None = Field(None, ge=0, description=(
-        "Operator mode: scale up only to the smallest recommendation seen over this many seconds (default 0: "
-        "at once)."))
-    scale_down_stabilization_seconds: int | None = Field(None, ge=0, description=(
-        "Operator mode: scale down only to the largest recommendation seen over this many seconds (default 300)."))
-    drain_timeout_seconds: int = Field(60, ge=0, description=(
-        "Seconds a removed replica (scale-down, rollout, the stage's deletion; any mode) may finish its requests "
-        "before it is deleted (default 60); also the stage's --drain-timeout. Pod grace period: 5 + this + 10 s."))
-
-    @model_validator(mode="after")
-    def _wakes_up(self) -> Autoscaling:
-        if self.mode == "Operator" and self.min_replicas == 0:
-            raise ValueError(SCALE_TO_ZERO)
-        if self.metric == "cost" and self.target_cost_per_replica is None:
-            raise ValueError(COST_NEEDS_TARGET)
-        if self.target_cost_per_replica is not None and self.metric != "cost":
-            raise ValueError(TARGET_NEEDS_COST)
-        return self
-
-
 class Rollout(ApiModel):
     """How a pod-template change rolls out: up to `maxSurge` extra pods (GPUs permitting) and at most
     `maxUnavailable` replicas below `replicas`; a revision that makes no progress for
@@ -257,8 +190,8 @@ _PRODUCT = ("self.parallel.tensorParallelSize * self.parallel.ulyssesDegree * se
 class StageSpec(ApiModel):
     """The stage you want: which model, how many pods of how many GPUs, and how the operator runs, restarts,
     rolls out and scales them. Only `model` is required; nested objects default to {}, so the API server
-    fills their defaults. The product of the parallel degrees must equal resources.gpusPerPod, and quantized weights
-    need parallel.tensorParallelSize 1 (CEL)."""
+    fills their defaults. The product of the parallel degrees must equal resources.gpusPerPod, quantized weights
+    need parallel.tensorParallelSize 1, and autoscaling.metric jobs needs spec.jobs (CEL)."""
 
     model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [cel(
         f"{_PRODUCT} == self.resources.gpusPerPod",
@@ -268,7 +201,7 @@ class StageSpec(ApiModel):
         "' x data ' + string(self.parallel.dataParallelSize) + ' x pipeline ' + "
         "string(self.parallel.pipelineParallelSize) + ') but resources.gpusPerPod is ' + "
         "string(self.resources.gpusPerPod)",
-        reason="FieldValueInvalid"), TENSOR_PARALLEL_RULE]})
+        reason="FieldValueInvalid"), TENSOR_PARALLEL_RULE, JOBS_NEED_STORE_RULE]})
     model: ModelSource
     image: str = Field(DEFAULT_IMAGE, min_length=1, description=(
         f"The stage container's image (default {DEFAULT_IMAGE}), also run by the fetch-model and make-model "
@@ -312,6 +245,8 @@ class StageSpec(ApiModel):
         tp = self.parallel.tensor_parallel_size
         if self.quantization is not None and self.quantization.enabled and tp > 1:
             raise ValueError(tensor_parallel_refusal(self.quantization.method, tp))
+        if self.autoscaling.metric == "jobs" and self.jobs is None:
+            raise ValueError(JOBS_NEED_STORE)
         return self
 
     def topology(self) -> ParallelConfig:

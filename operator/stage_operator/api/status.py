@@ -148,10 +148,12 @@ class AutoscalingStatus(ApiModel):
     desired_replicas: int | None = Field(None, description=(
         "The replicas the operator runs now; spec.replicas is not written."))
     metric: str | None = Field(None, description=(
-        "What the decision scaled on: inflight (requests waiting + running) or cost (outstanding pixel-steps)."))
+        "What the decision scaled on: inflight (requests waiting + running), cost (outstanding pixel-steps) or "
+        "jobs (video jobs queued + in progress in the job store)."))
     metric_value: float | None = Field(None, description=(
-        "The metric's total over the serving replicas at the decision: in-flight requests (plus the queued video "
-        "jobs with spec.jobs), or outstanding pixel-steps."))
+        "The metric at the decision: the total over the serving replicas of in-flight requests (plus the queued "
+        "video jobs with spec.jobs) or of outstanding pixel-steps; or the job store's queued + in-progress video "
+        "jobs (store-wide, counted once)."))
     reason: str | None = Field(None, description="Why, in words: the load against the target over the window.")
     last_scale_time: str | None = Field(None, description="When desiredReplicas last changed (RFC 3339).")
 

@@ -154,6 +154,28 @@ POD_TEMPLATE_CASES = [  # issue 17: the minReplicas-0 rule, the complete pod tem
      [OWNED_ANNOTATIONS]),
     ('auth', {'auth': {'secretRef': {'name': 'keys'}}, 'networkPolicy': {'enabled': False}}, []),
 ]
+OPERATOR = {'mode': 'Operator', 'maxReplicas': 4}
+JOBS_NEED_STORE = ('spec: autoscaling.metric jobs needs spec.jobs: it counts the video jobs queued and in progress in '
+                   'the job store, and a stage without spec.jobs has no store')
+METRIC_CASES = [  # autoscaling.metric cost and jobs (issue 47) and their targets
+    ('cost-needs-a-target', {'autoscaling': {**OPERATOR, 'metric': 'cost'}},
+     ['spec.autoscaling: autoscaling.metric cost needs targetCostPerReplica: the outstanding pixel-steps (remaining '
+      'steps x pixels x frames x outputs) one replica should hold, e.g. 52428800 for one 1024x1024 50-step '
+      'request']),
+    ('cost-target-without-cost', {'autoscaling': {**OPERATOR, 'targetCostPerReplica': 1000}},
+     ['spec.autoscaling: autoscaling.targetCostPerReplica applies only with metric cost']),
+    ('cost-with-its-target', {'autoscaling': {**OPERATOR, 'metric': 'cost', 'targetCostPerReplica': 1000}}, []),
+    ('jobs-needs-a-store', {'autoscaling': {**OPERATOR, 'metric': 'jobs'}}, [JOBS_NEED_STORE]),
+    ('jobs-target-without-jobs', {'autoscaling': {**OPERATOR, 'targetJobsPerReplica': 2},
+                                  'jobs': {'claimName': 'video-jobs'}},
+     ['spec.autoscaling: autoscaling.targetJobsPerReplica applies only with metric jobs']),
+    ('jobs-target-with-cost', {'autoscaling': {**OPERATOR, 'metric': 'cost', 'targetCostPerReplica': 1000,
+                                               'targetJobsPerReplica': 2}},
+     ['spec.autoscaling: autoscaling.targetJobsPerReplica applies only with metric jobs']),
+    ('jobs-with-a-store', {'autoscaling': {**OPERATOR, 'metric': 'jobs'}, 'jobs': {'claimName': 'video-jobs'}}, []),
+    ('jobs-with-its-target', {'autoscaling': {**OPERATOR, 'metric': 'jobs', 'targetJobsPerReplica': 2},
+                              'jobs': {'claimName': 'video-jobs'}}, []),
+]
 CEL_CASES = [
     # (name, spec fields, exact messages)
     ('defaults', {}, []),
@@ -175,21 +197,13 @@ CEL_CASES = [
      ['spec.autoscaling: autoscaling.mode Operator needs maxReplicas']),
     ('fields-without-operator-mode', {'autoscaling': {'mode': 'External', 'maxReplicas': 4}},
      ['spec.autoscaling: autoscaling.mode is External: minReplicas, maxReplicas, metric, targetInFlightPerReplica, '
-      'targetCostPerReplica, scaleUpStabilizationSeconds, scaleDownStabilizationSeconds apply only with mode '
-      'Operator']),
+      'targetCostPerReplica, targetJobsPerReplica, scaleUpStabilizationSeconds, scaleDownStabilizationSeconds apply '
+      'only with mode Operator']),
     ('fields-with-mode-none', {'autoscaling': {'targetInFlightPerReplica': 2}},
      ['spec.autoscaling: autoscaling.mode is None: minReplicas, maxReplicas, metric, targetInFlightPerReplica, '
-      'targetCostPerReplica, scaleUpStabilizationSeconds, scaleDownStabilizationSeconds apply only with mode '
-      'Operator']),
-    ('cost-needs-a-target', {'autoscaling': {'mode': 'Operator', 'maxReplicas': 4, 'metric': 'cost'}},
-     ['spec.autoscaling: autoscaling.metric cost needs targetCostPerReplica: the outstanding pixel-steps (remaining '
-      'steps x pixels x frames x outputs) one replica should hold, e.g. 52428800 for one 1024x1024 50-step '
-      'request']),
-    ('cost-target-without-cost', {'autoscaling': {'mode': 'Operator', 'maxReplicas': 4,
-                                                  'targetCostPerReplica': 1000}},
-     ['spec.autoscaling: autoscaling.targetCostPerReplica applies only with metric cost']),
-    ('cost-with-its-target', {'autoscaling': {'mode': 'Operator', 'maxReplicas': 4, 'metric': 'cost',
-                                              'targetCostPerReplica': 1000}}, []),
+      'targetCostPerReplica, targetJobsPerReplica, scaleUpStabilizationSeconds, scaleDownStabilizationSeconds apply '
+      'only with mode Operator']),
+] + METRIC_CASES + [
     ('drain-timeout-any-mode', {'autoscaling': {'drainTimeoutSeconds': 5}}, []),
     ('backoff-inverted', {'restartPolicy': {'backoffInitialSeconds': 60, 'backoffMaxSeconds': 30}},
      ['spec.restartPolicy: restartPolicy.backoffInitialSeconds (60) must not exceed backoffMaxSeconds (30)']),
@@ -220,7 +234,7 @@ def test_every_cel_rule_is_exercised_by_a_failing_case():
     for path, node in _nodes(version_schema(CRD)):
         rules.update(r['messageExpression'] for r in node.get('x-kubernetes-validations', ()))
     failing = {m.split(': ', 1)[1] for _, spec, msgs in CEL_CASES for m in msgs}
-    assert len(rules) == 29 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
+    assert len(rules) == 31 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
 
 
 def _nodes(node, path=''):
@@ -270,7 +284,7 @@ def test_spec_errors_name_field_and_value():
             update={'gpus_per_pod': 3})).topology()
 
 
-MODEL_RULE_CASES = MODEL_CASES + COMPILE_CASES + QUANTIZATION_CASES + SLEEP_CASES
+MODEL_RULE_CASES = MODEL_CASES + COMPILE_CASES + QUANTIZATION_CASES + SLEEP_CASES + METRIC_CASES
 
 
 @pytest.mark.parametrize('spec, messages', [c[1:] for c in MODEL_RULE_CASES], ids=[c[0] for c in MODEL_RULE_CASES])
