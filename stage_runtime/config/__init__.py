@@ -16,6 +16,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from stage_runtime.config.component_names import check_component_names
 from stage_runtime.config.compile import (MAX_SHAPES, SHAPE_PATTERN, CompileConfig, CompileMode,  # noqa: F401
                                           parse_shape)
 from stage_runtime.config.jobs import JobsConfig  # noqa: F401 (re-exported)
@@ -38,7 +39,6 @@ OffloadMode = Literal["none", "model", "layerwise"]
 CacheMode = Literal["none", "block"]
 WorkerStartMethod = Literal["forkserver", "spawn"]
 MAX_CACHE_THRESHOLD = 10.0          # a relative L1 change; 10 (1000 %) already means "skip whenever allowed"
-_IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
@@ -135,13 +135,7 @@ class OffloadConfig(BaseModel):
     @field_validator("components")
     @classmethod
     def _component_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for name in v:
-            if not _IDENTIFIER.match(name):
-                raise ValueError(f"component names are pipeline attribute names, got {name!r}")
-        dupes = sorted({n for n in v if v.count(n) > 1})
-        if dupes:
-            raise ValueError(f"component(s) listed twice: {', '.join(dupes)}")
-        return v
+        return check_component_names(v)
 
     @model_validator(mode="after")
     def _fields_fit_mode(self) -> OffloadConfig:

@@ -24,8 +24,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from stage_runtime.config.component_names import IDENTIFIER as _IDENTIFIER
+from stage_runtime.config.component_names import check_component_names
+
 QuantizationMethod = Literal["none", "fp8-storage", "int8-weight", "fp8", "gguf"]
-_IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
 
 
 class QuantizationConfig(BaseModel):
@@ -38,13 +40,7 @@ class QuantizationConfig(BaseModel):
     @field_validator("components")
     @classmethod
     def _names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for name in v:
-            if not _IDENTIFIER.match(name):
-                raise ValueError(f"component names are pipeline attribute names, got {name!r}")
-        dupes = sorted({n for n in v if v.count(n) > 1})
-        if dupes:
-            raise ValueError(f"component(s) listed twice: {', '.join(dupes)}")
-        return v
+        return check_component_names(v)
 
     @field_validator("skip")
     @classmethod
