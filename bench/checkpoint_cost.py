@@ -146,7 +146,7 @@ def bench_kind(kind: str, args, root: str, folder: str) -> None:
 
 
 class OffPathWriter:
-    """The job runner's writing, as a thread (serve.checkpoint_writer's rule): one write in flight, a newer snapshot
+    """The job runner's writing, as a thread (jobs.checkpoint_writer's rule): one write in flight, a newer snapshot
     replacing a pending one."""
 
     def __init__(self, write):
@@ -185,12 +185,12 @@ class OffPathWriter:
 def open_store(args, root: str):
     """The job store the writes go to: the folder store (``--dir`` or a temp folder), or the object store."""
     if args.store == "s3":
-        from stage_runtime.jobs.object_store import ObjectJobStore
+        from stage_runtime.jobs.store.s3 import ObjectJobStore
 
         return ObjectJobStore.from_url(args.s3_url, endpoint=args.s3_endpoint).open()
-    from stage_runtime.jobs.store import JobStore
+    from stage_runtime.jobs.store.filesystem import FileJobStore
 
-    return JobStore(os.path.join(args.dir or root, "job-store")).open()
+    return FileJobStore(os.path.join(args.dir or root, "job-store")).open()
 
 
 def bench_off_path(kind: str, args, root: str) -> None:

@@ -42,7 +42,8 @@ ENGINE_FLAGS = {
     "max_image_pixels": ("server", "max_image_pixels"),
     "startup_timeout": ("server", "startup_timeout"),
     "job_store": ("jobs", "store"), "job_retention_s": ("jobs", "retention_s"), "job_lease_s": ("jobs", "lease_s"),
-    "job_checkpoint_every_steps": ("jobs", "checkpoint_every_steps"),
+    "job_checkpoint_every_steps": ("jobs", "checkpoint_every_steps"), "job_store_endpoint": ("jobs", "endpoint"),
+    "job_store_region": ("jobs", "region"), "job_presigned_content": ("jobs", "presigned_content"),
     "cache_mode": ("cache", "mode"), "cache_threshold": ("cache", "threshold"),
     "cache_warmup_steps": ("cache", "warmup_steps"), "cache_final_steps": ("cache", "final_steps"),
     "result_cache_bytes": ("cache", "result_max_bytes"), "prompt_cache_bytes": ("cache", "prompt_max_bytes"),
@@ -334,15 +335,16 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-upload-bytes", type=int, help="largest multipart edit body (default 16 MiB; more: 413)")
     srv.add_argument("--max-image-pixels", type=int,
                      help="largest image uploaded or requested, in pixels (default 4096*4096)")
-    srv.add_argument("--job-store", metavar="DIR", help="the folder every replica shares for the /v1/videos job API: "
-                                                        "records, outputs, leases (default: none, the job API is off)")
-    srv.add_argument("--job-retention-s", type=float, help="a finished job's record and files are deleted this "
-                                                           "long after it finished (default 86400)")
-    srv.add_argument("--job-lease-s", type=float, help="a claimed job's lease, renewed every third of it; another "
-                                                       "replica takes a job whose lease expired (default 30)")
+    srv.add_argument("--job-store", metavar="DIR|s3://BUCKET/PREFIX", help="where every replica keeps the /v1/videos "
+                     "jobs: a shared folder or an S3-compatible bucket (default: none, the job API is off)")
+    srv.add_argument("--job-store-endpoint", metavar="URL", help="an S3-compatible server (MinIO, R2, Ceph RGW…)")
+    srv.add_argument("--job-store-region", help="the bucket's region (default: from the AWS environment)")
+    srv.add_argument("--job-presigned-content", action="store_true", default=None,
+                     help="content answers redirect to a presigned URL of the object store")
+    srv.add_argument("--job-retention-s", type=float, help="a finished job is deleted this long after (default 86400)")
+    srv.add_argument("--job-lease-s", type=float, help="a job's lease; another replica takes it on expiry (default 30)")
     srv.add_argument("--job-checkpoint-every-steps", type=int,
-                     help="a running job's step checkpoint is written after every this many denoising steps; a "
-                          "replica that takes the job over resumes from it (default 5; 0: only at a drain)")
+                     help="a running job's checkpoint every this many steps (default 5; 0: only at a drain)")
     srv.set_defaults(func=cmd_serve)
     gen = sub.add_parser("generate", help="generate one image through the engine")
     add_engine_flags(gen)

@@ -1,7 +1,8 @@
 """The layer rules of the tree, held as a table and checked by walking every import (``ast``, no dependency).
 
     edge      cli, client, demo, __main__           may import anything of the runtime
-    serve     HTTP + ZMQ stage process               core, engine, fetch (the cache's in-use lock), jobs
+    serve     HTTP + ZMQ stage process               core, engine, fetch (the cache's in-use lock), jobs, jobs.service
+    jobs.service  the job runner, runs and routes    core, engine, serve, jobs   (jobs/ but for store/, record, lease)
     fetch     model delivery (fetch-model, cache)    core                 (never torch / diffusers)
     jobs      video job store, records, leases       core                 (never torch / diffusers)
     engine    admission, the step, output delivery   core, sched, executor
@@ -39,6 +40,9 @@ CORE = {"config", "errors", "request", "outputs", "scheduler_output", "model_inf
         "process_tree"}
 OPERATOR_MAY_IMPORT = ("stage_runtime.config", "stage_runtime.model_catalog")
 EDGE = {"cli", "client", "demo", "__main__", "__init__"}
+# the modules of the jobs package that run jobs on the stage's engine and answer /v1/videos: the stage process wires
+# them in (serve imports them) and they use its service (they import serve's), module by module without a loop
+JOB_SERVICE = {"run", "run_checkpoints", "runner", "routes", "form", "content", "checkpoint_writer"}
 
 # package → the packages it may import (its own package is always allowed)
 RUNTIME_ALLOWED: dict[str, set[str]] = {
@@ -53,7 +57,8 @@ RUNTIME_ALLOWED: dict[str, set[str]] = {
     "worker": {"core", "models", "distributed", "offload", "compilation", "quantization"},
     "executor": {"core", "worker", "distributed"},
     "engine": {"core", "sched", "executor"},
-    "serve": {"core", "engine", "fetch", "jobs"},
+    "serve": {"core", "engine", "fetch", "jobs", "jobs.service"},
+    "jobs.service": {"core", "engine", "serve", "jobs"},
     "fetch": {"core"},
     "jobs": {"core"},
 }
@@ -73,6 +78,8 @@ def runtime_layer(module: str) -> str:
         return "core"
     if len(parts) == 2 and head in EDGE:
         return "edge"
+    if head == "jobs" and len(parts) > 2 and parts[2] in JOB_SERVICE:
+        return "jobs.service"
     return head
 
 

@@ -6,5 +6,5 @@
     lease.py    which replica runs a job: a lease it renews; another replica claims it once it expires
 
 Plain data and files only: no torch, no engine. The stage process runs jobs through its own engine
-(``stage_runtime.serve.job_runner``, ``stage_runtime.serve.job_run``) and answers the routes (``stage_runtime.serve.jobs_route``).
+(``stage_runtime.jobs.runner``, ``stage_runtime.jobs.run``) and answers the routes (``stage_runtime.jobs.routes``).
 """

@@ -16,9 +16,9 @@ from stage_runtime.serve.admin_route import add_routes as add_admin_routes
 from stage_runtime.serve.auth import bearer_auth
 from stage_runtime.serve.bodies import read_json
 from stage_runtime.serve.images import SERVICE, create_edits, create_images
-from stage_runtime.serve.job_runner import JobRunner
-from stage_runtime.serve.jobs_route import JOBS
-from stage_runtime.serve.jobs_route import add_routes as add_job_routes
+from stage_runtime.jobs.runner import JobRunner
+from stage_runtime.jobs.routes import JOBS
+from stage_runtime.jobs.routes import add_routes as add_job_routes
 from stage_runtime.serve.videos import create_video_sync
 from stage_runtime.serve.loras_route import add_routes as add_lora_routes
 from stage_runtime.serve.metrics import CONTENT_TYPE_LATEST

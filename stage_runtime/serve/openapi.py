@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict
 from stage_runtime.errors import (DiffStageError, EngineDeadError, InvalidRequestError, QueueFullError,
                                   RequestAbortedError, RequestFailedError, RequestTooLargeError, StageUnavailableError,
                                   UnauthorizedError)
-from stage_runtime.serve import admin_route, jobs_route
+from stage_runtime.jobs import routes as jobs_route
+from stage_runtime.serve import admin_route
 from stage_runtime.serve.auth import PROTECTED_PATHS
 from stage_runtime.serve.loras_route import LoraAdapter, LoraList, LoraLoadBody, LoraUnloaded, openapi_paths
 from stage_runtime.serve.schemas import AbortBody, ImageEditRequest, ImageGenerationRequest, StageStats

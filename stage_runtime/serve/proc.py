@@ -31,10 +31,10 @@ from stage_runtime.config import StageConfig
 from stage_runtime.errors import ConfigError, JobStoreError, StartupTimeoutError
 from stage_runtime.fetch.cache import hold, release
 from stage_runtime.fetch.archive import folder_bytes
-from stage_runtime.jobs.store import JobStore
+from stage_runtime.jobs.store import open_job_store
 from stage_runtime.serve.app import build_app
 from stage_runtime.serve.auth import load_api_keys
-from stage_runtime.serve.job_runner import JobRunner
+from stage_runtime.jobs.runner import JobRunner
 from stage_runtime.serve.metrics import StageMetrics
 from stage_runtime.serve.models_route import model_id
 from stage_runtime.serve.service import StageService
@@ -100,12 +100,13 @@ class StageDiffusionProc:
         self.jobs: JobRunner | None = None        # the /v1/videos jobs (--job-store)
 
     def open_jobs(self) -> JobRunner | None:
-        """The job store checked at startup (exit 2 naming the folder when it cannot be used)."""
-        folder = self.config.jobs.store
+        """The job store checked at startup (exit 2 naming the folder or bucket when it cannot be used)."""
+        jobs = self.config.jobs
+        folder = jobs.store
         if folder is None:
             return None
         try:
-            store = JobStore(folder).open()
+            store = open_job_store(folder, jobs.endpoint, jobs.region).open()
         except JobStoreError as exc:
             raise ConfigError(f"--job-store: {exc}") from None
         return JobRunner(self.service, store, self.config.jobs, model_id(self.service))

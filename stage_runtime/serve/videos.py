@@ -1,5 +1,5 @@
 """``POST /v1/videos/sync``: one video, generated while the call waits (the job API, ``/v1/videos``, is
-``serve.jobs_route``; both take the fields of :class:`VideoOptions` and answer with the helpers here).
+``jobs.routes``; both take the fields of :class:`VideoOptions` and answer with the helpers here).
 
 The body is JSON (docs/http-api.md): OpenAI's ``prompt``, ``model``, ``size``, ``seconds``, and the video knobs
 every video server takes (``num_frames``, ``fps``, steps, guidance, ``guidance_scale_2``, negative prompt,

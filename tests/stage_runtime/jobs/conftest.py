@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from support.clocks import Clock
 
-from stage_runtime.jobs.store import JobStore
+from stage_runtime.jobs.store.filesystem import FileJobStore
 
 
 @pytest.fixture
@@ -14,5 +14,5 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def store(tmp_path, clock) -> JobStore:
-    return JobStore(tmp_path / "store", clock).open()
+def store(tmp_path, clock) -> FileJobStore:
+    return FileJobStore(tmp_path / "store", clock).open()

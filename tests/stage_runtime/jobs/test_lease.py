@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 from support.clocks import Clock
 
-from stage_runtime.jobs.lease import Lease, Leases
+from stage_runtime.jobs.lease import Lease
+from stage_runtime.jobs.store.file_leases import FileLeases
 from stage_runtime.jobs.record import JobRecord, new_job_id
-from stage_runtime.jobs.store import JobStore
+from stage_runtime.jobs.store.filesystem import FileJobStore
 
 LEASE_S = 30.0
 
 
-def make_job(store: JobStore, now: float) -> str:
+def make_job(store: FileJobStore, now: float) -> str:
     job = JobRecord(id=new_job_id(now), model="m", prompt="p", params={}, size="16x16", num_frames=9, fps=8,
                     num_steps=2, created_at=now)
     store.create(job)
@@ -27,7 +28,7 @@ def make_job(store: JobStore, now: float) -> str:
 
 def test_a_live_lease_keeps_others_out_and_its_owner_renews_it(store, clock):
     job = make_job(store, clock.now)
-    a, b = Leases(store, "a", LEASE_S, clock), Leases(store, "b", LEASE_S, clock)
+    a, b = FileLeases(store, "a", LEASE_S, clock), FileLeases(store, "b", LEASE_S, clock)
     lease = a.claim(job)
     assert lease is not None and (lease.generation, lease.owner, lease.expires_at) == (1, "a", clock.now + LEASE_S)
     assert b.claim(job) is None and not b.free(job)
@@ -40,7 +41,7 @@ def test_a_live_lease_keeps_others_out_and_its_owner_renews_it(store, clock):
 
 def test_an_owner_that_stops_renewing_loses_the_job_and_cannot_renew_after(store, clock):
     job = make_job(store, clock.now)
-    a, b = Leases(store, "a", LEASE_S, clock), Leases(store, "b", LEASE_S, clock)
+    a, b = FileLeases(store, "a", LEASE_S, clock), FileLeases(store, "b", LEASE_S, clock)
     old = a.claim(job)
     clock.now += LEASE_S * 0.95                     # inside the lease, but within its last tenth: no renewal
     assert a.renew(old) is None and b.claim(job) is None
@@ -54,23 +55,23 @@ def test_an_owner_that_stops_renewing_loses_the_job_and_cannot_renew_after(store
 
 def test_a_released_job_is_free_at_once(store, clock):
     job = make_job(store, clock.now)
-    a, b = Leases(store, "a", LEASE_S, clock), Leases(store, "b", LEASE_S, clock)
+    a, b = FileLeases(store, "a", LEASE_S, clock), FileLeases(store, "b", LEASE_S, clock)
     a.release(a.claim(job))
     assert b.free(job) and b.claim(job).generation == 2
 
 
 def test_a_deleted_job_cannot_be_claimed_nor_renewed(store, clock):
     job = make_job(store, clock.now)
-    a = Leases(store, "a", LEASE_S, clock)
+    a = FileLeases(store, "a", LEASE_S, clock)
     lease = a.claim(job)
     store.purge(store.delete(job))
     assert a.renew(lease) is None and a.claim(job) is None and a.current(job) is None
     assert not (store.root / "jobs" / job).exists()
 
 
-def expire(store: JobStore, job: str, clock: Clock) -> Lease:
+def expire(store: FileJobStore, job: str, clock: Clock) -> Lease:
     """``job`` claimed by a replica that then stopped renewing: its lease ran out a moment ago."""
-    lease = Leases(store, "dead", LEASE_S, Clock(clock.now - LEASE_S - 1)).claim(job)
+    lease = FileLeases(store, "dead", LEASE_S, Clock(clock.now - LEASE_S - 1)).claim(job)
     assert lease is not None and lease.expires_at < clock.now
     return lease
 
@@ -83,7 +84,7 @@ def test_threads_released_together_on_one_expired_lease_make_exactly_one_owner(s
         start, won = threading.Barrier(claimers), []
 
         def claim(name: str) -> None:
-            leases = Leases(store, name, LEASE_S, clock)
+            leases = FileLeases(store, name, LEASE_S, clock)
             start.wait()
             lease = leases.claim(job)
             if lease is not None:
@@ -95,12 +96,12 @@ def test_threads_released_together_on_one_expired_lease_make_exactly_one_owner(s
         for thread in threads:
             thread.join()
         assert len(won) == 1, f"round {round_}: {won}"
-        assert won[0].generation == 2 and Leases(store, "x", LEASE_S, clock).current(job) == won[0]
+        assert won[0].generation == 2 and FileLeases(store, "x", LEASE_S, clock).current(job) == won[0]
 
 
 def claim_all(root: str, name: str, jobs: list[str], now: float, start, results) -> None:
     """One replica process: released with the others, it tries to claim every job in turn."""
-    leases = Leases(JobStore(Path(root)), name, LEASE_S, Clock(now))
+    leases = FileLeases(FileJobStore(Path(root)), name, LEASE_S, Clock(now))
     start.wait()
     results.put((name, [job for job in jobs if leases.claim(job) is not None]))
 
@@ -121,5 +122,5 @@ def test_processes_released_together_on_expired_leases_each_job_has_one_owner(st
         assert proc.exitcode == 0
     owners = {job: [name for name, mine in won.items() if job in mine] for job in jobs}
     assert all(len(names) == 1 for names in owners.values()), owners
-    reader = Leases(store, "x", LEASE_S, clock)
+    reader = FileLeases(store, "x", LEASE_S, clock)
     assert all(reader.current(job).owner == names[0] for job, names in owners.items())

@@ -10,7 +10,8 @@ import pytest
 
 from stage_runtime.errors import JobNotFoundError, JobStoreError
 from stage_runtime.jobs.record import JobRecord, new_job_id
-from stage_runtime.jobs.store import OUTPUTS, RECORD, REFERENCE, JobStore
+from stage_runtime.jobs.store.filesystem import FileJobStore
+from stage_runtime.jobs.store import OUTPUTS, RECORD, REFERENCE
 
 
 def record(now: float, **fields) -> JobRecord:
@@ -104,7 +105,7 @@ def test_an_id_that_is_not_a_job_id_is_not_found_and_never_a_path(store, job_id)
 def test_a_store_that_is_not_a_writable_folder_is_named(tmp_path):
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(JobStoreError, match=r"job store '.*file/store' is not a writable folder"):
-        JobStore(tmp_path / "file" / "store").open()
+        FileJobStore(tmp_path / "file" / "store").open()
 
 
 def test_an_unreadable_record_is_named_and_listing_skips_it(store, clock):

@@ -18,8 +18,9 @@ from stage_process import StageProcess
 from stage_runtime.checkpoint import read_manifest
 from stage_runtime.client import StageClient
 from stage_runtime.errors import EngineDeadError
-from stage_runtime.jobs.lease import Leases
-from stage_runtime.jobs.store import CHECKPOINT, JobStore
+from stage_runtime.jobs.store.file_leases import FileLeases
+from stage_runtime.jobs.store.filesystem import FileJobStore
+from stage_runtime.jobs.store import CHECKPOINT
 
 
 @pytest.fixture
@@ -89,11 +90,11 @@ async def test_sigterm_hands_a_running_video_job_off_at_a_checkpoint_without_wai
         stage.signal(signal.SIGTERM)
         assert stage.wait(60) == 0, stage.log[-3000:]
     assert time.monotonic() - started < 60 and "handed off 1 video job(s) at the drain" in stage.log
-    record = JobStore(store).get(job)
+    record = FileJobStore(store).get(job)
     assert (record.status, record.owner, record.attempts) == ("queued", None, 1)
     assert 2 <= record.checkpoint_step == record.step < 999 and "as it drained" in record.requeued_because
     assert read_manifest(str(store / "jobs" / job / CHECKPOINT))["step"] == record.checkpoint_step
-    assert Leases(JobStore(store), "other", 30).free(job)
+    assert FileLeases(FileJobStore(store), "other", 30).free(job)
     stage.assert_no_leaks()
 
 

@@ -1,4 +1,4 @@
-"""``GET /v1/videos`` pages without a scan (serve.jobs_route.read_page): only the ids are listed, and only the page's
+"""``GET /v1/videos`` pages without a scan (jobs.routes.read_page): only the ids are listed, and only the page's
 records (and one more, for ``has_more``) are read; expired jobs are passed over; both orders, ``after``."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 
 from stage_runtime.jobs.record import JobRecord, new_job_id
-from stage_runtime.jobs.store import JobStore
-from stage_runtime.serve.jobs_route import read_page
+from stage_runtime.jobs.store.filesystem import FileJobStore
+from stage_runtime.jobs.routes import read_page
 
 
-class CountingStore(JobStore):
+class CountingStore(FileJobStore):
     def __init__(self, root):
         super().__init__(root)
         self.reads = 0
@@ -20,7 +20,7 @@ class CountingStore(JobStore):
         return super().get(job_id)
 
 
-def make_jobs(store: JobStore, n: int, expired: set[int] = frozenset()) -> list[str]:
+def make_jobs(store: FileJobStore, n: int, expired: set[int] = frozenset()) -> list[str]:
     ids, start = [], time.time() - 1000
     for i in range(n):
         now = start + i

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from typing import Any, Literal
 
@@ -26,19 +25,18 @@ from pydantic import BaseModel
 from stage_runtime.errors import (DiffStageError, InvalidRequestError, JobNotFoundError, JobNotReadyError,
                                   JobsNotConfiguredError, JobStoreError, RequestTooLargeError, StageUnavailableError)
 from stage_runtime.imageio import encode_png
+from stage_runtime.jobs.content import CONTENT_TYPES, send_content
 from stage_runtime.jobs.record import JOB_ID, JobError, JobRecord
 from stage_runtime.jobs.store import OUTPUTS, REFERENCE
 from stage_runtime.serve.images import SERVICE, check_model
-from stage_runtime.serve.job_form import VideoJobRequest, new_record, read_job_body
-from stage_runtime.serve.job_runner import JobRunner
+from stage_runtime.jobs.form import VideoJobRequest, new_record, read_job_body
+from stage_runtime.jobs.runner import JobRunner
 from stage_runtime.serve.models_route import model_id
 
 log = logging.getLogger(__name__)
 
 JOBS = web.AppKey("jobs", JobRunner)
-CONTENT_TYPES = {"video": "video/mp4", "thumbnail": "image/png", "frames": "application/zip"}
 MAX_PAGE, DEFAULT_PAGE = 100, 20
-CHUNK = 1 << 20
 
 
 def _runner(request: web.Request) -> JobRunner:
@@ -114,26 +112,26 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 
 def read_page(store, after: str | None, limit: int, order: str, now: float) -> tuple[list[JobRecord], bool]:
-    """(A thread.) The page without a scan: the ids alone are listed (they sort by creation time), and only the
-    records of the page are read, with one more to say ``has_more`` (an expired or vanished job is passed over)."""
-    ids = store.ids()
-    if order == "desc":
-        ids.reverse()
-    if after is not None:
-        ids = [i for i in ids if (i > after if order == "asc" else i < after)]
+    """(A thread.) The page without a scan: ids are listed as a key range from ``after`` (they sort by creation
+    time), a page and one more at a time, and only their records are read (an expired or vanished job is passed
+    over, and the range goes on past it)."""
     page: list[JobRecord] = []
-    for job_id in ids:
-        try:
-            record = store.get(job_id)
-        except JobStoreError as exc:
-            log.warning("skipping an unreadable job record: %s", exc)
-            continue
-        if record is None or record.expired(now):
-            continue
-        if len(page) == limit:
-            return page, True
-        page.append(record)
-    return page, False
+    while True:
+        ids = store.ids(after=after, limit=limit + 1, order=order)
+        for job_id in ids:
+            try:
+                record = store.get(job_id)
+            except JobStoreError as exc:
+                log.warning("skipping an unreadable job record: %s", exc)
+                continue
+            if record is None or record.expired(now):
+                continue
+            if len(page) == limit:
+                return page, True
+            page.append(record)
+        if len(ids) < limit + 1:
+            return page, False
+        after = ids[-1]
 
 
 async def delete_job(request: web.Request) -> web.Response:
@@ -152,7 +150,8 @@ async def delete_job(request: web.Request) -> web.Response:
 
 
 async def job_content(request: web.Request) -> web.StreamResponse:
-    """The file of a completed job, streamed from the store (a delete meanwhile does not cut the answer short)."""
+    """The file of a completed job (``jobs.content``: byte ranges, presigned redirects); a delete meanwhile does not
+    cut the answer short."""
     runner = _runner(request)
     video_id = request.match_info["video_id"]
     variant = request.query.get("variant", "video")
@@ -164,22 +163,9 @@ async def job_content(request: web.Request) -> web.StreamResponse:
         why = f": {record.error.message}" if record.error is not None else f" ({record.progress} %)"
         raise JobNotReadyError(f"video job {video_id} is {record.status}{why}; its content exists once it "
                                "is completed")
-    try:
-        handle = await asyncio.to_thread(open, runner.store.folder(video_id) / OUTPUTS[variant], "rb")
-    except FileNotFoundError:
-        raise JobNotFoundError(f"no video job {video_id!r} (deleted meanwhile)") from None
-    except OSError as exc:
-        raise JobStoreError(f"job store: cannot read {variant} of {video_id}: {exc.strerror or exc}") from None
-    with handle:
-        response = web.StreamResponse(headers={
-            "Content-Type": CONTENT_TYPES[variant], "openai-poll-after-ms": str(runner.config.poll_after_ms),
-            "Content-Disposition": f'attachment; filename="{video_id}{os.path.splitext(OUTPUTS[variant])[1]}"'})
-        response.content_length = os.fstat(handle.fileno()).st_size
-        await response.prepare(request)
-        while chunk := await asyncio.to_thread(handle.read, CHUNK):
-            await response.write(chunk)
-    await response.write_eof()
-    return response
+    return await send_content(request, runner.store, video_id, variant,
+                              {"openai-poll-after-ms": str(runner.config.poll_after_ms)},
+                              runner.config.presigned_content, runner.config.presign_expiry_s)
 
 
 def add_routes(app: web.Application) -> None:

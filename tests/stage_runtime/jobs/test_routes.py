@@ -23,7 +23,7 @@ from support.waiting import wait_until
 
 from stage_runtime.imageio import encode_png
 from stage_runtime.jobs.record import progress_of
-from stage_runtime.jobs.store import JobStore
+from stage_runtime.jobs.store.filesystem import FileJobStore
 from stage_runtime.videoio import decode_mp4
 
 WAN = Family("wan", size=16, frames=9)
@@ -214,7 +214,7 @@ def test_an_expired_job_is_a_404_at_once_and_its_files_go_with_its_record(client
     video = a.videos.create_and_poll(prompt="a brief fox", size="16x16",
                                      extra_body={**FIELDS, "num_inference_steps": 1})
     assert video.status == "completed" and len(a.videos.download_content(video.id).read()) > 0
-    shared = JobStore(store)                                   # the test is a third process on the store
+    shared = FileJobStore(store)                                   # the test is a third process on the store
     shared.put(shared.get(video.id).model_copy(update={"expires_at": time.time() - 1}))     # its time has come
     for client in clients:
         with pytest.raises(openai.NotFoundError):

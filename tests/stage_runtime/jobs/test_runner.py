@@ -19,11 +19,12 @@ from support.waiting import async_wait_until, wait_until
 
 from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
-from stage_runtime.jobs.lease import Leases
+from stage_runtime.jobs.store.file_leases import FileLeases
 from stage_runtime.jobs.record import JobRecord, RunEntry, new_job_id
-from stage_runtime.jobs.store import CHECKPOINT, OUTPUTS, JobStore
-from stage_runtime.serve.job_form import VideoJobRequest
-from stage_runtime.serve.job_runner import JobRunner
+from stage_runtime.jobs.store.filesystem import FileJobStore
+from stage_runtime.jobs.store import CHECKPOINT, OUTPUTS
+from stage_runtime.jobs.form import VideoJobRequest
+from stage_runtime.jobs.runner import JobRunner
 from stage_runtime.serve.metrics import StageMetrics
 from stage_runtime.serve.service import StageService
 from stage_runtime.videoio import decode_mp4
@@ -49,7 +50,7 @@ def engine(config):
 async def runner(engine, config, tmp_path):
     service = StageService(config, StageMetrics())
     service.attach(engine)
-    runner = JobRunner(service, JobStore(tmp_path / "store").open(), config.jobs, "tiny-wan", owner="replica-a")
+    runner = JobRunner(service, FileJobStore(tmp_path / "store").open(), config.jobs, "tiny-wan", owner="replica-a")
     runner.start()
     yield runner
     await runner.close()
@@ -62,13 +63,13 @@ async def files_left(runner: JobRunner, job_id: str) -> set[str]:
     return set(os.listdir(runner.store.folder(job_id)))
 
 
-def stored_frames(store: JobStore, job_id: str) -> np.ndarray:
+def stored_frames(store: FileJobStore, job_id: str) -> np.ndarray:
     with zipfile.ZipFile(io.BytesIO(store.read_file(job_id, OUTPUTS["frames"]))) as archive:
         return np.stack([np.asarray(Image.open(io.BytesIO(archive.read(n))).convert("RGB"))
                          for n in sorted(archive.namelist())])
 
 
-def job(store: JobStore, steps: int, **fields) -> JobRecord:
+def job(store: FileJobStore, steps: int, **fields) -> JobRecord:
     now = time.time()
     record = JobRecord(id=new_job_id(now), model="tiny-wan", prompt="a fox", size="16x16", num_frames=9, fps=8,
                        num_steps=steps, created_at=now, params={"prompt": "a fox", "size": "16x16", "num_frames": 9,
@@ -77,7 +78,7 @@ def job(store: JobStore, steps: int, **fields) -> JobRecord:
     return record
 
 
-async def record_where(store: JobStore, job_id: str, what: str, check) -> JobRecord:
+async def record_where(store: FileJobStore, job_id: str, what: str, check) -> JobRecord:
     return await async_wait_until(lambda: (r := store.get(job_id)) is not None and check(r) and r, timeout=60,
                                   what=what)
 
@@ -86,7 +87,7 @@ async def test_a_job_whose_owner_stopped_renewing_is_taken_over_and_run_from_ste
     store = runner.store
     orphan = job(store, 2, status="in_progress", owner="gone-1", attempts=1, step=1, phase="denoise", progress=45,
                  runs=(RunEntry(owner="gone-1", started_at=time.time() - 20),))
-    dead = Leases(store, "gone-1", 1.5, clock=lambda: time.time() - 10).claim(orphan.id)    # ran out long ago
+    dead = FileLeases(store, "gone-1", 1.5, clock=lambda: time.time() - 10).claim(orphan.id)    # ran out long ago
     assert dead is not None and runner.leases.free(orphan.id)
     done = await record_where(store, orphan.id, "the orphan completed", lambda r: r.status == "completed")
     assert (done.attempts, done.step, done.progress, done.owner, done.outputs) == (2, 2, 100, None, tuple(OUTPUTS.values()))
@@ -120,7 +121,7 @@ async def test_a_taken_over_job_resumes_from_its_owners_checkpoint_to_the_same_f
     finally:
         owner.close()
     assert saved["step"] == 4
-    dead = Leases(store, "gone-1", 1.5, clock=lambda: time.time() - 10).claim(orphan.id)
+    dead = FileLeases(store, "gone-1", 1.5, clock=lambda: time.time() - 10).claim(orphan.id)
     assert dead is not None and runner.leases.free(orphan.id)
     done = await record_where(store, orphan.id, "the orphan completed", lambda r: r.status == "completed")
     assert (done.resumed_from_step, done.attempts, done.step, done.video()["diffstage"]["resumed_from_step"]) == (
@@ -204,7 +205,7 @@ async def test_a_lost_lease_stops_the_run_and_its_writes(runner):
     store = runner.store
     long = job(store, 999)
     await record_where(store, long.id, "the job running", lambda r: r.step >= 1)
-    thief = Leases(store, "thief", 1.5, clock=lambda: time.time() + 60).claim(long.id)   # a clock far ahead
+    thief = FileLeases(store, "thief", 1.5, clock=lambda: time.time() + 60).claim(long.id)   # a clock far ahead
     assert thief is not None and thief.generation == 2
     await async_wait_until(lambda: runner.service.engine.requests_snapshot() == [] and not runner.running,
                            timeout=30, what="the run stopped once its lease was lost")
@@ -230,7 +231,7 @@ async def test_hand_offs_do_not_count_against_max_attempts(runner):
     assert (done.status, done.attempts, done.handoffs, done.error) == ("completed", 4, 3, None)
 
 
-class SlowCheckpointStore(JobStore):
+class SlowCheckpointStore(FileJobStore):
     """A store whose checkpoint writes end only once the engine has stepped on (a slow object store, at most
     ``timeout`` seconds): were the engine waiting for the write, it could not step, and the write would end at the
     step it began. Each write's start and end are noted with the job's step the engine had reached then."""

@@ -1,7 +1,7 @@
 """The job store on a shared folder (``serve --job-store DIR``): every replica pointed at DIR sees every job.
 
     DIR/jobs/<id>/job.json          the record (jobs.record), replaced atomically (a temp file, then rename)
-    DIR/jobs/<id>/lease-<n>.json    who runs it (jobs.lease)
+    DIR/jobs/<id>/lease-<n>.json    who runs it (jobs.store.file_leases)
     DIR/jobs/<id>/reference.png     the image-to-video input, when the job has one
     DIR/jobs/<id>/video.mp4         the outputs, once completed: the MP4 (H.264), the first frame as a PNG,
     DIR/jobs/<id>/thumbnail.png         and the exact frames as a zip of PNGs
@@ -26,27 +26,30 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from pydantic import ValidationError
 
 from stage_runtime.atomic_file import write_atomic
 from stage_runtime.errors import JobNotFoundError, JobStoreError
-from stage_runtime.jobs.record import JOB_ID, JobRecord
+from stage_runtime.jobs.record import ACTIVE, JOB_ID, JobRecord
+from stage_runtime.jobs.store.base import RECORD
 
 log = logging.getLogger(__name__)
-RECORD, REFERENCE, CHECKPOINT = "job.json", "reference.png", "checkpoint.safetensors"
-OUTPUTS = {"video": "video.mp4", "thumbnail": "thumbnail.png", "frames": "frames.zip"}   # variant → file
 INCOMING_STALE_S = 3600.0          # a create that never finished (its process died) is removed after this
 TRASH_STALE_S = 60.0               # a trashed folder its deleter did not finish removing
 
 
-class JobStore:
+class FileJobStore:
+    """The :class:`~stage_runtime.jobs.store.JobStore` on a shared folder."""
+
     def __init__(self, root: str | Path, clock: Callable[[], float] = time.time):
         self.root = Path(root)
+        self.location = str(self.root)
         self.jobs, self.incoming, self.trash = self.root / "jobs", self.root / "incoming", self.root / "trash"
         self.clock = clock
 
-    def open(self) -> JobStore:
+    def open(self) -> FileJobStore:
         """Make the layout and prove the folder writable (JobStoreError naming the folder otherwise)."""
         try:
             for folder in (self.jobs, self.incoming, self.trash):
@@ -123,12 +126,47 @@ class JobStore:
         except FileNotFoundError:
             raise JobNotFoundError(f"video job {job_id} has no {name}") from None
 
-    def ids(self) -> list[str]:
-        """Every job id in the store, in creation order."""
+    def file_size(self, job_id: str, name: str) -> int:
         try:
-            return sorted(name for name in os.listdir(self.jobs) if JOB_ID.match(name))
+            return (self.folder(job_id) / name).stat().st_size
+        except FileNotFoundError:
+            raise JobNotFoundError(f"video job {job_id} has no {name}") from None
+
+    def open_file(self, job_id: str, name: str, start: int = 0) -> BinaryIO:
+        try:
+            handle = open(self.folder(job_id) / name, "rb")      # an open file outlives a rename or unlink
+        except FileNotFoundError:
+            raise JobNotFoundError(f"video job {job_id} has no {name}") from None
+        except OSError as exc:
+            raise JobStoreError(f"job store: cannot read {name} of {job_id}: {exc.strerror or exc}") from None
+        handle.seek(start)
+        return handle
+
+    def presign(self, job_id: str, name: str, expires_s: int, filename: str, content_type: str) -> None:
+        return None                        # a folder has no URL of its own: the stage streams the file
+
+    def local_path(self, job_id: str, name: str) -> Path:
+        return self.folder(job_id) / name
+
+    def leases(self, owner: str, duration: float):
+        from stage_runtime.jobs.store.file_leases import FileLeases
+        return FileLeases(self, owner, duration, self.clock)
+
+    def ids(self, after: str | None = None, limit: int | None = None, order: str = "asc") -> list[str]:
+        """Job ids in creation order (the folder's names sort by it), past ``after``, at most ``limit``."""
+        try:
+            ids = sorted(name for name in os.listdir(self.jobs) if JOB_ID.match(name))
         except OSError as exc:
             raise JobStoreError(f"job store {str(self.root)!r}: cannot list jobs: {exc.strerror or exc}") from None
+        if order == "desc":
+            ids.reverse()
+        if after is not None:
+            ids = [i for i in ids if (i > after if order == "asc" else i < after)]
+        return ids if limit is None else ids[:limit]
+
+    def active_ids(self) -> list[str]:
+        """The queued and in-progress jobs (a folder has no index: the records are read; they are local files)."""
+        return [record.id for record in self.records() if record.status in ACTIVE]
 
     def records(self) -> list[JobRecord]:
         """Every record, in creation order (a job deleted while listing is left out)."""

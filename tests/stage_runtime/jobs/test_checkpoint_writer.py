@@ -1,4 +1,4 @@
-"""A job's checkpoint writer (serve.checkpoint_writer): one write in flight, the newest pending snapshot replacing an
+"""A job's checkpoint writer (jobs.checkpoint_writer): one write in flight, the newest pending snapshot replacing an
 older one, flush waiting for the last write, a failed write logged and the next one tried, a deleted job's writes
 dropped."""
 
@@ -8,7 +8,7 @@ import asyncio
 import threading
 
 from stage_runtime.errors import JobNotFoundError, JobStoreError
-from stage_runtime.serve.checkpoint_writer import CheckpointWriter
+from stage_runtime.jobs.checkpoint_writer import CheckpointWriter
 
 
 async def test_one_write_in_flight_the_newest_pending_replaces_older_ones_and_flush_waits():

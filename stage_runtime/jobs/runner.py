@@ -1,5 +1,5 @@
 """Which jobs of the shared store this replica runs (docs/http-api.md "Video jobs"); each run is a
-``serve.job_run.JobRun``.
+``jobs.run.JobRun``.
 
 Every ``scan_interval_s`` (and at once after a create here or a run here ending) the runner sweeps expired jobs
 and, while the stage is ready, claims the oldest claimable jobs of its model — queued ones, and in-progress ones
@@ -18,14 +18,15 @@ import os
 import socket
 
 from stage_runtime.config import JobsConfig
-from stage_runtime.jobs.lease import Lease, Leases
+from stage_runtime.jobs.lease import Lease
 from stage_runtime.jobs.record import ACTIVE, STATUSES
 from stage_runtime.jobs.store import JobStore
-from stage_runtime.serve.job_run import JobRun
+from stage_runtime.jobs.run import JobRun
 from stage_runtime.serve.service import StageService
 
 log = logging.getLogger(__name__)
 CLOSE_WAIT_S = 30.0
+FINISHED_COUNT_S = 30.0        # the finished jobs are counted (every record read) at most this often
 
 
 def replica_name() -> str:
@@ -37,9 +38,11 @@ class JobRunner:
                  owner: str | None = None):
         self.service, self.store, self.config, self.model = service, store, config, model
         self.owner = owner or replica_name()
-        self.leases = Leases(store, self.owner, config.lease_s)
+        self.leases = store.leases(self.owner, config.lease_s)
         self.running: dict[str, JobRun] = {}
         self.counts: dict[str, int] = dict.fromkeys(STATUSES, 0)       # the model's jobs by status, at the last scan
+        self._finished: dict[str, int] = {}                             # completed, failed: counted less often
+        self._finished_counted_at = float("-inf")
         self._tasks: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
@@ -83,11 +86,20 @@ class JobRunner:
 
     def _claim(self, room: int) -> list[Lease]:
         """(A thread.) Up to ``room`` leases on the oldest claimable jobs of this model; the model's jobs counted
-        by status on the way (``counts``)."""
+        by status on the way (``counts``): the active ones at every scan (the store lists them without reading the
+        finished ones), the finished ones every ``FINISHED_COUNT_S``."""
         claimed, now = [], self.store.clock()
-        counts = dict.fromkeys(STATUSES, 0)
-        for record in self.store.records():
-            if record.model != self.model or record.expired(now):
+        counts = dict.fromkeys(ACTIVE, 0)
+        if now - self._finished_counted_at >= FINISHED_COUNT_S:
+            finished = dict.fromkeys((s for s in STATUSES if s not in ACTIVE), 0)
+            for record in self.store.records():
+                if record.model == self.model and record.status in finished and not record.expired(now):
+                    finished[record.status] += 1
+            self._finished, self._finished_counted_at = finished, now
+        counts.update(self._finished)
+        for job_id in self.store.active_ids():
+            record = self.store.get(job_id)
+            if record is None or record.model != self.model or record.expired(now) or record.status not in ACTIVE:
                 continue
             counts[record.status] += 1
             if len(claimed) >= room or record.status not in ACTIVE or record.id in self.running:

@@ -1,4 +1,4 @@
-"""One video job's run on this replica (``serve.job_runner`` claims the jobs and starts a :class:`JobRun` each).
+"""One video job's run on this replica (``jobs.runner`` claims the jobs and starts a :class:`JobRun` each).
 
 The run holds the job's lease, renewing it every third of it (a lost lease stops the run), and runs the job as an
 engine request (``StageService.submit``, id = the job id) that streams its progress: each phase and denoising
@@ -8,7 +8,7 @@ frames are written beside the record, then the record says ``completed``.
 
 While it denoises, the run has the engine snapshot the job's step state (``checkpoint_request``, between two
 ticks) after every ``checkpoint_every_steps`` steps, and writes it off the engine's step path
-(``serve.checkpoint_writer``: one write in flight, a newer snapshot replacing a pending one;
+(``jobs.checkpoint_writer``: one write in flight, a newer snapshot replacing a pending one;
 ``jobs/<id>/checkpoint.safetensors``, replaced whole); the record says the step written (``checkpoint_step``). A run of a job that has a checkpoint starts from it (the engine request
 carries ``resume_from``; ``resumed_from_step`` in the record); one the engine refuses (another model, another
 request) is left aside and the job runs from step 0. A completed job's checkpoint is removed.
@@ -37,13 +37,14 @@ from stage_runtime.config import JobsConfig
 from stage_runtime.errors import (DiffStageError, EngineDeadError, InvalidRequestError, JobNotFoundError, JobStoreError,
                                   RequestAbortedError)
 from stage_runtime.imageio import decode_image
-from stage_runtime.jobs.lease import SPARE, Lease, Leases
+from stage_runtime.jobs.checkpoint_writer import CheckpointWriter
+from stage_runtime.jobs.form import VideoJobRequest
+from stage_runtime.jobs.lease import Lease, Leases, usable
 from stage_runtime.jobs.record import JobError, JobRecord, progress_of
+from stage_runtime.jobs.run_checkpoints import REQUEUE_ERRORS, RunCheckpoints
 from stage_runtime.jobs.store import CHECKPOINT, OUTPUTS, REFERENCE, JobStore
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import DiffusionRequest
-from stage_runtime.serve.checkpoint_writer import CheckpointWriter
-from stage_runtime.serve.job_form import VideoJobRequest
 from stage_runtime.serve.service import StageService
 from stage_runtime.serve.videos import frames_zip
 from stage_runtime.videoio import encode_mp4, thumbnail_png
@@ -52,11 +53,10 @@ if TYPE_CHECKING:
     from stage_runtime.engine import RequestStream
 
 log = logging.getLogger(__name__)
-REQUEUE_ERRORS = {"engine_dead", "engine_closed", "stage_unavailable", "queue_full"}   # not the job's fault
-CHECKPOINT_TIMEOUT_S = 300.0           # one checkpoint RPC: it waits for the tick in progress, then writes
+STORE_RETRY_S = 1.0                    # a store write that must land (outputs, the last word) is retried this often
 
 
-class JobRun:
+class JobRun(RunCheckpoints):
     def __init__(self, service: StageService, store: JobStore, leases: Leases, config: JobsConfig, lease: Lease,
                  record: JobRecord, closing: Callable[[], bool]):
         self.service, self.store, self.leases, self.config = service, store, leases, config
@@ -71,9 +71,9 @@ class JobRun:
         self.handing_off = False               # the replica drains: the run stops at a checkpoint, the job requeues
         self.phase: str | None = None          # the engine request's phase, as last reported
         self._checkpointing: asyncio.Task | None = None
-        # checkpoints: snapshotted between ticks by the engine, written here off its step path (serve.checkpoint_writer)
+        # checkpoints: snapshotted between ticks by the engine, written here off its step path (jobs.checkpoint_writer)
         self.writes = CheckpointWriter(lease.job_id, lambda data: store.write_file(lease.job_id, CHECKPOINT, data),
-                                       on_written=self._written)
+                                       on_written=self._written, retry_while=self._may_retry, retry_s=STORE_RETRY_S)
         self._lock = asyncio.Lock()
         self._pending: dict | None = None      # the newest progress not yet written
         self._writer: asyncio.Task | None = None
@@ -95,6 +95,7 @@ class JobRun:
                 if not (self.deleted or self.lost):
                     await asyncio.to_thread(self.leases.release, self.lease)
             finally:
+                self._drop_scratch()
                 self.done.set()                # (after the release: a hand-off returns with the lease free)
 
     async def cancel(self, timeout: float) -> dict[str, int]:
@@ -112,15 +113,18 @@ class JobRun:
     async def _renew(self) -> None:
         """Every third of the lease. A store that cannot be reached is tried again while the lease still runs with
         its spare tenth left; then the lease counts as lost, as it soon is for the other replicas."""
+        wait = self.config.lease_s / 3
         while True:
-            await asyncio.sleep(self.config.lease_s / 3)
+            await asyncio.sleep(wait)
             try:
                 renewed = await asyncio.to_thread(self.leases.renew, self.lease)
             except (OSError, ValueError) as exc:
                 log.warning("video job %s: lease not renewed: %s", self.job_id, exc)
-                if time.time() < self.lease.expires_at - SPARE * self.config.lease_s:
+                if usable(self.leases, self.lease):
+                    wait = min(STORE_RETRY_S, self.config.lease_s / 10)     # try again soon: the store may be back
                     continue
                 renewed = None
+            wait = self.config.lease_s / 3
             if renewed is None:
                 if not self.deleted:
                     self.lost = True
@@ -130,22 +134,38 @@ class JobRun:
             self.lease = renewed
             await self._write()
 
-    async def _write(self, **changes) -> None:
-        """Update the record (the owner alone writes it). A deleted job stops its run at the next step. A write the
-        store refuses is logged and the run goes on: the lease, not the record, says who runs the job."""
+    def _may_retry(self) -> bool:
+        """Whether a store write that failed is worth another try: the run still holds a usable lease."""
+        return not (self.deleted or self.lost) and usable(self.leases, self.lease)
+
+    async def _write(self, must_land: bool = False, **changes) -> None:
+        """Update the record (the owner alone writes it). A deleted job stops its run at the next step. A progress
+        write the store refuses is logged and the run goes on: the lease, not the record, says who runs the job. A
+        write that ``must_land`` (the run's last word) is tried again while the lease runs: the store may be back."""
         if self.deleted or self.lost:
             return
         async with self._lock:
             self.record = self.record.model_copy(update={**changes, "lease_expires_at": self.lease.expires_at,
                                                          "checkpoint_step": self.checkpoint_step})
+            await self._store(self.store.put, self.record, must_land=must_land, what=f"record ({changes.get('status')})")
+
+    async def _store(self, call, *args, must_land: bool = True, what: str = "") -> bool:
+        """One store call in a thread; False when the job was deleted meanwhile (the run stops) or the call could not
+        land (refused, and ``must_land`` not asked or the lease ran out meanwhile)."""
+        while True:
             try:
-                await asyncio.to_thread(self.store.put, self.record)
+                await asyncio.to_thread(call, *args)
+                return True
             except JobNotFoundError:
                 self.deleted = True
                 log.info("video job %s was deleted: stopping it at its next step", self.job_id)
                 self.service.abort([self.job_id])
+                return False
             except JobStoreError as exc:
-                log.warning("video job %s: record not written (%s): %s", self.job_id, changes.get("status"), exc)
+                log.warning("video job %s: %s not written: %s", self.job_id, what, exc)
+                if not (must_land and self._may_retry()):
+                    return False
+            await asyncio.sleep(STORE_RETRY_S)
 
     def _report(self, **changes) -> None:
         """The run's phase and step: written as soon as the last write is done, the newest only."""
@@ -168,6 +188,7 @@ class JobRun:
     async def _run(self) -> None:
         # a run its owner left open (killed, partitioned) ended when its lease expired, at the furthest step known:
         # its checkpoint on disk may be newer than its record (the owner died between writing the two)
+        await asyncio.to_thread(self._fetch_checkpoint)
         saved = await asyncio.to_thread(self._saved_step)
         record = self.record = self.record.model_copy(update={"runs": self.record.with_run_ended(
             "lease_expired", max(self.record.reached_step, saved), time.time())})
@@ -241,97 +262,6 @@ class JobRun:
             request = dataclasses.replace(request, resume_from=None)
             return self.service.submit(request), request
 
-    @property
-    def checkpoint_path(self) -> str:
-        return str(self.store.folder(self.job_id) / CHECKPOINT)
-
-    # -- checkpoints ------------------------------------------------------------------------------------------
-    def _due(self, phase: str | None, step: int) -> None:
-        """After a denoising step: a checkpoint when ``checkpoint_every_steps`` have passed since the newest one."""
-        every = self.config.checkpoint_every_steps
-        if (not every or phase != "denoise" or step >= self.record.num_steps or self.handing_off
-                or step - (self.checkpoint_step or 0) < every
-                or (self._checkpointing is not None and not self._checkpointing.done())):
-            return
-        self._checkpointing = asyncio.get_running_loop().create_task(self.checkpoint())
-
-    async def checkpoint(self, then_stop: bool = False) -> int | None:
-        """The job's step state snapshotted at the engine's next tick boundary and handed to the job's writer: the
-        step snapshotted, or None (no state to save: not started or already ended; logged). The step counts as the
-        job's checkpoint once written (``checkpoint_step``). ``then_stop``: the request is aborted at that same
-        boundary (no step runs after the one saved), and this returns once the write is done: the step written."""
-        try:
-            replies = await asyncio.to_thread(self.service.collective_rpc, "checkpoint_request", (self.job_id, None),
-                                              {}, CHECKPOINT_TIMEOUT_S, None, (self.job_id,) if then_stop else ())
-        except DiffStageError as exc:
-            log.warning("video job %s: no checkpoint: %s", self.job_id, exc)
-            return None
-        saved = next((reply for reply in replies if reply), None)
-        if saved is None or self.deleted or self.lost:
-            return None
-        if "error" in saved:
-            log.warning("video job %s: no checkpoint: %s", self.job_id, saved["error"])
-            return None
-        self.writes.submit(int(saved["step"]), saved["data"])
-        log.info("video job %s: checkpoint of step %d snapshotted (%d bytes, %.3f s)", self.job_id, saved["step"],
-                 saved["bytes"], saved["seconds"])
-        if then_stop:
-            return await self.writes.flush()
-        return int(saved["step"])
-
-    def _written(self, step: int) -> None:
-        if not (self.deleted or self.lost):
-            self.checkpoint_step = step
-
-    def _decode_failed(self, final: DiffusionOutput) -> bool:
-        stopped = self.deleted or self.lost or self.handing_off
-        return (final.error is not None and self.phase == "decode" and not stopped
-                and final.error_type not in REQUEUE_ERRORS and final.error_type != RequestAbortedError.error_type)
-
-    def _saved_step(self) -> int:
-        """(A thread.) The step of the job's checkpoint on disk; 0 when there is none or it cannot be read."""
-        if not os.path.exists(self.checkpoint_path):
-            return 0
-        try:
-            return int(read_manifest(self.checkpoint_path)["step"])
-        except InvalidRequestError:
-            return 0
-
-    def _denoised_saved(self) -> bool:
-        """(A thread.) Whether the job's checkpoint is its denoised state (the rank saves it before decoding)."""
-        return self._saved_step() >= self.record.num_steps
-
-    async def _retry_decode(self, request: DiffusionRequest, failed: DiffusionOutput) -> DiffusionOutput:
-        """The decode failed after a full denoise: decode once more from the denoised state (no step runs again)."""
-        log.warning("video job %s: its decode failed (%s); decoding again from its denoised state", self.job_id,
-                    failed.error)
-        self.checkpoint_step = self.record.num_steps
-        await self._write(decode_retries=self.record.decode_retries + 1)
-        try:
-            stream = self.service.submit(dataclasses.replace(request, resume_from=self.checkpoint_path))
-        except DiffStageError as exc:
-            log.warning("video job %s: the decode retry was not admitted: %s", self.job_id, exc)
-            return failed
-        final = await self._follow(stream)
-        if final.error is not None:
-            final.error = f"{final.error} (its decode failed twice; first: {failed.error})"
-        return final
-
-    async def hand_off(self, timeout: float) -> None:
-        """The replica drains: a checkpoint now, the run stopped, the job back in the queue at the checkpoint's step
-        and the lease released (another replica resumes it)."""
-        self.handing_off = True
-        if self._checkpointing is not None:
-            await asyncio.gather(self._checkpointing, return_exceptions=True)
-        # the run's end waits for this checkpoint (its step is where the job goes back in the queue)
-        self._checkpointing = asyncio.get_running_loop().create_task(self.checkpoint(then_stop=True))
-        await asyncio.gather(self._checkpointing, return_exceptions=True)
-        self.service.abort([self.job_id])        # (when no checkpoint could be taken: stop it all the same)
-        try:
-            await asyncio.wait_for(self.done.wait(), timeout)
-        except TimeoutError:
-            log.error("video job %s still running %g s after its hand-off", self.job_id, timeout)
-
     async def _follow(self, stream) -> DiffusionOutput:
         """Consume the request's items to its final one, reporting each phase and step."""
         async with aclosing(self.service.outputs(stream)) as items:
@@ -354,12 +284,9 @@ class JobRun:
         files = await asyncio.to_thread(lambda: {OUTPUTS["video"]: encode_mp4(frames, record.fps),
                                                  OUTPUTS["thumbnail"]: thumbnail_png(frames),
                                                  OUTPUTS["frames"]: frames_zip(frames)})
-        try:
-            for name, data in files.items():
-                await asyncio.to_thread(self.store.write_file, record.id, name, data)
-        except JobNotFoundError:
-            self.deleted = True
-            return
+        for name, data in files.items():
+            if not await self._store(self.store.write_file, record.id, name, data, what=name):
+                return                           # deleted meanwhile, or the lease ran out: another run finishes it
         await self._finish("completed", outputs=tuple(files))
 
     async def _finish(self, status: str, **changes) -> None:
@@ -372,7 +299,7 @@ class JobRun:
         now = time.time()
         to_step = self.record.num_steps if status == "completed" else \
             self.stopped_at if self.stopped_at is not None else self.record.step
-        await self._write(status=status, phase=None, owner=None, completed_at=now,
+        await self._write(must_land=True, status=status, phase=None, owner=None, completed_at=now,
                           expires_at=now + self.config.retention_s,
                           progress=100 if status == "completed" else self.record.progress,
                           runs=self.record.with_run_ended(status, to_step, now), **changes)
@@ -391,7 +318,7 @@ class JobRun:
             return
         step = self.checkpoint_step or 0
         log.info("video job %s back in the queue at step %d (%s)", self.job_id, step, why)
-        await self._write(status="queued", owner=None, phase=None, step=step, started_at=None, requeued_because=why,
+        await self._write(must_land=True, status="queued", owner=None, phase=None, step=step, started_at=None, requeued_because=why,
                           progress=progress_of("denoise", step, self.record.num_steps), handoffs=handoffs,
                           runs=self.record.with_run_ended("handed_off" if handed_off else "requeued", step,
                                                           time.time()))
