@@ -33,9 +33,19 @@ class CheckpointWriter:
         self.written_step: int | None = None      # the step of the newest checkpoint written
         self.replaced = 0                         # snapshots dropped for a newer one before their write began
         self.retries = 0                          # writes tried again after the store failed one
+        self.fenced = False                       # the run lost its lease: no more writes
         self.write_seconds: list[float] = []
 
+    def fence(self) -> None:
+        """The run lost its lease: nothing more is written (a pending snapshot is dropped; a write already under way
+        in its thread cannot be recalled — it holds a valid state of the same job, which the new owner's next
+        checkpoint replaces)."""
+        self.fenced = True
+        self._pending = None
+
     def submit(self, step: int, data: bytes) -> None:
+        if self.fenced:
+            return
         if self._pending is not None:
             self.replaced += 1
         self._pending = (step, data)
@@ -43,7 +53,7 @@ class CheckpointWriter:
             self._task = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
-        while self._pending is not None:
+        while self._pending is not None and not self.fenced:
             (step, data), self._pending = self._pending, None
             started = time.perf_counter()
             try:

@@ -73,7 +73,8 @@ class JobRun(RunCheckpoints):
         self._checkpointing: asyncio.Task | None = None
         # checkpoints: snapshotted between ticks by the engine, written here off its step path (jobs.checkpoint_writer)
         self.writes = CheckpointWriter(lease.job_id, lambda data: store.write_file(lease.job_id, CHECKPOINT, data),
-                                       on_written=self._written, retry_while=self._may_retry, retry_s=STORE_RETRY_S)
+                                       on_written=self._written, retry_while=self._may_retry,
+                                       retry_s=min(STORE_RETRY_S, config.lease_s / 10))
         self._lock = asyncio.Lock()
         self._pending: dict | None = None      # the newest progress not yet written
         self._writer: asyncio.Task | None = None
@@ -128,7 +129,8 @@ class JobRun(RunCheckpoints):
             if renewed is None:
                 if not self.deleted:
                     self.lost = True
-                    log.warning("video job %s: lease lost; stopping its run here", self.job_id)
+                    self.writes.fence()
+                    log.warning("video job %s: lease lost; stopping its run here, writing nothing more", self.job_id)
                     self.service.abort([self.job_id])
                 return
             self.lease = renewed
@@ -165,7 +167,7 @@ class JobRun(RunCheckpoints):
                 log.warning("video job %s: %s not written: %s", self.job_id, what, exc)
                 if not (must_land and self._may_retry()):
                     return False
-            await asyncio.sleep(STORE_RETRY_S)
+            await asyncio.sleep(min(STORE_RETRY_S, self.config.lease_s / 10))
 
     def _report(self, **changes) -> None:
         """The run's phase and step: written as soon as the last write is done, the newest only."""

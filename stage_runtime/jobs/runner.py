@@ -7,7 +7,8 @@ whose owner stopped renewing its lease — until it runs ``max_num_seqs`` of the
 replica stops a run here at once (:meth:`JobRunner.cancel`). When the replica drains, the runner stops claiming
 and hands every run off (:meth:`JobRunner.hand_off`: each checkpoints, stops and goes back in the queue with its
 lease released, for another replica to resume) before the drain waits for the other requests; on shutdown it waits
-for what is left of its runs.
+for what is left of its runs. A run that lost its lease (its renewals failed for longer than the lease allows) stopped
+without writing; the replica is then *fenced*: it claims nothing until a store round trip is clean again.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import asyncio
 import logging
 import os
 import socket
+import time
 
 from stage_runtime.config import JobsConfig
-from stage_runtime.jobs.lease import Lease
+from stage_runtime.jobs.lease import SPARE, Lease
 from stage_runtime.jobs.record import ACTIVE, STATUSES
 from stage_runtime.jobs.store import JobStore
 from stage_runtime.jobs.run import JobRun
@@ -47,6 +49,9 @@ class JobRunner:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._closing = False
+        # a run here lost its lease (its renewals failed: the store out of reach for a lease, this process stalled):
+        # the replica claims nothing until a store round trip is clean again (see _unfence)
+        self.fenced: str | None = None
 
     def start(self) -> None:
         self._loop_task = asyncio.get_running_loop().create_task(self._scan_loop())
@@ -77,7 +82,9 @@ class JobRunner:
         expired = await asyncio.to_thread(self.store.sweep)
         if expired:
             log.info("expired %d video job(s): %s", len(expired), ", ".join(expired))
-        taking = not self._closing and self.service.state == "ready"
+        if self.fenced is not None:
+            await asyncio.to_thread(self._unfence)
+        taking = not self._closing and self.service.state == "ready" and self.fenced is None
         room = max(0, self.capacity - len(self._tasks)) if taking else 0
         for lease in await asyncio.to_thread(self._claim, room):
             task = asyncio.get_running_loop().create_task(self._own(lease))
@@ -110,6 +117,22 @@ class JobRunner:
         self.counts = counts
         return claimed
 
+    def _unfence(self) -> None:
+        """(A thread.) Claims resume once a store round trip (a one-id listing) takes less than the lease's spare
+        tenth: the spare a renewal needs to land before its lease could be claimed by another replica."""
+        started = time.monotonic()
+        try:
+            self.store.ids(limit=1)
+        except OSError as exc:
+            log.info("still fenced (%s): the store: %s", self.fenced, exc)
+            return
+        took = time.monotonic() - started
+        if took < SPARE * self.config.lease_s:
+            log.warning("claiming again: a store round trip took %.3f s (fenced since: %s)", took, self.fenced)
+            self.fenced = None
+        else:
+            log.info("still fenced (%s): a store round trip took %.3f s", self.fenced, took)
+
     def stats(self) -> dict[str, int]:
         """``jobs`` in ``/v1/stats``: the runs on this replica (``here``: they hand off when it drains) and the
         model's jobs in the store by status, as of the last scan (every replica sees the same store)."""
@@ -126,6 +149,9 @@ class JobRunner:
             await run.run()
         finally:
             self.running.pop(lease.job_id, None)
+            if run.lost:
+                self.fenced = f"the lease of {lease.job_id} was lost"
+                log.warning("fenced: %s; claiming nothing until the store answers cleanly", self.fenced)
             if not run.backoff:
                 self.wake()                                 # room for the next job
 

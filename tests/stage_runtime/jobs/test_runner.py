@@ -18,6 +18,7 @@ from PIL import Image
 from support.waiting import async_wait_until, wait_until
 
 from stage_runtime.config import load_config
+from stage_runtime.errors import JobStoreError
 from stage_runtime.engine.engine import DiffusionEngine
 from stage_runtime.jobs.store.file_leases import FileLeases
 from stage_runtime.jobs.record import JobRecord, RunEntry, new_job_id
@@ -212,6 +213,78 @@ async def test_a_lost_lease_stops_the_run_and_its_writes(runner):
     stopped = store.get(long.id)                  # the run ended without a word: the new owner's to write
     assert (stopped.status, stopped.owner, stopped.error) == ("in_progress", runner.owner, None) and stopped.step < 999
     assert runner.leases.current(long.id) == thief                    # the runner neither renewed nor released
+
+
+class FlakyStore(FileJobStore):
+    """A store that refuses (JobStoreError, as an object store out of reach does) the writes ``refuse`` names, and
+    whose listing takes ``listing_s`` seconds (a store answering slowly)."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.refuse: dict[str, int] = {}         # what → how many more times it fails
+        self.refused: list[str] = []
+        self.listing_s, self.listings = 0.0, 0
+
+    def _maybe_refuse(self, what: str) -> None:
+        if self.refuse.get(what, 0) > 0:
+            self.refuse[what] -= 1
+            self.refused.append(what)
+            raise JobStoreError(f"job store out of reach (refusing {what})")
+
+    def put(self, record: JobRecord) -> None:
+        self._maybe_refuse(f"record:{record.status}")
+        super().put(record)
+
+    def write_file(self, job_id: str, name: str, data: bytes) -> None:
+        self._maybe_refuse(name)
+        super().write_file(job_id, name, data)
+
+    def ids(self, after=None, limit=None, order="asc"):
+        self.listings += 1
+        time.sleep(self.listing_s)
+        return super().ids(after, limit, order)
+
+
+@pytest.fixture
+async def flaky_runner(engine, config, tmp_path):
+    service = StageService(config, StageMetrics())
+    service.attach(engine)
+    runner = JobRunner(service, FlakyStore(tmp_path / "flaky").open(), config.jobs, "tiny-wan", owner="replica-f")
+    runner.start()
+    yield runner
+    await runner.close()
+    assert engine.requests_snapshot() == []
+
+
+async def test_outputs_and_the_last_word_refused_by_the_store_land_once_it_answers_again(flaky_runner):
+    """The store refuses the MP4 twice and the completed record twice (out of reach for a moment at the job's end):
+    the run tries again while its lease runs, and the job completes with every output; nothing is left half."""
+    store = flaky_runner.store
+    store.refuse = {OUTPUTS["video"]: 2, "record:completed": 2}
+    done = await record_where(store, job(store, 2).id, "the job completed", lambda r: r.status == "completed")
+    assert store.refused == [OUTPUTS["video"]] * 2 + ["record:completed"] * 2
+    assert done.outputs == tuple(OUTPUTS.values()) and done.attempts == 1 and len(done.runs) == 1
+    assert set(os.listdir(store.folder(done.id))) == {"job.json", "lease-00000001.json", *OUTPUTS.values()}
+
+
+async def test_a_replica_that_lost_a_lease_claims_nothing_until_the_store_answers_cleanly(flaky_runner):
+    """Its lease taken (its renewals could not land in time), the run stops without a word and the replica is
+    fenced: while a store round trip takes longer than the lease's spare tenth it claims no queued job; once the
+    store answers in time it claims again."""
+    store = flaky_runner.store
+    long = job(store, 999)
+    await record_where(store, long.id, "the job running", lambda r: r.step >= 1)
+    store.listing_s = 0.5                                         # > SPARE × lease_s (0.15 s)
+    FileLeases(store, "thief", 1.5, clock=lambda: time.time() + 60).claim(long.id)
+    await async_wait_until(lambda: flaky_runner.fenced is not None, timeout=30, what="the replica fenced")
+    waiting = job(store, 2)
+    probes = store.listings
+    await async_wait_until(lambda: store.listings >= probes + 3, timeout=30, what="three slow probes of the store")
+    assert store.get(waiting.id).status == "queued" and flaky_runner.leases.current(waiting.id) is None
+    store.listing_s = 0.0
+    await record_where(store, waiting.id, "the waiting job completed once the store answered",
+                       lambda r: r.status == "completed")
+    assert flaky_runner.fenced is None
 
 
 async def test_a_job_out_of_attempts_fails_saying_why(runner):
