@@ -20,6 +20,12 @@ def test_the_job_api_is_off_by_default_with_a_day_of_retention_a_30_s_lease_and_
     ({"checkpoint_every_steps": -1}, "jobs.checkpoint_every_steps=-1"),
     ({"lease_s": 1, "scan_interval_s": 60}, "scan_interval_s=60 must be at most 10 × lease_s"),
     ({"stor": "/x"}, "unknown field jobs.stor"),
+    ({"store": "s3://My_Bucket/jobs"}, "jobs.store='s3://My_Bucket/jobs'"),
+    ({"store": "gs://bucket/jobs"}, "no other scheme is served"),
+    ({"store": "/x", "endpoint": "http://minio:9000"}, "jobs.endpoint is for an object store"),
+    ({"store": "/x", "presigned_content": True}, "jobs.presigned_content needs an object store"),
+    ({"store": "s3://b-1/x", "endpoint": "minio:9000"}, "jobs.endpoint='minio:9000'"),
+    ({"store": "s3://b-1/x", "region": "EU West"}, "jobs.region='EU West'"),
 ])
 def test_a_bad_jobs_field_is_named(jobs, named):
     with pytest.raises(ConfigError) as refused:
@@ -32,3 +38,12 @@ def test_the_serve_flags_set_the_store_the_retention_the_lease_and_the_checkpoin
                                       "3600", "--job-lease-s", "10", "--job-checkpoint-every-steps", "0"])
     jobs = config_from_args(args).jobs
     assert (jobs.store, jobs.retention_s, jobs.lease_s, jobs.checkpoint_every_steps) == ("/shared/jobs", 3600.0, 10.0, 0)
+
+
+def test_the_serve_flags_set_an_object_store_its_endpoint_region_and_presigned_content():
+    args = build_parser().parse_args(["serve", "--model", "/m", "--job-store", "s3://video-jobs/stage-a",
+                                      "--job-store-endpoint", "http://127.0.0.1:9000", "--job-store-region", "eu-west-1",
+                                      "--job-presigned-content"])
+    jobs = config_from_args(args).jobs
+    assert (jobs.store, jobs.endpoint, jobs.region, jobs.presigned_content, jobs.presign_expiry_s) == (
+        "s3://video-jobs/stage-a", "http://127.0.0.1:9000", "eu-west-1", True, 900)

@@ -113,6 +113,24 @@ def test_create_and_poll_then_each_replica_answers_and_downloads_the_same_job(cl
     assert spritesheet.value.body["param"] == "variant"
 
 
+def test_content_answers_one_byte_range_as_a_player_seeks(clients, stages):
+    """A player seeking in the MP4 asks for a byte range: 206 with Content-Range and those bytes; a range past the end
+    is a 416 naming the size; every answer says Accept-Ranges."""
+    a, _ = clients
+    video = a.videos.create_and_poll(prompt="a seeking fox", size="16x16", extra_body={**FIELDS, "num_inference_steps": 1})
+    url = f"{stages[1].http_url}/v1/videos/{video.id}/content"
+    whole = httpx.get(url)
+    size = len(whole.content)
+    assert whole.status_code == 200 and whole.headers["Accept-Ranges"] == "bytes" and size > 100
+    part = httpx.get(url, headers={"Range": "bytes=10-49"})
+    assert part.status_code == 206 and part.content == whole.content[10:50], part.headers
+    assert part.headers["Content-Range"] == f"bytes 10-49/{size}" and part.headers["Content-Type"] == "video/mp4"
+    tail = httpx.get(url, headers={"Range": "bytes=-16"})
+    assert tail.status_code == 206 and tail.content == whole.content[-16:]
+    past = httpx.get(url, headers={"Range": f"bytes={size}-"})
+    assert past.status_code == 416 and past.headers["Content-Range"] == f"bytes */{size}"
+
+
 def watch(client: openai.OpenAI, video_id: str, min_step: int) -> list:
     """Retrieve until the job's record says ``min_step`` steps; every answer on the way."""
     seen = []
