@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import time
 import zipfile
 
@@ -224,6 +225,7 @@ class FlakyStore(FileJobStore):
         self.refuse: dict[str, int] = {}         # what → how many more times it fails
         self.refused: list[str] = []
         self.listing_s, self.listings = 0.0, 0
+        self.answering = threading.Event()       # set: the store answers at once again
 
     def _maybe_refuse(self, what: str) -> None:
         if self.refuse.get(what, 0) > 0:
@@ -241,7 +243,7 @@ class FlakyStore(FileJobStore):
 
     def ids(self, after=None, limit=None, order="asc"):
         self.listings += 1
-        time.sleep(self.listing_s)
+        self.answering.wait(self.listing_s)
         return super().ids(after, limit, order)
 
 
@@ -281,7 +283,7 @@ async def test_a_replica_that_lost_a_lease_claims_nothing_until_the_store_answer
     probes = store.listings
     await async_wait_until(lambda: store.listings >= probes + 3, timeout=30, what="three slow probes of the store")
     assert store.get(waiting.id).status == "queued" and flaky_runner.leases.current(waiting.id) is None
-    store.listing_s = 0.0
+    store.answering.set()
     await record_where(store, waiting.id, "the waiting job completed once the store answered",
                        lambda r: r.status == "completed")
     assert flaky_runner.fenced is None
