@@ -45,6 +45,7 @@ class JobRunner:
         self.counts: dict[str, int] = dict.fromkeys(STATUSES, 0)       # the model's jobs by status, at the last scan
         self._finished: dict[str, int] = {}                             # completed, failed: counted less often
         self._finished_counted_at = float("-inf")
+        self._active: set[str] = set()                                 # the active ids at the last scan
         self._tasks: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
@@ -94,17 +95,20 @@ class JobRunner:
     def _claim(self, room: int) -> list[Lease]:
         """(A thread.) Up to ``room`` leases on the oldest claimable jobs of this model; the model's jobs counted
         by status on the way (``counts``): the active ones at every scan (the store lists them without reading the
-        finished ones), the finished ones every ``FINISHED_COUNT_S``."""
+        finished ones), the finished ones when a job left the active ones since the last scan (it finished, or was
+        deleted) and every ``FINISHED_COUNT_S`` at least."""
         claimed, now = [], self.store.clock()
         counts = dict.fromkeys(ACTIVE, 0)
-        if now - self._finished_counted_at >= FINISHED_COUNT_S:
+        active = self.store.active_ids()
+        if now - self._finished_counted_at >= FINISHED_COUNT_S or not self._active.issubset(active):
             finished = dict.fromkeys((s for s in STATUSES if s not in ACTIVE), 0)
             for record in self.store.records():
                 if record.model == self.model and record.status in finished and not record.expired(now):
                     finished[record.status] += 1
             self._finished, self._finished_counted_at = finished, now
         counts.update(self._finished)
-        for job_id in self.store.active_ids():
+        self._active = set(active)
+        for job_id in active:
             record = self.store.get(job_id)
             if record is None or record.model != self.model or record.expired(now) or record.status not in ACTIVE:
                 continue
