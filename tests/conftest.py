@@ -94,3 +94,21 @@ def tiny_pag_path(tiny_sd_path, tmp_path_factory) -> str:
 def tiny_sag_path(tiny_sd_path, tmp_path_factory) -> str:
     """StableDiffusionSAGPipeline: its __call__ has no callback_on_step_end (only the legacy callback)."""
     return _save_variant(tiny_sd_path, tmp_path_factory.mktemp("models") / "tiny-sag", "StableDiffusionSAGPipeline")
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A moto S3 server process on loopback for this test session (one per xdist worker), with the fake credentials
+    in this process's environment (the stage processes a test starts inherit them)."""
+    from support.s3_server import FAKE_CREDENTIALS, S3Server
+
+    saved = {name: os.environ.get(name) for name in FAKE_CREDENTIALS}
+    os.environ.update(FAKE_CREDENTIALS)
+    server = S3Server(tmp_path_factory.mktemp("s3") / "moto.log").start()
+    yield server
+    server.stop()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
