@@ -129,19 +129,20 @@ class ObjectJobStore:
 
     def create(self, record: JobRecord, files: dict[str, bytes] | None = None) -> None:
         """Every object of the job first, the record last: a job is never seen without its files."""
-        written = []
+        written: list[str] = []             # what landed (a write that timed out may have too: the sweep's)
         try:
             for name, data in (files or {}).items():
+                self.write_object(self.key(record.id, name), data)
                 written.append(self.key(record.id, name))
-                self.write_object(written[-1], data)
             for marker in (f"{self.prefix}newest/{inverted(record.id)}",
                            *([f"{self.prefix}active/{record.id}"] if record.status in ACTIVE else ())):
-                written.append(marker)
                 self.write_object(marker, b"")
+                written.append(marker)
             self.write_object(self.key(record.id, RECORD), record.model_dump_json().encode(), IfNoneMatch="*")
         except (JobStoreError, Conflict) as exc:
             try:
-                self._delete_keys(written)
+                if written:
+                    self._delete_keys(written)
             except JobStoreError as cleanup:
                 log.warning("job store: leftovers of a failed create of %s stay for the sweep: %s", record.id, cleanup)
             if isinstance(exc, Conflict):

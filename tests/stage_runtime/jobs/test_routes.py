@@ -6,11 +6,9 @@ once and its files go with its record; a bad field is a 400 naming it and stores
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import time
-import zipfile
 
 import httpx
 import numpy as np
@@ -18,6 +16,7 @@ import openai
 import pytest
 from family_checks import Family, bare_call, reference_image
 from PIL import Image
+from job_replicas import owner_of, replicas, sdk, zip_frames
 from stage_process import StageProcess
 from support.waiting import wait_until
 
@@ -32,28 +31,6 @@ LONG = {"num_frames": 9, "num_inference_steps": 999}      # runs until deleted (
 CONFIG = "warmup: false\njobs:\n  poll_after_ms: 20\n  scan_interval_s: 0.2\n  lease_s: 6\n"
 
 
-@contextlib.contextmanager
-def replicas(model: str, folder, store):
-    """Two stage processes on one job store, started together; each drained to exit 0, leaving nothing behind."""
-    (folder / "stage.yaml").write_text(CONFIG)
-    common = ["--model", model, "--served-name", "tiny-wan", "--config", str(folder / "stage.yaml"),
-              "--device", "cpu", "--execution-mode", "step", "--job-store", str(store)]
-    stages = [StageProcess([*common, "--executor", "mp"], folder / "a.log"),
-              StageProcess([*common, "--executor", "uni"], folder / "b.log")]
-    try:
-        for stage in stages:
-            stage.start(wait_ready=False)
-        for stage in stages:
-            stage.wait_ready()
-        yield stages
-        for stage in stages:
-            assert stage.stop() == 0, stage.log[-3000:]
-            stage.assert_no_leaks()
-    finally:
-        for stage in stages:
-            stage.kill()
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     return tmp_path_factory.mktemp("job-store")
@@ -61,12 +38,8 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stages(tiny_wan_path, tmp_path_factory, store):
-    with replicas(tiny_wan_path, tmp_path_factory.mktemp("replicas"), store) as pair:
+    with replicas(tiny_wan_path, tmp_path_factory.mktemp("replicas"), ["--job-store", str(store)], CONFIG) as pair:
         yield pair
-
-
-def sdk(stage: StageProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stage.http_url}/v1", api_key="none", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -79,18 +52,6 @@ def clients(stages):
 
 def job_folders(store) -> set[str]:
     return set(os.listdir(store / "jobs"))
-
-
-def owner_of(stages, video) -> StageProcess:
-    """The stage process running ``video`` (its record's owner is host-pid)."""
-    pid = int(video.diffstage["owner"].rsplit("-", 1)[1])
-    return next(stage for stage in stages if stage.proc.pid == pid)
-
-
-def zip_frames(content: bytes) -> np.ndarray:
-    with zipfile.ZipFile(io.BytesIO(content)) as archive:
-        return np.stack([np.asarray(Image.open(io.BytesIO(archive.read(n))).convert("RGB"))
-                         for n in archive.namelist()])
 
 
 def test_create_and_poll_then_each_replica_answers_and_downloads_the_same_job(clients, tiny_wan_path):
