@@ -139,8 +139,11 @@ class Kube:
         pdb = self.request("GET", self.core_path("PodDisruptionBudget", stage.namespace, pdb_name(stage)))
         policy = self.request("GET", self.core_path("NetworkPolicy", stage.namespace, network_policy_name(stage)))
         jobs = stage.spec.jobs if stage.spec is not None else None
-        claim = self.request("GET", self.core_path("PersistentVolumeClaim", stage.namespace, jobs.claim_name)) \
-            if jobs is not None else None
+        claim = None
+        if jobs is not None and jobs.claim_name is not None:
+            claim = self.request("GET", self.core_path("PersistentVolumeClaim", stage.namespace, jobs.claim_name))
+        elif jobs is not None and jobs.object_store.credentials_secret is not None:   # only whether it exists
+            claim = self.request("GET", self.core_path("Secret", stage.namespace, jobs.object_store.credentials_secret))
         pool = None
         if stage.wants_inference_pool or stage.status.get("inferencePool"):  # read only where one is or was
             pool = self.request("GET", self.core_path("InferencePool", stage.namespace, inference_pool_name(stage)))

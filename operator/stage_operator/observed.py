@@ -165,7 +165,9 @@ class Observed:
     inference_pool: Mapping[str, Any] | None = None  # the stage's InferencePool (read with spec.routing.inferencePool)
     nodes: Sequence[Mapping[str, Any]] | None = None
     dra: Any = None  # dra.Inventory, read with the nodes when the pods claim devices (podTemplate.resourceClaims)
-    jobs_claim: Mapping[str, Any] | None = None  # spec.jobs.claimName's PersistentVolumeClaim (None: not found)
+    # spec.jobs.claimName's PersistentVolumeClaim, or spec.jobs.objectStore.credentialsSecret's Secret (None: not
+    # found, or nothing to read: an object store on the service account's identity)
+    jobs_claim: Mapping[str, Any] | None = None
     now: str = "1970-01-01T00:00:00Z"  # for lastTransitionTime
     at: float | None = None  # the same moment in epoch seconds (sub-second), for deadlines; default: `now`
     health: Mapping[str, PodHealth] = field(default_factory=dict)

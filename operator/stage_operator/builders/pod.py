@@ -7,6 +7,7 @@ import hashlib
 import json
 from typing import Any
 
+from stage_operator.api.jobs import CREDENTIAL_KEYS
 from stage_operator.api.meta import (API_KEY_FILE, AUTH_DIR, CONFIG_DIR, ENGINE_TYPE, HTTP_PORT, JOBS_DIR,
                                      LABEL_ENGINE_TYPE, LABEL_REPLICA, LABEL_SERVING, LABEL_TEMPLATE_HASH,
                                      PROFILES_DIR, TERMINATION_LOG, ZMQ_PORT)
@@ -64,10 +65,21 @@ def _auth(spec: StageSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 JOBS_VOLUME = "jobs-store"
 
 
+def _object_store_env(spec: StageSpec) -> list[dict[str, Any]]:
+    """spec.jobs.objectStore.credentialsSecret's keys as the standard AWS environment, each named (secretKeyRef, not
+    envFrom: no other key of the Secret reaches the process); the session token optional."""
+    bucket = spec.jobs.object_store if spec.jobs is not None else None
+    if bucket is None or bucket.credentials_secret is None:
+        return []
+    return [{"name": key, "valueFrom": {"secretKeyRef": {"name": bucket.credentials_secret, "key": key,
+                                                          **({"optional": True} if optional else {})}}}
+            for key, optional in CREDENTIAL_KEYS]
+
+
 def _jobs(spec: StageSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """spec.jobs.claimName, mounted read-write at JOBS_DIR (the stage config's jobs.store): a claim, never a
     hostPath, so the restricted Pod Security level admits it; fsGroup makes its files the stage user's."""
-    if spec.jobs is None:
+    if spec.jobs is None or spec.jobs.claim_name is None:
         return [], []
     volume = {"name": JOBS_VOLUME, "persistentVolumeClaim": {"claimName": spec.jobs.claim_name}}
     return [volume], [{"name": JOBS_VOLUME, "mountPath": JOBS_DIR}]
@@ -134,7 +146,7 @@ def build_pod_spec(stage: Stage, image_volumes: bool = False) -> dict[str, Any]:
     mounts += profile_mounts
     env = [{"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "DIFFSTAGE_STAGE", "value": stage.name},
            {"name": "DIFFSTAGE_REPLICA",
-            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_REPLICA}']"}}}]
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_REPLICA}']"}}}, *_object_store_env(spec)]
     container = {
         "name": CONTAINER, "image": spec.image, "command": serve_command(spec, stage.name),
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},

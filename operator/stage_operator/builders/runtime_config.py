@@ -27,12 +27,18 @@ def executor(spec: StageSpec) -> str:
 
 
 def jobs_config(spec: StageSpec) -> dict[str, Any]:
-    """The stage's `jobs:` section (stage_runtime.config.JobsConfig's names): the claim's mount is the store.
+    """The stage's `jobs:` section (stage_runtime.config.JobsConfig's names): the claim's mount, or the bucket, is
+    the store.
     {} without spec.jobs: the stage config of a stage without jobs is what it was (no rollout on upgrade)."""
     if spec.jobs is None:
         return {}
-    j = spec.jobs
-    return {"jobs": {"store": JOBS_DIR, "checkpoint_every_steps": j.checkpoint_every_steps,
+    j, bucket = spec.jobs, spec.jobs.object_store
+    store: dict[str, Any] = {"store": JOBS_DIR}
+    if bucket is not None:
+        store = {"store": bucket.url, **({"endpoint": bucket.endpoint} if bucket.endpoint else {}),
+                 **({"region": bucket.region} if bucket.region else {}),
+                 **({"presigned_content": True} if j.presigned_content else {})}
+    return {"jobs": {**store, "checkpoint_every_steps": j.checkpoint_every_steps,
                      "retention_s": float(j.retention_seconds), "lease_s": float(j.lease_seconds)}}
 
 
@@ -144,8 +150,8 @@ def serve_command(spec: StageSpec, stage_name: str) -> list[str]:
             "--startup-timeout", str(spec.startup_timeout_seconds), "--termination-log", TERMINATION_LOG]
     if spec.auth is not None:  # the Secret's key, mounted by builders.pod
         cmd += ["--api-key-file", API_KEY_FILE]
-    if spec.jobs is not None:  # the claim's mount (builders.pod); a flag, so a runner that maps mounts rewrites it
-        cmd += ["--job-store", JOBS_DIR]
+    if spec.jobs is not None and spec.jobs.claim_name is not None:  # the claim's mount (builders.pod); a flag, so a
+        cmd += ["--job-store", JOBS_DIR]                            # runner that maps mounts rewrites it
     if spec.profiling is not None:  # its volume's mount, a flag for the same reason (over the config's profiler.dir)
         cmd += ["--profiler-dir", PROFILES_DIR]
     return cmd + list(spec.engine.extra_args)

@@ -57,10 +57,43 @@ def test_a_bad_claim_is_refused_naming_the_field(jobs):
         assert any('claimName' in m for m in admit(CRD, obj)), admit(CRD, obj)
     with pytest.raises(ValidationError) as err:
         StageSpec.model_validate(obj['spec'])
-    assert 'jobs.' in str(err.value) and ('claimName' in str(err.value) or 'bucket' in str(err.value))
+    assert 'jobs' in str(err.value) and ('claimName' in str(err.value) or 'bucket' in str(err.value))
 
 
 def test_every_jobs_field_is_described_for_kubectl_explain():
     schema = version_schema(CRD)['properties']['spec']['properties']['jobs']
-    assert schema['description'] and schema['required'] == ['claimName']
+    assert schema['description'] and 'required' not in schema          # claimName or objectStore (a CEL rule)
     assert all(prop.get('description') for prop in schema['properties'].values())
+    bucket = schema['properties']['objectStore']
+    assert bucket['required'] == ['bucket'] and all(p.get('description') for p in bucket['properties'].values())
+
+
+@pytest.mark.parametrize('jobs', [
+    {'objectStore': {'bucket': 'video-jobs'}},
+    {'objectStore': {'bucket': 'video.jobs-2', 'prefix': 'stages/a', 'endpoint': 'http://minio.storage:9000',
+                     'region': 'eu-west-1', 'credentialsSecret': 'jobs-s3'}, 'presignedContent': True},
+])
+def test_an_object_store_is_admitted_and_becomes_the_runtimes_s3_store(jobs):
+    obj = with_jobs(jobs)
+    assert admit(CRD, obj) == []
+    parsed = StageSpec.model_validate(obj['spec']).jobs
+    bucket = parsed.object_store
+    config = JobsConfig(store=bucket.url, endpoint=bucket.endpoint, region=bucket.region,
+                        presigned_content=bool(parsed.presigned_content))      # the runtime takes it too
+    assert config.store.startswith(f"s3://{jobs['objectStore']['bucket']}/")
+
+
+@pytest.mark.parametrize('jobs, named', [
+    ({'claimName': 'j', 'objectStore': {'bucket': 'video-jobs'}}, 'set exactly one of claimName or objectStore'),
+    ({'objectStore': {'bucket': 'Video_Jobs'}}, 'bucket'),
+    ({'objectStore': {'bucket': 'ab'}}, 'bucket'),
+    ({'objectStore': {'bucket': 'video-jobs', 'prefix': '/root'}}, 'prefix'),
+    ({'objectStore': {'bucket': 'video-jobs', 'endpoint': 'minio:9000'}}, 'endpoint'),
+    ({'objectStore': {'bucket': 'video-jobs', 'credentialsSecret': 'Not A Name'}}, 'credentialsSecret'),
+    ({'claimName': 'j', 'presignedContent': True}, 'presignedContent needs jobs.objectStore'),
+], ids=['both', 'bucket-case', 'bucket-short', 'prefix-slash', 'endpoint-scheme', 'secret-name', 'presign-claim'])
+def test_a_bad_object_store_is_refused_by_the_crd_and_the_model_naming_the_field(jobs, named):
+    obj = with_jobs(jobs)
+    assert any(named in m for m in admit(CRD, obj)), admit(CRD, obj)
+    with pytest.raises(ValidationError, match=named):
+        StageSpec.model_validate(obj['spec'])

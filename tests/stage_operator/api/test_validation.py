@@ -175,6 +175,12 @@ METRIC_CASES = [  # autoscaling.metric cost and jobs (issue 47) and their target
     ('jobs-with-a-store', {'autoscaling': {**OPERATOR, 'metric': 'jobs'}, 'jobs': {'claimName': 'video-jobs'}}, []),
     ('jobs-with-its-target', {'autoscaling': {**OPERATOR, 'metric': 'jobs', 'targetJobsPerReplica': 2},
                               'jobs': {'claimName': 'video-jobs'}}, []),
+    ('jobs-on-an-object-store', {'autoscaling': {**OPERATOR, 'metric': 'jobs'},
+                                 'jobs': {'objectStore': {'bucket': 'video-jobs'}}}, []),
+    ('jobs-claim-and-bucket', {'jobs': {'claimName': 'j', 'objectStore': {'bucket': 'video-jobs'}}},
+     ['spec.jobs: jobs: set exactly one of claimName or objectStore']),
+    ('jobs-presigned-claim', {'jobs': {'claimName': 'j', 'presignedContent': True}},
+     ['spec.jobs: jobs.presignedContent needs jobs.objectStore: a claim has no URL to redirect to']),
 ]
 CEL_CASES = [
     # (name, spec fields, exact messages)
@@ -234,7 +240,7 @@ def test_every_cel_rule_is_exercised_by_a_failing_case():
     for path, node in _nodes(version_schema(CRD)):
         rules.update(r['messageExpression'] for r in node.get('x-kubernetes-validations', ()))
     failing = {m.split(': ', 1)[1] for _, spec, msgs in CEL_CASES for m in msgs}
-    assert len(rules) == 31 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
+    assert len(rules) == 33 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
 
 
 def _nodes(node, path=''):

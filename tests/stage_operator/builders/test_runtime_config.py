@@ -72,3 +72,11 @@ def test_spec_jobs_becomes_the_stage_jobs_config_on_the_claims_mount():
     assert 'jobs' not in yaml.safe_load(build_configmap(stage())['data']['stage.yaml']), 'unchanged without jobs'
     assert template_hash(stage(jobs=jobs)) != template_hash(stage())
     assert template_hash(stage(jobs={**jobs, 'leaseSeconds': 13})) != template_hash(stage(jobs=jobs)), 'rolls'
+
+
+def test_an_object_store_becomes_the_stage_jobs_config_on_its_bucket():
+    jobs = {'objectStore': {'bucket': 'video-jobs', 'prefix': 'stages/a', 'endpoint': 'http://minio:9000',
+                            'region': 'eu-west-1'}, 'presignedContent': True}
+    config = load_config(yaml.safe_load(build_configmap(stage(jobs=jobs))['data']['stage.yaml']))
+    assert (config.jobs.store, config.jobs.endpoint, config.jobs.region, config.jobs.presigned_content) == (
+        's3://video-jobs/stages/a', 'http://minio:9000', 'eu-west-1', True)
