@@ -142,13 +142,26 @@ class Kube:
         claim = None
         if jobs is not None and jobs.claim_name is not None:
             claim = self.request("GET", self.core_path("PersistentVolumeClaim", stage.namespace, jobs.claim_name))
-        elif jobs is not None and jobs.object_store.credentials_secret is not None:   # only whether it exists
-            claim = self.request("GET", self.core_path("Secret", stage.namespace, jobs.object_store.credentials_secret))
+        elif jobs is not None and jobs.object_store.credentials_secret is not None:
+            claim = self._secret_exists(stage.namespace, jobs.object_store.credentials_secret)
         pool = None
         if stage.wants_inference_pool or stage.status.get("inferencePool"):  # read only where one is or was
             pool = self.request("GET", self.core_path("InferencePool", stage.namespace, inference_pool_name(stage)))
         return Observed(pods=owned, service=service, configmap=configmap, pdb=pdb, nodes=nodes, now=now,
                         network_policy=policy, jobs_claim=claim, inference_pool=pool)
+
+    def _secret_exists(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """Whether the Secret exists (its metadata; None: not found). Reading Secrets is granted namespace by
+        namespace (manifests/base/rbac.yaml): where it is not (403), the operator cannot tell and does not hold the
+        stage back; a missing Secret then shows on the pods (CreateContainerConfigError)."""
+        try:
+            found = self.request("GET", self.core_path("Secret", namespace, name))
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            log.info("cannot check Secret %s/%s (no get on secrets there): %s", namespace, name, exc)
+            return {"metadata": {"name": name, "namespace": namespace}}
+        return None if found is None else {"metadata": found.get("metadata", {})}
 
     def read_api_key(self, namespace: str, name: str, key: str) -> str | None:
         """The first key in the stage's auth Secret (RBAC: `get` on secrets in that namespace); None when
