@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from stats import machine, spread  # noqa: E402
 
 KINDS = ("wan", "wan22", "sd")
+SERVERS: list = []                       # the S3 servers this run started (stopped at the end)
 
 
 def field_bytes(path: str) -> dict[str, int]:
@@ -187,6 +188,15 @@ def open_store(args, root: str):
     if args.store == "s3":
         from stage_runtime.jobs.store.s3 import ObjectJobStore
 
+        if args.s3_url is None:                  # a moto S3 server process on loopback (what the tests use)
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+            from support.s3_server import FAKE_CREDENTIALS, S3Server
+
+            os.environ.update(FAKE_CREDENTIALS)
+            server = S3Server(__import__("pathlib").Path(root) / "moto.log").start()
+            SERVERS.append(server)
+            args.s3_url, args.s3_endpoint = f"s3://{server.make_bucket('checkpoint-bench')}/jobs", server.endpoint
+            print(f"  (a moto S3 server on {server.endpoint}: loopback, no network between the stage and the store)")
         return ObjectJobStore.from_url(args.s3_url, endpoint=args.s3_endpoint).open()
     from stage_runtime.jobs.store.filesystem import FileJobStore
 
@@ -259,7 +269,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--store", choices=("fs", "s3"), help="also measure checkpoints every step written off the "
                         "step path to this job store (fs: --dir or a temp folder; s3: --s3-url and --s3-endpoint)")
-    parser.add_argument("--s3-url", help="s3://BUCKET/PREFIX for --store s3")
+    parser.add_argument("--s3-url", help="s3://BUCKET/PREFIX for --store s3 (default: a moto server started here)")
     parser.add_argument("--s3-endpoint", help="an S3-compatible server's URL for --store s3")
     args = parser.parse_args()
     import torch
@@ -271,6 +281,8 @@ def main() -> None:
             bench_kind(kind, args, root, folder)
             if args.store:
                 bench_off_path(kind, args, root)
+    for server in SERVERS:
+        server.stop()
     print(f"\n{machine()}")
 
 

@@ -39,7 +39,8 @@ def make_client(endpoint: str | None, region: str | None) -> Any:
 
     config = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
                     retries={"total_max_attempts": ATTEMPTS, "mode": "standard"}, signature_version="s3v4",
-                    s3={"addressing_style": "path" if endpoint else "auto"})
+                    s3={"addressing_style": "path" if endpoint else "auto"},
+                    request_checksum_calculation="when_required", response_checksum_validation="when_required")
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region, config=config)
 
