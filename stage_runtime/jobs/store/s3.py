@@ -72,9 +72,11 @@ class ObjectJobStore:
         return call(self.location, what, getattr(self.client, method), Bucket=self.bucket, **params)
 
     def write_object(self, key: str, data: bytes, **conditions: str) -> str:
+        """One PUT (``conditions``: IfNoneMatch / IfMatch); the new object's ETag."""
         return self._call(f"cannot write {key}", "put_object", Key=key, Body=data, **conditions)["ETag"]
 
     def read_object(self, key: str) -> tuple[bytes, str]:
+        """The object's bytes and ETag; Missing when it is not there."""
         answer = self._call(f"cannot read {key}", "get_object", Key=key)
         with answer["Body"] as body:
             return body.read(), answer["ETag"]
@@ -179,6 +181,7 @@ class ObjectJobStore:
             self._call("cannot drop a marker", "delete_object", Key=f"{self.prefix}active/{record.id}")
 
     def check_held(self, job_id: str) -> None:
+        """JobNotFoundError unless the job's record is there."""
         try:
             self._call(f"cannot read the record of {job_id}", "head_object", Key=self.key(job_id, RECORD))
         except Missing:
@@ -233,7 +236,8 @@ class ObjectJobStore:
         if order == "desc":
             base = f"{self.prefix}newest/"
             start = base + inverted(after) if after is not None else None
-            return [inverted(k[len(base):]) for k in self._keys(base, start, limit) if JOB_ID.match(inverted(k[len(base):]))]
+            found = (inverted(k[len(base):]) for k in self._keys(base, start, limit))
+            return [job_id for job_id in found if JOB_ID.match(job_id)]
         base = f"{self.prefix}jobs/"
         start = f"{base}{after}/~" if after is not None else None         # past every key of `after`'s folder
         found = (p[len(base):].rstrip("/") for p in self._keys(base, start, limit, delimiter="/"))
