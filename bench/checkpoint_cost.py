@@ -21,7 +21,7 @@ the state between ticks; a writer thread stores the bytes, one write in flight, 
 one), the step's cost (its tick with the writes beside it, plus the snapshot) against a plain step, in pairs.
 
     .venv/bin/python bench/checkpoint_cost.py [--runs 3] [--steps 8] [--size 32] [--frames 9] [--kind wan]
-                                              [--store fs|s3 [--s3-url s3://B/P --s3-endpoint URL]]
+                                              [--store fs|s3 [--s3-url s3://B/P --s3-endpoint URL] [--store-cpu N]]
 """
 
 from __future__ import annotations
@@ -154,6 +154,7 @@ class OffPathWriter:
         import threading
 
         self.write, self.pending, self.written, self.replaced = write, None, 0, 0
+        self.cpu_s: list[float] = []          # the writer thread's own CPU per write (what it can take from a step)
         self.cond = threading.Condition()
         self.closed = False
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -173,7 +174,9 @@ class OffPathWriter:
                 if self.pending is None:
                     return
                 data, self.pending = self.pending, None
+            started = time.thread_time()
             self.write(data)
+            self.cpu_s.append(time.thread_time() - started)
             self.written += 1
 
     def close(self) -> None:
@@ -193,10 +196,15 @@ def open_store(args, root: str):
             from support.s3_server import FAKE_CREDENTIALS, S3Server
 
             os.environ.update(FAKE_CREDENTIALS)
-            server = S3Server(__import__("pathlib").Path(root) / "moto.log").start()
+            cpus = None if args.store_cpu is None else {args.store_cpu}
+            if cpus is not None:                 # the store's own CPU apart from the engine's, as on a real cluster
+                os.sched_setaffinity(0, os.sched_getaffinity(0) - cpus)
+            server = S3Server(__import__("pathlib").Path(root) / "moto.log", cpus).start()
             SERVERS.append(server)
             args.s3_url, args.s3_endpoint = f"s3://{server.make_bucket('checkpoint-bench')}/jobs", server.endpoint
-            print(f"  (a moto S3 server on {server.endpoint}: loopback, no network between the stage and the store)")
+            print(f"  (a moto S3 server on {server.endpoint}: loopback, no network between the stage and the store; "
+                  + ("sharing this process's cores)" if cpus is None else f"on core {args.store_cpu}, this process on "
+                     f"{sorted(os.sched_getaffinity(0))})"))
         return ObjectJobStore.from_url(args.s3_url, endpoint=args.s3_endpoint).open()
     from stage_runtime.jobs.store.filesystem import FileJobStore
 
@@ -253,6 +261,9 @@ def bench_off_path(kind: str, args, root: str) -> None:
     print(f"  tick (one step)          {spread(plain_ticks)}")
     print(f"  tick, writes beside it   {spread(with_ticks)}")
     print(f"  snapshot on the engine   {spread(snap_s)}  (the only part a step waits for)")
+    cpu_share = [c / statistics.median(plain_ticks) for c in writer.cpu_s]
+    print(f"  writer CPU per write     {spread(writer.cpu_s)}; ÷ a step: {spread(cpu_share, unit='%', scale=100)} "
+          "(%: the most a write can take from a step on a shared core)")
     print(f"  step with ÷ without      overhead median {100 * sorted(overhead)[len(overhead) // 2]:+.1f} % "
           f"(min {100 * min(overhead):+.1f} – max {100 * max(overhead):+.1f} %, n={len(overhead)}); "
           f"{writer.written} writes, {writer.replaced} snapshots replaced before their write")
@@ -271,6 +282,8 @@ def main() -> None:
                         "step path to this job store (fs: --dir or a temp folder; s3: --s3-url and --s3-endpoint)")
     parser.add_argument("--s3-url", help="s3://BUCKET/PREFIX for --store s3 (default: a moto server started here)")
     parser.add_argument("--s3-endpoint", help="an S3-compatible server's URL for --store s3")
+    parser.add_argument("--store-cpu", type=int, help="the core the moto server started here runs on (this process "
+                        "then runs on the others: the store's CPU is not the stage's on a real cluster)")
     args = parser.parse_args()
     import torch
 

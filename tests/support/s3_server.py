@@ -27,8 +27,8 @@ def free_port() -> int:
 
 
 class S3Server:
-    def __init__(self, log_path: Path):
-        self.log_path, self.proc = log_path, None
+    def __init__(self, log_path: Path, cpus: set[int] | None = None):
+        self.log_path, self.proc, self.cpus = log_path, None, cpus      # cpus: the cores it may run on (a bench's)
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
 
@@ -36,7 +36,8 @@ class S3Server:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                                      stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **FAKE_CREDENTIALS})
+                                     env={**os.environ, **FAKE_CREDENTIALS},
+                                     preexec_fn=None if self.cpus is None else lambda: os.sched_setaffinity(0, self.cpus))
         deadline = time.monotonic() + timeout
         while not self.answers():
             assert self.proc.poll() is None, f"moto server exited {self.proc.returncode}: {self.log_path.read_text()}"
