@@ -77,7 +77,7 @@ class PodTemplate(ApiModel):
         "Mounts added to the stage container (not the init containers), after the operator's own."))
     service_account_name: str | None = Field(None, description=(
         "The pods' ServiceAccount; default: the namespace's `default`. With spec.jobs.objectStore and no "
-        "credentialsSecret, its identity (IRSA, EKS pod identity, GKE workload identity) reaches the bucket."))
+        "credentialsSecret, its AWS identity (IRSA, EKS Pod Identity) reaches the bucket."))
     priority_class_name: str | None = Field(None, description=(
         "The pods' PriorityClass: their scheduling priority, and whether they may preempt others."))
     image_pull_secrets: list[LocalObjectReference] | None = Field(None, description=(

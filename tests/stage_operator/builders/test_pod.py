@@ -330,7 +330,7 @@ def test_an_object_store_passes_the_secrets_aws_keys_by_name_and_mounts_nothing(
 def test_an_object_store_without_a_secret_runs_on_the_service_accounts_identity():
     sa = {'podTemplate': {'serviceAccountName': 'video-jobs-irsa'}}
     pod = build_pod(stage(jobs={'objectStore': {'bucket': 'video-jobs'}}, **sa), 0)
-    assert aws_env(pod) == {}, 'no static keys: the SDK takes IRSA / pod identity / workload identity'
+    assert aws_env(pod) == {}, 'no static keys: the SDK finds IRSA / EKS Pod Identity'
     assert pod['spec']['serviceAccountName'] == 'video-jobs-irsa'
     assert 'jobs-store' not in {v['name'] for v in pod['spec']['volumes']}
     assert aws_env(build_pod(stage(jobs={'claimName': 'video-jobs'}), 0)) == {} and aws_env(build_pod(stage(), 0)) == {}
