@@ -1,7 +1,8 @@
 """The one module that talks to the Kubernetes API (the official client's transport and auth, plain JSON).
 
 Reads: the stage, its pods (by label), its Service, ConfigMap, PodDisruptionBudget, NetworkPolicy and InferencePool, the
-job store's PersistentVolumeClaim (spec.jobs.claimName, by name), the nodes, the auth Secret (spec.auth.secretRef,
+job store's PersistentVolumeClaim (spec.jobs.claimName, by name) or whether its credentials Secret exists
+(spec.jobs.objectStore.credentialsSecret, by name; its metadata only), the nodes, the auth Secret (spec.auth.secretRef,
 by name). Writes: `apply(stage, plan)` in the plan's order (deletes, creates, patches, status, events), and nothing
 else. Every write is a JSON merge patch or a create/delete by name.
 """

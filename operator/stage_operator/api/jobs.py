@@ -61,8 +61,8 @@ class ObjectStore(ApiModel):
     region: str | None = Field(None, max_length=32, pattern=REGION, description="The bucket's region.")
     credentials_secret: str | None = Field(None, min_length=1, max_length=253, pattern=DNS_SUBDOMAIN, description=(
         "A Secret in the stage's namespace whose keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and optionally "
-        "AWS_SESSION_TOKEN) become the stage's environment. Unset: the pod's service account identity (IRSA, EKS "
-        "pod identity, GKE workload identity). A Secret that does not exist is status Accepted=False "
+        "AWS_SESSION_TOKEN) become the stage's environment. Unset: the pod's own AWS identity, found by the SDK's "
+        "credential chain (IRSA or EKS Pod Identity through podTemplate.serviceAccountName, a web identity token). A Secret that does not exist is status Accepted=False "
         "(JobsStoreMissing)."))
 
     @property

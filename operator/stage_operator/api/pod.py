@@ -66,7 +66,9 @@ class PodTemplate(ApiModel):
         "The pods' core/v1 Affinity (node affinity, pod affinity and anti-affinity), copied as given."))
     env: list[EnvVar] | None = Field(None, description=(
         "Environment variables of the stage container, after the operator's own (HF_HUB_OFFLINE, "
-        "DIFFSTAGE_STAGE, DIFFSTAGE_REPLICA)."))
+        "DIFFSTAGE_STAGE, DIFFSTAGE_REPLICA; with spec.jobs.objectStore.credentialsSecret also AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN). Set AWS_* here only for what the Secret does not hold (e.g. "
+        "AWS_CA_BUNDLE)."))
     volumes: list[Volume] | None = Field(None, description=(
         "Volumes added to the pod, e.g. the claim holding a `model.path`; mount them with volumeMounts. A name "
         "the operator already uses (stage-config, dshm, stage-tmp, model, model-source, model-image, model-cache, "
@@ -74,7 +76,8 @@ class PodTemplate(ApiModel):
     volume_mounts: list[VolumeMount] | None = Field(None, description=(
         "Mounts added to the stage container (not the init containers), after the operator's own."))
     service_account_name: str | None = Field(None, description=(
-        "The pods' ServiceAccount; default: the namespace's `default`."))
+        "The pods' ServiceAccount; default: the namespace's `default`. With spec.jobs.objectStore and no "
+        "credentialsSecret, its AWS identity (IRSA, EKS Pod Identity) reaches the bucket."))
     priority_class_name: str | None = Field(None, description=(
         "The pods' PriorityClass: their scheduling priority, and whether they may preempt others."))
     image_pull_secrets: list[LocalObjectReference] | None = Field(None, description=(

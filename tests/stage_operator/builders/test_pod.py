@@ -13,6 +13,8 @@ from stage_operator.stage import parse_stage
 from stage_runtime.cli import add_engine_flags, config_from_args
 from stage_runtime.config import load_config
 
+OBJECT_STORE = {'objectStore': {'bucket': 'video-jobs', 'prefix': 'stages/tiny', 'endpoint': 'http://minio.storage:9000',
+                                 'region': 'eu-west-1', 'credentialsSecret': 'jobs-s3'}, 'presignedContent': True}
 BASE = {'model': {'builtin': 'tiny-sd'}, 'replicas': 2, 'parallel': {'cfgParallelSize': 2},
         'resources': {'gpusPerPod': 2, 'gpuResourceName': ''}, 'engine': {'executionMode': 'step', 'maxNumSeqs': 4}}
 
@@ -90,6 +92,7 @@ def test_serve_command_from_the_spec(spec, expected):
      'resources': {'gpusPerPod': 4}, 'engine': {'executionMode': 'request', 'maxNumSeqs': 8, 'maxWaiting': 32}},
     {'engine': {'streaming': True, 'executionMode': 'step'}},
     {'jobs': {'claimName': 'video-jobs', 'leaseSeconds': 12}},
+    {'jobs': OBJECT_STORE},
 ])
 def test_command_and_configmap_parse_with_the_runtime_cli(spec, tmp_path):
     """The runtime's own parser and config loader accept what the operator generates, and agree."""
@@ -102,8 +105,9 @@ def test_command_and_configmap_parse_with_the_runtime_cli(spec, tmp_path):
     add_engine_flags(parser)
     args, serve_only = parser.parse_known_args(cmd[2:])
     assert serve_only[::2] == ['--host', '--http-port', '--zmq-port', '--drain-timeout', '--startup-timeout',
-                              '--termination-log'] + (['--job-store'] if 'jobs' in spec else [])
-    if 'jobs' in spec:  # a serve flag too (a runner that maps mounts rewrites it), the same folder as the config's
+                              '--termination-log'] + (['--job-store'] if 'claimName' in spec.get('jobs', {}) else [])
+    if 'claimName' in spec.get('jobs', {}):  # a serve flag too (a runner that maps mounts rewrites it), the same
+        # folder as the config's; a bucket is no mount: the config alone names it
         assert serve_only[-1] == from_configmap.jobs.store and from_configmap.jobs.lease_s == 12.0
     args.config = str(tmp_path / 'stage.yaml')
     from_flags = config_from_args(args)
@@ -167,6 +171,7 @@ def test_service_selects_serving_pods_of_the_stage():
      'podTemplate': {'nodeSelector': {'a': 'b'}, 'tolerations': [{'key': 'gpu', 'operator': 'Exists'}],
                      'env': [{'name': 'X', 'value': '1'}], 'imagePullSecrets': [{'name': 'r'}],
                      'serviceAccountName': 'sa', 'priorityClassName': 'p'}},
+    {'jobs': OBJECT_STORE},
 ])
 def test_children_validate_against_the_kubernetes_schemas(spec):
     """Strict: a misspelt field in a builder fails here instead of at the API server."""
@@ -293,3 +298,48 @@ def test_spec_jobs_mounts_the_claim_read_write_where_the_stage_config_puts_the_s
     assert pod['spec']['securityContext']['fsGroup'] == 65532, 'the claim is writable by the stage user'
     plain = build_pod(stage(), 0)
     assert 'jobs-store' not in {v['name'] for v in plain['spec']['volumes']}
+
+
+def aws_env(pod) -> dict:
+    return {e['name']: e for e in container(pod)['env'] if e['name'].startswith('AWS_')}
+
+
+def test_an_object_store_passes_the_secrets_aws_keys_by_name_and_mounts_nothing():
+    st = stage(jobs=OBJECT_STORE)
+    pod = build_pod(st, 0)
+    ref = {'name': 'jobs-s3'}
+    assert aws_env(pod) == {
+        'AWS_ACCESS_KEY_ID': {'name': 'AWS_ACCESS_KEY_ID',
+                              'valueFrom': {'secretKeyRef': {**ref, 'key': 'AWS_ACCESS_KEY_ID'}}},
+        'AWS_SECRET_ACCESS_KEY': {'name': 'AWS_SECRET_ACCESS_KEY',
+                                  'valueFrom': {'secretKeyRef': {**ref, 'key': 'AWS_SECRET_ACCESS_KEY'}}},
+        'AWS_SESSION_TOKEN': {'name': 'AWS_SESSION_TOKEN',
+                              'valueFrom': {'secretKeyRef': {**ref, 'key': 'AWS_SESSION_TOKEN', 'optional': True}}},
+    }, 'each key by name (no envFrom: no other key of the Secret reaches the process); the token optional'
+    assert not any('envFrom' in c for c in pod['spec']['containers'] + pod['spec'].get('initContainers', []))
+    assert 'jobs-store' not in {v['name'] for v in pod['spec']['volumes']}
+    assert not any(m['mountPath'] == '/var/lib/diffstage/jobs' for m in container(pod)['volumeMounts'])
+    assert '--job-store' not in container(pod)['command']
+    for init in pod['spec'].get('initContainers', []):  # the model builder never sees the credentials
+        assert not any(e['name'].startswith('AWS_') for e in init.get('env', [])), init['name']
+    jobs = load_config(yaml.safe_load(build_configmap(st)['data']['stage.yaml'])).jobs
+    assert (jobs.store, jobs.endpoint, jobs.region, jobs.presigned_content) == (
+        's3://video-jobs/stages/tiny', 'http://minio.storage:9000', 'eu-west-1', True)
+
+
+def test_an_object_store_without_a_secret_runs_on_the_service_accounts_identity():
+    sa = {'podTemplate': {'serviceAccountName': 'video-jobs-irsa'}}
+    pod = build_pod(stage(jobs={'objectStore': {'bucket': 'video-jobs'}}, **sa), 0)
+    assert aws_env(pod) == {}, 'no static keys: the SDK finds IRSA / EKS Pod Identity'
+    assert pod['spec']['serviceAccountName'] == 'video-jobs-irsa'
+    assert 'jobs-store' not in {v['name'] for v in pod['spec']['volumes']}
+    assert aws_env(build_pod(stage(jobs={'claimName': 'video-jobs'}), 0)) == {} and aws_env(build_pod(stage(), 0)) == {}
+
+
+@pytest.mark.parametrize('change', [
+    {'credentialsSecret': 'other'}, {'bucket': 'other-bucket'}, {'prefix': 'b'}, {'endpoint': 'https://s3.example'},
+    {'region': 'us-east-1'}])
+def test_the_template_hash_moves_with_the_object_store(change):
+    before = stage(jobs=OBJECT_STORE)
+    after = stage(jobs={**OBJECT_STORE, 'objectStore': {**OBJECT_STORE['objectStore'], **change}})
+    assert template_hash(after) != template_hash(before)

@@ -31,6 +31,8 @@ SPECS = {
     'image-copied': {'model': {'source': {'image': {'reference': 'reg/m:1'}}, 'imageVolume': 'never'}},
     'auth': {'auth': {'secretRef': {'name': 'keys'}}},
     'jobs': {'jobs': {'claimName': 'video-jobs'}},
+    'jobs-object-store': {'jobs': {'objectStore': {'bucket': 'video-jobs', 'credentialsSecret': 'jobs-s3'},
+                                   'presignedContent': True}},
     'template': {'podTemplate': {'labels': {'kueue.x-k8s.io/queue-name': 'q'}, 'schedulerName': 'volcano',
                                  'runtimeClassName': 'nvidia', 'volumes': [{'name': 'x', 'emptyDir': {}}],
                                  'resourceClaims': [{'name': 'gpu', 'resourceClaimTemplateName': 'gpus'}]}},
