@@ -6,7 +6,8 @@
         file_leases.py        its leases: a file per claim, hard-linked into place
         s3.py               ObjectJobStore: an S3-compatible bucket (--job-store s3://BUCKET/PREFIX)
         s3_leases.py          its leases: conditional writes (If-None-Match, If-Match)
-        s3_client.py          the boto3 client and what its errors mean
+        s3_client.py          the boto3 client, the calls on the bucket and what their errors mean
+        s3_sweep.py           its sweep: the due expiries, and an hourly pass for leftovers and stale markers
     record.py           a job's record (the JSON a store keeps) and the OpenAI ``Video`` object it answers as
     lease.py            what a lease is and what every store's leases do (claim, renew, release, SPARE)
     runner.py           which jobs this replica runs: the scan, claims, fencing, hand-off at a drain

@@ -11,10 +11,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
+from support.waiting import wait_until
 
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "diffstage-test", "AWS_SECRET_ACCESS_KEY": "diffstage-test-secret",
                     "AWS_DEFAULT_REGION": "us-east-1"}
@@ -29,6 +29,7 @@ def free_port() -> int:
 class S3Server:
     def __init__(self, log_path: Path, cpus: set[int] | None = None):
         self.log_path, self.proc, self.cpus = log_path, None, cpus      # cpus: the cores it may run on (a bench's)
+        self._client = None
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
 
@@ -38,25 +39,27 @@ class S3Server:
                                      stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env={**os.environ, **FAKE_CREDENTIALS},
                                      preexec_fn=None if self.cpus is None else lambda: os.sched_setaffinity(0, self.cpus))
-        deadline = time.monotonic() + timeout
-        while not self.answers():
-            assert self.proc.poll() is None, f"moto server exited {self.proc.returncode}: {self.log_path.read_text()}"
-            assert time.monotonic() < deadline, f"moto server not answering after {timeout} s"
-            time.sleep(0.05)
+        wait_until(self.answers, timeout, f"the moto S3 server answering HTTP at {self.endpoint}", poll=0.05)
         return self
 
     def answers(self) -> bool:
+        """Whether the server answers HTTP (AssertionError with its log if the process has exited)."""
+        assert self.proc.poll() is None, f"moto server exited {self.proc.returncode}: {self.log_path.read_text()}"
         try:
             return httpx.get(f"{self.endpoint}/moto-api/", timeout=1).status_code < 500
         except httpx.HTTPError:
             return False
 
     def client(self):
-        import boto3
+        """A plain boto3 client of the server (the tests' own hand on the bucket), made once."""
+        if self._client is None:
+            import boto3
 
-        return boto3.session.Session(aws_access_key_id=FAKE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                                     aws_secret_access_key=FAKE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"]).client(
-            "s3", endpoint_url=self.endpoint, region_name=FAKE_CREDENTIALS["AWS_DEFAULT_REGION"])
+            self._client = boto3.session.Session(
+                aws_access_key_id=FAKE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                aws_secret_access_key=FAKE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"]).client(
+                "s3", endpoint_url=self.endpoint, region_name=FAKE_CREDENTIALS["AWS_DEFAULT_REGION"])
+        return self._client
 
     def make_bucket(self, name: str) -> str:
         """A new empty bucket; its name."""

@@ -7,6 +7,9 @@
     s3.py            ObjectJobStore — an S3-compatible bucket: ``--job-store s3://BUCKET/PREFIX``
     s3_leases.py     its leases: one object per job, claimed and renewed by conditional writes (If-None-Match,
                      If-Match on the ETag)
+    s3_client.py     its boto3 client, the calls on the bucket, what their errors mean (Missing, Conflict,
+                     JobStoreError)
+    s3_sweep.py      its sweep: the due expiries by their index, an hourly pass for leftovers and stale markers
 
 A job is a record (``jobs.record``) and its files (``RECORD``, ``REFERENCE``, ``OUTPUTS``, ``CHECKPOINT``), under
 its id. Both stores keep the same promises, held by one conformance suite (tests/stage_runtime/jobs/test_store_

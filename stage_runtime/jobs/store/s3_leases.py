@@ -4,8 +4,14 @@
 A first claim creates it with ``If-None-Match: *``; a takeover (the lease expired or was released), a renewal and a
 release replace it with ``If-Match: <ETag>`` — the ETag this replica read (a takeover) or last wrote (its own
 renewals, ``Lease.version``). Of any number of replicas writing against one ETag exactly one succeeds; the others
-get 412 and hold nothing. A renewal that finds the object changed (another replica took the job) loses the lease.
-S3 has both conditions on PutObject (AWS since 2024; MinIO, R2, Ceph RGW, GCS's S3 API).
+get 412 (or 409 while writes race) and hold nothing. A renewal that finds the object changed (another replica took
+the job) loses the lease. S3 has both conditions on PutObject (AWS since 2024; MinIO, R2, Ceph RGW, GCS's S3 API).
+
+A write whose answer was lost may land all the same (botocore's retry of it then gets 412; a renewal that timed out
+while the store stalled lands when it is back). On a 412 the lease is read back: its very content (this claim's
+random token, its expiry) is this write, landed; this claim's generation and token with a later expiry is an earlier
+renewal of this replica that landed unseen, and the write is tried once more on the ETag read. Only the claim's
+holder ever writes its token, so neither can mistake another replica's lease for its own.
 """
 
 from __future__ import annotations
@@ -18,15 +24,15 @@ from typing import Protocol
 
 from stage_runtime.errors import JobNotFoundError
 from stage_runtime.jobs.lease import Lease, free, usable
-from stage_runtime.jobs.store.s3_client import Conflict, Missing
+from stage_runtime.jobs.store.s3_client import Bucket, Conflict, Missing
 
 LEASE = "lease.json"
 
 
 class Objects(Protocol):                     # what the leases need of the object store
+    objects: Bucket
+
     def key(self, job_id: str, name: str) -> str: ...
-    def read_object(self, key: str) -> tuple[bytes, str]: ...
-    def write_object(self, key: str, data: bytes, **conditions: str) -> str: ...
     def check_held(self, job_id: str) -> None: ...
 
 
@@ -38,7 +44,7 @@ class ObjectLeases:
 
     def current(self, job_id: str) -> Lease | None:
         try:
-            data, etag = self.store.read_object(self.store.key(job_id, LEASE))
+            data, etag = self.store.objects.read(self.store.key(job_id, LEASE))
         except (Missing, JobNotFoundError):
             return None
         return Lease.decode(job_id, data, etag)
@@ -47,11 +53,28 @@ class ObjectLeases:
         return free(self, job_id)
 
     def _write(self, lease: Lease, **condition: str) -> Lease | None:
-        try:
-            etag = self.store.write_object(self.store.key(lease.job_id, LEASE), lease.encode(), **condition)
-        except (Conflict, Missing):          # another replica wrote it first; or the job (and its lease) is gone
-            return None
-        return dataclasses.replace(lease, version=etag)
+        """``lease`` written on its condition, with the new ETag; None when another replica's write came first (or
+        the job and its lease are gone)."""
+        key, data = self.store.key(lease.job_id, LEASE), lease.encode()
+        for _ in range(2):
+            try:
+                return dataclasses.replace(lease, version=self.store.objects.write(key, data, **condition))
+            except Missing:
+                return None
+            except Conflict:
+                pass
+            try:
+                there, etag = self.store.objects.read(key)
+            except Missing:
+                return None
+            if there == data:                # this very write: its answer was lost and botocore's retry refused
+                return dataclasses.replace(lease, version=etag)
+            current = Lease.decode(lease.job_id, there, etag)
+            if "IfMatch" not in condition or (current.generation, current.token) != (lease.generation, lease.token) \
+                    or current.expires_at <= self.clock():
+                return None
+            condition = {"IfMatch": etag}    # an earlier write of this claim landed unseen (a renewal timed out
+        return None                          # while the store stalled): the claim is still this replica's
 
     def claim(self, job_id: str) -> Lease | None:
         try:
