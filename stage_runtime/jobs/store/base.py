@@ -4,14 +4,18 @@ promises (the package's ``__init__`` says which stores there are)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+
+from stage_runtime.errors import JobStoreError
 
 if TYPE_CHECKING:
     from stage_runtime.jobs.lease import Leases
     from stage_runtime.jobs.record import JobRecord
 
+log = logging.getLogger(__name__)
 RECORD, REFERENCE, CHECKPOINT = "job.json", "reference.png", "checkpoint.safetensors"
 OUTPUTS = {"video": "video.mp4", "thumbnail": "thumbnail.png", "frames": "frames.zip"}   # variant → file
 S3_SCHEME = "s3://"
@@ -57,6 +61,9 @@ class JobStore(Protocol):
         """Job ids in creation order (``desc``: newest first), those past ``after`` only: a key range, no record
         read."""
 
+    def records(self) -> list[JobRecord]:
+        """Every record, in creation order (:func:`read_records` of every id)."""
+
     def active_ids(self) -> list[str]:
         """The ids of the jobs that may still run (queued or in progress), oldest first, counted without reading
         every record."""
@@ -74,3 +81,18 @@ class JobStore(Protocol):
         """The leases of this store, claimed as ``owner`` for ``duration`` seconds at a time."""
 
 
+
+
+def read_records(store: JobStore, ids: Iterable[str]) -> list[JobRecord]:
+    """The records of ``ids``, in their order: a job deleted meanwhile is left out, an unreadable record is logged and
+    skipped (one bad record never hides the others)."""
+    found = []
+    for job_id in ids:
+        try:
+            record = store.get(job_id)
+        except JobStoreError as exc:
+            log.warning("skipping an unreadable job record: %s", exc)
+            continue
+        if record is not None:
+            found.append(record)
+    return found

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from stage_runtime.atomic_file import write_atomic
 from stage_runtime.errors import JobNotFoundError, JobStoreError
 from stage_runtime.jobs.record import ACTIVE, JOB_ID, JobRecord
-from stage_runtime.jobs.store.base import RECORD
+from stage_runtime.jobs.store.base import RECORD, read_records
 
 log = logging.getLogger(__name__)
 INCOMING_STALE_S = 3600.0          # a create that never finished (its process died) is removed after this
@@ -170,16 +170,7 @@ class FileJobStore:
 
     def records(self) -> list[JobRecord]:
         """Every record, in creation order (a job deleted while listing is left out)."""
-        found = []
-        for job_id in self.ids():
-            try:
-                record = self.get(job_id)
-            except JobStoreError as exc:
-                log.warning("skipping an unreadable job record: %s", exc)
-                continue
-            if record is not None:
-                found.append(record)
-        return found
+        return read_records(self, self.ids())
 
     # -- removal ------------------------------------------------------------------------------------------
     def delete(self, job_id: str) -> Path | None:

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from stage_runtime.config.jobs import S3_URL
 from stage_runtime.errors import JobNotFoundError, JobStoreError
 from stage_runtime.jobs.record import ACTIVE, JOB_ID, JobRecord
-from stage_runtime.jobs.store.base import RECORD
+from stage_runtime.jobs.store.base import RECORD, read_records
 from stage_runtime.jobs.store.s3_client import Bucket, Conflict, Missing, make_client
 from stage_runtime.jobs.store.s3_sweep import sweep, sweep_leftovers
 
@@ -240,16 +240,7 @@ class ObjectJobStore:
         return [k[len(base):] for k in self.objects.keys(base) if JOB_ID.match(k[len(base):])]
 
     def records(self) -> list[JobRecord]:
-        found = []
-        for job_id in self.ids():
-            try:
-                record = self.get(job_id)
-            except JobStoreError as exc:
-                log.warning("skipping an unreadable job record: %s", exc)
-                continue
-            if record is not None:
-                found.append(record)
-        return found
+        return read_records(self, self.ids())
 
     # -- removal --------------------------------------------------------------------------------------------------
     def delete(self, job_id: str) -> tuple[str, list[str]] | None:
