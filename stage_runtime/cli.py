@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from stage_runtime.cli_serve import add_serve_flags
 from stage_runtime.config import StageConfig, load_config, load_config_file, merge_overrides
 from stage_runtime.errors import ConfigError, InvalidRequestError, ModelLoadError
 from stage_runtime.fetch.command import add_parser as add_fetch_parser
@@ -40,7 +41,7 @@ ENGINE_FLAGS = {
     "drain_timeout": ("server", "drain_timeout"), "termination_log": ("server", "termination_log"),
     "api_key_file": ("server", "api_key_file"), "max_upload_bytes": ("server", "max_upload_bytes"),
     "max_image_pixels": ("server", "max_image_pixels"),
-    "startup_timeout": ("server", "startup_timeout"),
+    "startup_timeout": ("server", "startup_timeout"), "playground": ("server", "playground"),
     "job_store": ("jobs", "store"), "job_retention_s": ("jobs", "retention_s"), "job_lease_s": ("jobs", "lease_s"),
     "job_checkpoint_every_steps": ("jobs", "checkpoint_every_steps"), "job_store_endpoint": ("jobs", "endpoint"),
     "job_store_region": ("jobs", "region"), "job_presigned_content": ("jobs", "presigned_content"),
@@ -321,30 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=StageArgumentParser)
     srv = sub.add_parser("serve", help="serve the engine over HTTP and ZMQ (what each pod runs)")
     add_engine_flags(srv)
-    srv.add_argument("--host", help="listen address (default 0.0.0.0)")
-    srv.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0: any free port)")
-    srv.add_argument("--zmq-port", type=int, help="ZMQ ROUTER port (default 5570; 0: any free port)")
-    srv.add_argument("--drain-timeout", type=float, help="SIGTERM grace for in-flight requests, seconds (default 25)")
-    srv.add_argument("--startup-timeout", type=float, help="ready within this many seconds of the start, or exit 1 "
-                                                           "with StartupTimeout naming the phase (default: no limit)")
-    srv.add_argument("--termination-log", help="where the one-line failure reason goes "
-                                               "(default /dev/termination-log when it exists)")
-    srv.add_argument("--api-key-file", default=os.environ.get("DIFFSTAGE_API_KEYS") or None,
-                     help="file of API keys, one a line: every /v1/* route then needs 'Authorization: Bearer KEY' "
-                          "(default: $DIFFSTAGE_API_KEYS; none: no keys)")
-    srv.add_argument("--max-upload-bytes", type=int, help="largest multipart edit body (default 16 MiB; more: 413)")
-    srv.add_argument("--max-image-pixels", type=int,
-                     help="largest image uploaded or requested, in pixels (default 4096*4096)")
-    srv.add_argument("--job-store", metavar="DIR|s3://BUCKET/PREFIX", help="where every replica keeps the /v1/videos "
-                     "jobs: a shared folder or an S3-compatible bucket (default: none, the job API is off)")
-    srv.add_argument("--job-store-endpoint", metavar="URL", help="an S3-compatible server (MinIO, R2, Ceph RGW…)")
-    srv.add_argument("--job-store-region", help="the bucket's region (default: from the AWS environment)")
-    srv.add_argument("--job-presigned-content", action="store_true", default=None,
-                     help="content answers redirect to a presigned URL of the object store")
-    srv.add_argument("--job-retention-s", type=float, help="a finished job is deleted this long after (default 86400)")
-    srv.add_argument("--job-lease-s", type=float, help="a job's lease; another replica takes it on expiry (default 30)")
-    srv.add_argument("--job-checkpoint-every-steps", type=int,
-                     help="a running job's checkpoint every this many steps (default 5; 0: only at a drain)")
+    add_serve_flags(srv)
     srv.set_defaults(func=cmd_serve)
     gen = sub.add_parser("generate", help="generate one image through the engine")
     add_engine_flags(gen)

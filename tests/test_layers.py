@@ -1,7 +1,9 @@
 """The layer rules of the tree, held as a table and checked by walking every import (``ast``, no dependency).
 
-    edge      cli, client, demo, __main__           may import anything of the runtime
-    serve     HTTP + ZMQ stage process               core, engine, fetch (the cache's in-use lock), jobs, jobs.service
+    edge      cli, cli_serve, client, demo, __main__   may import anything of the runtime
+    serve     HTTP + ZMQ stage process               core, engine, fetch (the cache's in-use lock), jobs, jobs.service,
+                                                     playground
+    playground  the page at / and its static files   core                 (never torch / diffusers)
     jobs.service  the job runner, runs and routes    core, engine, serve, jobs   (jobs/ but for store/, record, lease)
     fetch     model delivery (fetch-model, cache)    core                 (never torch / diffusers)
     jobs      video job store, records, leases       core                 (never torch / diffusers)
@@ -39,7 +41,7 @@ CORE = {"config", "errors", "request", "outputs", "scheduler_output", "model_inf
         "lora_spec", "model_catalog", "video_request", "true_cfg", "videoio", "checkpoint", "atomic_file",
         "process_tree"}
 OPERATOR_MAY_IMPORT = ("stage_runtime.config", "stage_runtime.model_catalog")
-EDGE = {"cli", "client", "demo", "__main__", "__init__"}
+EDGE = {"cli", "cli_serve", "client", "demo", "__main__", "__init__"}
 # the modules of the jobs package that run jobs on the stage's engine and answer /v1/videos: the stage process wires
 # them in (serve imports them) and they use its service (they import serve's), module by module without a loop
 JOB_SERVICE = {"run", "run_checkpoints", "runner", "routes", "form", "content", "checkpoint_writer"}
@@ -57,13 +59,14 @@ RUNTIME_ALLOWED: dict[str, set[str]] = {
     "worker": {"core", "models", "distributed", "offload", "compilation", "quantization"},
     "executor": {"core", "worker", "distributed"},
     "engine": {"core", "sched", "executor"},
-    "serve": {"core", "engine", "fetch", "jobs", "jobs.service"},
+    "serve": {"core", "engine", "fetch", "jobs", "jobs.service", "playground"},
+    "playground": {"core"},
     "jobs.service": {"core", "engine", "serve", "jobs"},
     "fetch": {"core"},
     "jobs": {"core"},
 }
 HEAVY = ("torch", "diffusers", "transformers")
-TORCH_FREE = {"core", "sched", "fetch", "jobs"}
+TORCH_FREE = {"core", "sched", "fetch", "jobs", "playground"}
 MAX_LINES = 400
 SOURCE_DIRS = ("stage_runtime", "operator", "e2e", "bench", "tests")
 

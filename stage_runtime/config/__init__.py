@@ -106,6 +106,7 @@ class ServerConfig(BaseModel):
     max_image_pixels: int = Field(4096 * 4096, ge=64)           # an uploaded or requested image; more → 413/400
     # Ready within this many seconds of the process start, or exit 1 with StartupTimeout (None: no limit).
     startup_timeout: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False)
+    playground: bool = True                          # the page at / (stage_runtime.playground); False: no page
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> ServerConfig:

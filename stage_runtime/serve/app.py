@@ -24,6 +24,7 @@ from stage_runtime.serve.loras_route import add_routes as add_lora_routes
 from stage_runtime.serve.metrics import CONTENT_TYPE_LATEST
 from stage_runtime.serve.models_route import get_model, list_models
 from stage_runtime.serve.openapi import openapi_document
+from stage_runtime.playground.route import add_routes as add_playground_routes
 from stage_runtime.serve.schemas import AbortBody, error_body, parse_body
 from stage_runtime.serve.service import StageService
 from stage_runtime.serve.wire import error_type_of, status_of
@@ -118,7 +119,8 @@ async def _openapi(document: dict) -> web.Response:
 
 def build_app(service: StageService, api_keys: tuple[bytes, ...] = (), jobs: JobRunner | None = None) -> web.Application:
     """The routes; with ``api_keys`` every /v1/* route needs one of them as a Bearer token. Without ``jobs`` (no
-    ``--job-store``) the /v1/videos job routes answer 404 jobs_not_configured."""
+    ``--job-store``) the /v1/videos job routes answer 404 jobs_not_configured. The playground page is at ``/``
+    unless ``server.playground`` is off."""
     middlewares = [json_errors] + ([bearer_auth(api_keys)] if api_keys else [])
     app = web.Application(middlewares=middlewares, client_max_size=service.config.server.max_upload_bytes)
     app[SERVICE] = service
@@ -140,4 +142,6 @@ def build_app(service: StageService, api_keys: tuple[bytes, ...] = (), jobs: Job
     app.router.add_get("/metrics", metrics)
     document = openapi_document(bool(api_keys))
     app.router.add_get("/openapi.json", lambda request: _openapi(document))
+    if service.config.server.playground:
+        add_playground_routes(app)
     return app

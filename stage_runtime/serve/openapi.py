@@ -14,6 +14,7 @@ from stage_runtime.errors import (DiffStageError, EngineDeadError, InvalidReques
                                   RequestAbortedError, RequestFailedError, RequestTooLargeError, StageUnavailableError,
                                   UnauthorizedError)
 from stage_runtime.jobs import routes as jobs_route
+from stage_runtime.playground import route as playground_route
 from stage_runtime.serve import admin_route
 from stage_runtime.serve.auth import PROTECTED_PATHS
 from stage_runtime.serve.loras_route import LoraAdapter, LoraList, LoraLoadBody, LoraUnloaded, openapi_paths
@@ -159,6 +160,7 @@ def openapi_document(api_keys: bool) -> dict[str, Any]:
         "/ready": {"get": {"operationId": "ready", "responses": _responses(HealthStatus, StageUnavailableError)}},
         "/metrics": {"get": {"operationId": "metrics", "responses": {"200": {
             "description": "Prometheus text", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        **playground_route.openapi_paths(REF.format(model="ErrorResponse")),
     }
     doc: dict[str, Any] = {"openapi": "3.1.0", "info": {"title": "diffstage stage", "version": "v1"},
                            "paths": paths, "components": {"schemas": components}}

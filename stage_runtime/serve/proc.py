@@ -32,6 +32,7 @@ from stage_runtime.errors import ConfigError, JobStoreError, StartupTimeoutError
 from stage_runtime.fetch.cache import hold, release
 from stage_runtime.fetch.archive import folder_bytes
 from stage_runtime.jobs.store import open_job_store
+from stage_runtime.playground.route import page_url
 from stage_runtime.serve.app import build_app
 from stage_runtime.serve.auth import load_api_keys
 from stage_runtime.jobs.runner import JobRunner
@@ -136,6 +137,8 @@ class StageDiffusionProc:
             endpoint = zmq_server.bind()
             host, port = runner.addresses[0][:2]
             log.info("listening http=http://%s:%d zmq=%s", host, port, endpoint)
+            if server.playground:
+                log.info("playground: open %s in a browser", page_url(host, port))
             zmq_task = asyncio.create_task(zmq_server.serve())
             self._model_lock = hold(self.config.model.path)
             engine = await self._build()
