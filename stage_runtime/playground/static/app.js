@@ -4,10 +4,11 @@
 import { apiKey, getJson } from "./api.js";
 import { byId, el, readFile, showNeeds } from "./dom.js";
 import { runImages } from "./images.js";
-import { describe, framesOf, isVideo, needsOf, promptHint, sizesOf } from "./model.js";
+import { describe, framesOf, isVideo, needsOf, promptHint, sizeMultiple, sizeProblem, sizesOf } from "./model.js";
 import { runVideo } from "./videos.js";
 
 const AUTO_SIZE = "auto";
+const CUSTOM_SIZE = "custom";
 const page = { id: null, facts: null, needs: new Set() };
 
 function wait(ms) {
@@ -79,8 +80,14 @@ function buildForm(card, loras) {
   byId("prompt-hint").textContent = promptHint(facts);
   const sizes = sizesOf(facts);
   if (page.needs.has("image-input") && !isVideo(facts)) sizes.unshift(AUTO_SIZE);
+  if (page.needs.has("free-size")) sizes.push(CUSTOM_SIZE);
   fillSelect(byId("size"), sizes, facts.edits_only ? AUTO_SIZE : `${facts.default_width}x${facts.default_height}`,
-    { [AUTO_SIZE]: "auto (the uploaded image's)" });
+    { [AUTO_SIZE]: "auto (the uploaded image's)", [CUSTOM_SIZE]: "custom" });
+  for (const id of ["width", "height"]) {
+    byId(id).step = sizeMultiple(facts);
+    byId(id).min = sizeMultiple(facts);
+  }
+  presetChosen();
   byId("steps").value = facts.default_steps;
   if (facts.max_steps) byId("steps").max = facts.max_steps;
   byId("guidance").value = facts.default_guidance;
@@ -98,6 +105,33 @@ function buildForm(card, loras) {
     el("input", { type: "number", step: "0.05", min: "-16", max: "16", value: "1", "aria-label": `${lora.name} scale`,
       dataset: { loraScale: lora.name } }))));
   byId("fields").disabled = false;
+}
+
+// A preset fills width and height; typing them selects the matching preset, or custom.
+function presetChosen() {
+  const [width, height] = byId("size").value.split("x").map(Number);
+  const typed = width && height;
+  if (typed) {
+    byId("width").value = width;
+    byId("height").value = height;
+  }
+  byId("width").disabled = byId("height").disabled = byId("size").value === AUTO_SIZE;
+}
+
+function sideTyped() {
+  const size = `${byId("width").value}x${byId("height").value}`;
+  const preset = Array.from(byId("size").options).find((option) => option.value === size);
+  byId("size").value = preset ? size : CUSTOM_SIZE;
+}
+
+function chosenSize() {
+  const preset = byId("size").value;
+  if (preset === AUTO_SIZE || !page.needs.has("free-size")) return preset;
+  const width = byId("width").valueAsNumber;
+  const height = byId("height").valueAsNumber;
+  const problem = sizeProblem(page.facts, width, height);
+  if (problem) throw new Error(problem);
+  return `${width}x${height}`;
 }
 
 function number(id) {
@@ -125,15 +159,14 @@ async function readParams() {
   const loras = selectedLoras();
   if (loras.length) params.loras = loras;
   const files = needs.has("image-input") ? Array.from(byId("image").files) : [];
+  params.size = chosenSize();
   if (isVideo(facts)) {
-    params.size = byId("size").value;
     params.num_frames = Number(byId("frames").value);
     params.fps = number("fps");
     if (files.length) params.input_reference = await readFile(files[0]);
     return { params, uploads: null };
   }
   params.n = number("count");
-  params.size = byId("size").value;
   if (needs.has("previews") && Number(byId("partials").value) > 0) params.partial_images = Number(byId("partials").value);
   if (!files.length) {
     if (facts.edits_only) throw new Error("image: this model edits an uploaded image: choose one");
@@ -169,6 +202,9 @@ async function submit(event) {
 async function start() {
   byId("change-key").addEventListener("click", () => askKey("Enter the API key to use."));
   byId("request-form").addEventListener("submit", submit);
+  byId("size").addEventListener("change", presetChosen);
+  byId("width").addEventListener("input", sideTyped);
+  byId("height").addEventListener("input", sideTyped);
   try {
     const card = await connect();
     page.id = card.id;

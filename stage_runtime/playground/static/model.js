@@ -1,20 +1,20 @@
 // What the served model takes, from /v1/models' diffstage facts: the sizes it serves, its frame counts, what
 // the form shows for it.
 
-const SCALES = [0.5, 0.75, 1, 1.25, 1.5, 2];
+const SCALES = [0.125, 0.25, 0.5, 0.75, 1, 1.25, 1.5];
 const MAX_SIDE = 2048;
 
 function roundTo(value, multiple) {
   return Math.max(multiple, Math.round(value / multiple) * multiple);
 }
 
-// "WxH" sizes the family serves: only its own for a fixed-size model (DiT); else its default scaled and
-// turned, each side a multiple of its size multiple (and of 8, the API's rule).
+// Preset "WxH" sizes: only its own for a fixed-size model (DiT); else its default scaled and turned, each side a
+// multiple of the family's size multiple (and of 8, the API's rule). Width and height can be typed as well.
 export function sizesOf(facts) {
   const width = facts.default_width;
   const height = facts.default_height;
   if (facts.fixed_size) return [`${width}x${height}`];
-  const multiple = Math.max(8, facts.size_multiple || 8);
+  const multiple = sizeMultiple(facts);
   const seen = new Map();
   for (const scale of SCALES) {
     for (const [w, h] of [[width, height], [height, width]]) {
@@ -27,6 +27,22 @@ export function sizesOf(facts) {
 }
 
 // Frame counts the family takes (frame_rule [m, r]: m·k + r), up to its maximum or twice its default.
+export function sizeMultiple(facts) {
+  const multiple = Math.max(8, facts.size_multiple || 8);
+  return multiple % 8 === 0 ? multiple : multiple * 8;
+}
+
+// The typed size's problem, named as the API names it (null when the family takes it).
+export function sizeProblem(facts, width, height) {
+  const multiple = sizeMultiple(facts);
+  for (const side of [width, height]) {
+    if (!Number.isInteger(side) || side < multiple || side > MAX_SIDE || side % multiple) {
+      return `size: ${width}x${height}: each side must be a multiple of ${multiple} between ${multiple} and ${MAX_SIDE}`;
+    }
+  }
+  return null;
+}
+
 export function framesOf(facts) {
   const [multiple, remainder] = facts.frame_rule;
   const most = facts.max_frames || Math.max(facts.default_frames * 2, multiple * 8 + remainder);
@@ -49,6 +65,7 @@ export function needsOf(facts, loras) {
   if ((video && facts.reference) || (!video && facts.supports_edits)) needs.add("image-input");
   if (!video && (facts.edit_tasks || []).includes("inpaint")) needs.add("mask");
   if (loras.length) needs.add("loras");
+  if (!facts.fixed_size) needs.add("free-size");
   return needs;
 }
 

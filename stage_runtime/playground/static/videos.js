@@ -17,12 +17,11 @@ function play(card, blob, name, thumbnail) {
   const url = URL.createObjectURL(blob);
   const video = el("video", { src: url, controls: true, loop: true, muted: true, playsinline: true,
     class: "output", dataset: { final: "1" } });
-  if (thumbnail) video.poster = URL.createObjectURL(thumbnail);
-  const link = el("a", { href: url, download: name, class: "download" }, `Download ${name}`);
-  card.outputs.append(video, link);
-  if (thumbnail) {
-    card.outputs.append(el("img", { src: video.poster, alt: "thumbnail", class: "thumbnail" }));
-  }
+  const poster = thumbnail ? URL.createObjectURL(thumbnail) : null;
+  if (poster) video.poster = poster;
+  const link = el("a", { href: url, download: name, class: "download", title: name }, "Download MP4");
+  card.outputs.append(video, el("div", { class: "video-meta" },
+    poster ? el("img", { src: poster, alt: "thumbnail", class: "thumbnail" }) : null, link));
   return video;
 }
 
