@@ -231,6 +231,11 @@ class StageSpec(ApiModel):
     jobs: Jobs | None = None  # None: the job API is off; the wire form (hence the digest) of other stages is unchanged
     network_policy: NetworkPolicy = Field(default_factory=NetworkPolicy)
     routing: Routing | None = None  # None: no change to the wire form (and digest) of stages without it
+    # None (not true) when unset: the same; the page is on unless this is false
+    playground: bool | None = Field(None, description=(
+        "The playground page at / of each replica, to try the stage in a browser (kubectl port-forward to its "
+        "Service): on unless false (serve --no-playground). It calls the stage's own API: with spec.auth it asks for "
+        "a key like any client."))
     # None (not []) when unset: the spec's wire form, hence its rollout digest, is unchanged for stages without it
     loras: list[LoraAdapter] | None = Field(None, max_length=64, description=(
         "LoRA adapters every replica holds (at most 64, unique names): loaded at startup, and a changed list is "

@@ -152,6 +152,8 @@ def serve_command(spec: StageSpec, stage_name: str) -> list[str]:
         cmd += ["--api-key-file", API_KEY_FILE]
     if spec.jobs is not None and spec.jobs.claim_name is not None:  # the claim's mount (builders.pod); a flag, so a
         cmd += ["--job-store", JOBS_DIR]                            # runner that maps mounts rewrites it
+    if spec.playground is False:
+        cmd += ["--no-playground"]
     if spec.profiling is not None:  # its volume's mount, a flag for the same reason (over the config's profiler.dir)
         cmd += ["--profiler-dir", PROFILES_DIR]
     return cmd + list(spec.engine.extra_args)

@@ -80,3 +80,17 @@ def test_an_object_store_becomes_the_stage_jobs_config_on_its_bucket():
     config = load_config(yaml.safe_load(build_configmap(stage(jobs=jobs))['data']['stage.yaml']))
     assert (config.jobs.store, config.jobs.endpoint, config.jobs.region, config.jobs.presigned_content) == (
         's3://video-jobs/stages/a', 'http://minio:9000', 'eu-west-1', True)
+
+
+def test_spec_playground_false_turns_the_page_off_and_unset_changes_nothing():
+    from stage_operator.builders.runtime_config import serve_command
+    from stage_runtime.cli import build_parser
+
+    off = stage(playground=False)
+    assert '--no-playground' in serve_command(off.spec, 'tiny')
+    assert '--no-playground' not in serve_command(stage(playground=True).spec, 'tiny')
+    assert '--no-playground' not in serve_command(stage().spec, 'tiny')
+    assert template_hash(stage()) == template_hash(stage(playground=None)), 'unchanged for stages without it'
+    assert template_hash(off) != template_hash(stage()), 'turning it off rolls the pods'
+    argv = serve_command(off.spec, 'tiny')[1:]        # the runtime's own parser takes what the operator passes
+    assert build_parser().parse_args(argv).playground is False
