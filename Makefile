@@ -1,6 +1,7 @@
 # diffstage: on a fresh machine.
 #   make demo      the whole system on an embedded local cluster: operator + the trained tiny digits stage, a grid of
-#                  the ten digits through the Service and the judge's score
+#                  the ten digits through the Service and the judge's score; KEEP=1 keeps it up to try the playground
+#                  page in a browser (the URL is printed) until Ctrl-C
 #   make cluster   the same local cluster kept running for your kubectl (prints KUBECONFIG), until Ctrl-C
 #   make test      runs the test suite (unit, runtime integration, operator integration, local cluster e2e)
 #   make gpu-check on a machine with one CUDA GPU: the GPU check (< 8 min; SKIP and exit 0 without one)
@@ -14,7 +15,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: demo demo-engine cluster test test-stress test-alone venv bench crds images e2e-kind gpu-check clean \
+.PHONY: demo demo-engine cluster screenshots test test-stress test-alone venv bench crds images e2e-kind gpu-check clean \
 	train-tiny train-tiny-check
 
 venv: $(STAMP)
@@ -30,7 +31,12 @@ $(STAMP): pyproject.toml
 # The emulated Kubernetes API, the operator process and a pod runner (pods as local processes); no Docker. The stage
 # serves the trained tiny digits model: the ten digits through its Service, the judge's score, the grid PNG.
 demo: $(STAMP)
-	$(PY) -m e2e.local.demo --out .demo/digits.png
+	$(PY) -m e2e.local.demo --out .demo/digits.png $(if $(KEEP),--keep)
+
+# The playground's screenshots in docs/img, taken by its browser tests (a Chromium is needed: apt-get install chromium).
+screenshots: $(STAMP)
+	DIFFSTAGE_SCREENSHOTS=docs/img $(PY) -m pytest -q tests/stage_runtime/playground/test_page_images.py \
+		tests/stage_runtime/playground/test_page_video.py
 
 # The embedded local cluster for your own kubectl: writes .cluster/kubeconfig, prints what to try; Ctrl-C stops it
 # and checks that nothing is left.

@@ -44,7 +44,19 @@ def draw_digits(cluster: LocalCluster, service: str, per_digit: int, seed: int) 
     return images
 
 
-def run(out: Path, timeout: float, per_digit: int, seed: int) -> int:
+def keep_serving(cluster: LocalCluster, name: str) -> None:
+    """`make demo KEEP=1`: the stage stays up for a person to try in a browser, until Ctrl-C."""
+    url = cluster.service_url(name)
+    print(f'\nThe playground: open {url}/ in a browser (the stage behind Service/{name}).')
+    print(f'kubectl: KUBECONFIG={cluster.kubeconfig} kubectl get dstage,pods   (Ctrl-C stops everything)', flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print()
+
+
+def run(out: Path, timeout: float, per_digit: int, seed: int, keep: bool = False) -> int:
     from stage_runtime.demo import digit_grid, judge_line
     from stage_runtime.imageio import encode_png
 
@@ -71,6 +83,9 @@ def run(out: Path, timeout: float, per_digit: int, seed: int) -> int:
             print(f'$ kubectl get dstage   # {cluster.emulator.base_url}')
             print(render(cluster.stages()))
             print()
+            step(f'the playground page of the stage: {cluster.service_url(name)}/ (make demo KEEP=1 keeps it up)')
+            if keep:
+                keep_serving(cluster, name)
             step(f'deleting DiffusionStage/{name}')
             scenario.delete(cluster, name, 60)
             scenario.wait_for(lambda: not cluster.runner.running(), 60, 'the pod processes to stop')
@@ -88,12 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument('--timeout', type=float, default=300, help='seconds to wait for Ready')
     p.add_argument('--per-digit', type=int, default=4, help='images of each digit (rows of the grid), 1..16')
     p.add_argument('--seed', type=int, default=0, help="the first row's seed")
+    p.add_argument('--keep', action='store_true', help='keep the cluster up after the grid, to try the playground page '
+                                                      'in a browser, until Ctrl-C')
     args = p.parse_args(argv)
     if not 1 <= args.per_digit <= 16:
         p.error(f'--per-digit={args.per_digit}: must be 1..16')
     os.environ.setdefault('OMP_NUM_THREADS', '1')  # several torch processes share the cores: one thread each
     os.environ.setdefault('HF_HUB_OFFLINE', '1')
-    return run(args.out, args.timeout, args.per_digit, args.seed)
+    return run(args.out, args.timeout, args.per_digit, args.seed, args.keep)
 
 
 if __name__ == '__main__':

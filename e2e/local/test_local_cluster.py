@@ -120,6 +120,27 @@ def test_the_api_servers_service_proxy_reaches_a_ready_pod(cluster, tiny):
     assert missing.status_code == 404 and missing.json()['reason'] == 'NotFound'
 
 
+def test_the_playground_page_through_the_service_draws_what_the_api_answers(cluster, tiny):
+    """The page each replica serves, opened in a real headless Chromium at the Service's address."""
+    from stage_runtime.imageio import decode_image
+    from support.browser import chromium, image_of, open_page
+
+    url = scenario.wait_for(lambda: cluster.service_url(tiny), 30, f'an endpoint behind Service {tiny}')
+    with chromium() as browser, open_page(browser, f'{url}/') as (page, watch):
+        page.wait_for_selector("body[data-ready='1']")
+        assert page.inner_text('#model-name') == tiny                  # the served name the operator passed
+        page.fill('#prompt', 'a lighthouse')
+        page.fill('#width', '64')
+        page.fill('#height', '64')
+        page.fill('#steps', '4')
+        page.fill('#seed', '3')
+        page.click('#generate')
+        page.wait_for_selector(".card[data-state='completed'] img[data-final]", timeout=120_000)
+        drawn = image_of(page, '.card img[data-final]')
+    answered = decode_image(scenario.generate(cluster, tiny, seed=3), 'image', 1 << 20)
+    assert (drawn == answered).all(), 'the page shows the image the API answers for the same request'
+
+
 @needs_kubectl
 def test_kubectl_get_shows_the_printer_columns_of_the_ready_stage(cluster, kubectl, tiny):
     lines = kubectl('get', 'dstage', tiny).stdout.splitlines()
