@@ -1,8 +1,9 @@
 """The playground's video path in a real headless Chromium against a real tiny Wan stage with a job store and a
 LoRA adapter: the form offers the family's frame counts and the adapter; Generate creates a job through
 ``/v1/videos`` with what was chosen, shows its progress from polling, and ends in a ``<video>`` that Chromium
-plays for frames ÷ fps seconds, with its thumbnail and a download link; a size the family cannot take is refused
-on the page, naming the size, before anything is sent."""
+plays for frames ÷ fps seconds, with its thumbnail and a download link; Abort deletes a running job; a size the
+family cannot take is refused on the page, naming the size, before anything is sent. A stage without a job store
+makes the video through ``/v1/videos/sync`` (streamed phases) instead, and it plays the same way."""
 
 from __future__ import annotations
 
@@ -24,15 +25,32 @@ def browser():
         yield launched
 
 
+def wan_args(model: str, folder, config_text: str, *extra: str) -> list[str]:
+    config = folder / "stage.yaml"
+    config.write_text(f"warmup: false\n{config_text}")
+    return ["--model", model, "--config", str(config), "--device", "cpu", "--executor", "uni", "--execution-mode",
+            "step", *extra]
+
+
 @pytest.fixture(scope="module")
 def wan_stage(browser, tiny_wan_path, tmp_path_factory):
     folder = tmp_path_factory.mktemp("playground-wan")
     lora = write_adapter(tiny_wan_path, folder / "fast", seed=1, text_encoder=False, gain=1.0)
-    config = folder / "stage.yaml"
-    config.write_text(f"warmup: false\njobs: {{poll_after_ms: 50}}\nloras:\n  - name: fast\n    path: {lora}\n")
-    with running_stage(["--model", tiny_wan_path, "--config", str(config), "--device", "cpu", "--executor", "uni",
-                        "--execution-mode", "step", "--job-store", str(folder / "jobs")], folder / "stage.log") as stage:
+    config = f"jobs: {{poll_after_ms: 50}}\nloras:\n  - name: fast\n    path: {lora}\n"
+    with running_stage(wan_args(tiny_wan_path, folder, config, "--job-store", str(folder / "jobs")),
+                       folder / "stage.log") as stage:
         yield stage
+
+
+def fill_video(page, prompt: str, steps: int) -> None:
+    page.wait_for_selector("body[data-ready='1']")
+    page.fill("#prompt", prompt)
+    page.fill("#width", "32")
+    page.fill("#height", "32")
+    page.select_option("#frames", str(FRAMES))
+    page.fill("#fps", str(FPS))
+    page.fill("#steps", str(steps))
+    page.fill("#seed", "5")
 
 
 def test_a_video_job_with_a_lora_ends_in_a_video_that_plays_frames_over_fps_seconds(browser, wan_stage, tmp_path):
@@ -44,13 +62,7 @@ def test_a_video_job_with_a_lora_ends_in_a_video_that_plays_frames_over_fps_seco
         assert FRAMES in offered and all((f - 1) % 4 == 0 for f in offered)        # Wan's 4k+1
         sent = []
         page.on("request", lambda r: sent.append(json.loads(r.post_data)) if r.url.endswith("/v1/videos") else None)
-        page.fill("#prompt", "a red fox in the snow")
-        page.fill("#width", "32")
-        page.fill("#height", "32")
-        page.select_option("#frames", str(FRAMES))
-        page.fill("#fps", str(FPS))
-        page.fill("#steps", "4")
-        page.fill("#seed", "5")
+        fill_video(page, "a red fox in the snow", steps=4)
         page.check("input[data-lora='fast']")
         page.fill("input[data-lora-scale='fast']", "0.8")
         page.click("#generate")
@@ -82,3 +94,28 @@ def test_a_size_the_family_cannot_take_is_refused_on_the_page_naming_it(browser,
         page.click("#generate")
         page.wait_for_selector("#form-error:has-text('size: 40x32')")
         assert page.query_selector(".card") is None
+
+
+def test_abort_deletes_the_running_job(browser, wan_stage):
+    with open_page(browser, f"{wan_stage.http_url}/") as (page, watch):
+        fill_video(page, "a long fox", steps=999)
+        page.click("#generate")
+        page.wait_for_selector(".card[data-video-id] .status:has-text('denoising')", timeout=120_000)
+        card = page.query_selector(".card[data-video-id]")
+        video_id = card.get_attribute("data-video-id")
+        card.query_selector("button.abort").click()
+        page.wait_for_selector(".card[data-state='aborted']", timeout=60_000)
+    assert httpx.get(f"{wan_stage.http_url}/v1/videos/{video_id}").status_code == 404
+
+
+def test_without_a_job_store_the_video_streams_from_the_sync_route_and_plays(browser, tiny_wan_path, tmp_path):
+    with running_stage(wan_args(tiny_wan_path, tmp_path, ""), tmp_path / "stage.log") as stage, \
+            open_page(browser, f"{stage.http_url}/") as (page, watch):
+        fill_video(page, "a red fox in the snow", steps=4)
+        page.click("#generate")
+        page.wait_for_selector(".card[data-kind='video-sync'][data-state='completed'] video.output", timeout=180_000)
+        duration = page.wait_for_function(
+            "() => { const v = document.querySelector('video.output'); return v.readyState >= 1 && v.duration; }",
+            timeout=60_000).json_value()
+        assert abs(duration - FRAMES / FPS) < 0.5 / FPS, duration
+        assert page.inner_text(".card .status") == f"{FRAMES} frames at {FPS} fps · 32x32"
