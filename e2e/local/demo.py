@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+import signal
 import sys
+import threading
 import tempfile
 import time
 from pathlib import Path
@@ -49,11 +51,12 @@ def keep_serving(cluster: LocalCluster, name: str) -> None:
     url = cluster.service_url(name)
     print(f'\nThe playground: open {url}/ in a browser (the stage behind Service/{name}).')
     print(f'kubectl: KUBECONFIG={cluster.kubeconfig} kubectl get dstage,pods   (Ctrl-C stops everything)', flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        print()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):    # also where a shell started it with SIGINT ignored (a background job)
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1):
+        pass
+    print()
 
 
 def run(out: Path, timeout: float, per_digit: int, seed: int, keep: bool = False) -> int:
