@@ -21,20 +21,26 @@ function banner(text) {
   node.textContent = text || "";
 }
 
-// Opens the key dialog and resolves once a key was given (kept in sessionStorage).
+// Opens the key dialog and resolves once a key was given (kept in sessionStorage). Several callers at once (two
+// cards refused together) share the one dialog.
+let keyAsked = null;
+
 function askKey(message) {
-  const dialog = byId("key-dialog");
   byId("key-message").textContent = message;
+  if (keyAsked) return keyAsked;
+  const dialog = byId("key-dialog");
   byId("key-input").value = "";
-  return new Promise((resolve) => {
+  keyAsked = new Promise((resolve) => {
     dialog.addEventListener("close", () => {
       const key = byId("key-input").value.trim();
       if (key) apiKey.set(key);
       byId("change-key").hidden = !apiKey.get();
+      keyAsked = null;
       resolve();
     }, { once: true });
     dialog.showModal();
   });
+  return keyAsked;
 }
 
 async function connect() {

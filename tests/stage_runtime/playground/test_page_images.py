@@ -135,3 +135,7 @@ def test_abort_ends_the_running_request_and_only_it(browser, keyed_stage):
         page.wait_for_selector(f"{card('2')}[data-state='completed']", timeout=120_000)
     wait_until(lambda: httpx.get(f"{keyed_stage.http_url}/v1/requests", headers=auth).json()["requests"] == [],
                what="no request left on the stage")
+
+
+def test_serve_prints_the_pages_url(keyed_stage):
+    assert f"playground: open {keyed_stage.http_url}/ in a browser" in keyed_stage.log
