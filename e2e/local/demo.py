@@ -14,8 +14,8 @@ import base64
 import os
 import signal
 import sys
-import threading
 import tempfile
+import threading
 import time
 from pathlib import Path
 

@@ -28,17 +28,20 @@ HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", 
            "X-Frame-Options": "DENY", "Cross-Origin-Opener-Policy": "same-origin", "Cache-Control": "no-cache"}
 
 
-
 def page_url(host: str, port: int) -> str:
     """The page's URL for a person on this machine: a wildcard listen address is reached as localhost."""
     shown = "localhost" if host in ("0.0.0.0", "::", "") else f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}/"
 
 
+def asset_files(folder: Path = STATIC) -> list[Path]:
+    """The page's scripts and styles (every shipped file but the page itself), by name."""
+    return sorted(path for path in folder.iterdir() if path.suffix in ASSET_TYPES)
+
+
 def read_assets(folder: Path = STATIC) -> tuple[bytes, dict[str, tuple[bytes, str]]]:
     """The page, and every asset by file name with its content type."""
-    assets = {path.name: (path.read_bytes(), ASSET_TYPES[path.suffix])
-              for path in sorted(folder.iterdir()) if path.suffix in ASSET_TYPES}
+    assets = {path.name: (path.read_bytes(), ASSET_TYPES[path.suffix]) for path in asset_files(folder)}
     return (folder / "index.html").read_bytes(), assets
 
 
@@ -67,7 +70,7 @@ def openapi_paths(error_ref: str) -> dict[str, Any]:
     page = {"get": {"operationId": "playground", "responses": {
         "200": {"description": "the playground page", "content": {"text/html": {"schema": {"type": "string"}}}},
         "404": missing}}}
-    names = sorted(path.name for path in STATIC.iterdir() if path.suffix in ASSET_TYPES)
+    names = [path.name for path in asset_files()]
     asset = {"get": {"operationId": "playgroundAsset", "parameters": [
         {"name": "name", "in": "path", "required": True, "schema": {"type": "string", "enum": names}}],
         "responses": {"200": {"description": "a script or style of the page",

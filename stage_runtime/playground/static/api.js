@@ -100,6 +100,15 @@ export async function* postEvents(path, body, signal) {
   }
 }
 
+// An SSE ``error`` event as the error a failed call throws.
+export function streamError(data) {
+  return new ApiError(0, data.error.type, data.error.message, data.error.param);
+}
+
+export function wait(ms) {
+  return new Promise((resolve) => { setTimeout(resolve, ms); });
+}
+
 export function base64Blob(b64, type) {
   const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
   return new Blob([bytes], { type });

@@ -1,7 +1,7 @@
 // The playground: reads the served model's facts, builds the form for its family, and runs each request on a
 // card of its own (several at once). A stage with an API key makes the page ask for it first.
 
-import { apiKey, getJson } from "./api.js";
+import { apiKey, getJson, wait } from "./api.js";
 import { byId, el, readFile, showNeeds } from "./dom.js";
 import { runImages } from "./images.js";
 import { describe, framesOf, isVideo, needsOf, promptHint, sizeMultiple, sizeProblem, sizesOf } from "./model.js";
@@ -10,10 +10,6 @@ import { runVideo } from "./videos.js";
 const AUTO_SIZE = "auto";
 const CUSTOM_SIZE = "custom";
 const page = { id: null, facts: null, needs: new Set() };
-
-function wait(ms) {
-  return new Promise((resolve) => { setTimeout(resolve, ms); });
-}
 
 function banner(text) {
   const node = byId("banner");
@@ -116,8 +112,7 @@ function buildForm(card, loras) {
 // A preset fills width and height; typing them selects the matching preset, or custom.
 function presetChosen() {
   const [width, height] = byId("size").value.split("x").map(Number);
-  const typed = width && height;
-  if (typed) {
+  if (width && height) {
     byId("width").value = width;
     byId("height").value = height;
   }

@@ -2,7 +2,7 @@
 // event drawn on its card as it arrives — progress, the partial image of each output as it sharpens, the final
 // images. Abort: POST /v1/abort with the request id the page chose.
 
-import { ApiError, newRequestId, postEvents, postJson } from "./api.js";
+import { newRequestId, postEvents, postJson, streamError } from "./api.js";
 import { Card } from "./cards.js";
 
 function imageSrc(data) {
@@ -32,7 +32,7 @@ export async function runImages(container, params, uploads) {
         card.final(slots[finals % slots.length], imageSrc(data));
         finals += 1;
       } else if (event === "error") {
-        throw new ApiError(0, data.error.type, data.error.message, data.error.param);
+        throw streamError(data);
       }
     }
     if (finals === slots.length) card.finish("completed", `${finals} image${finals > 1 ? "s" : ""}`);

@@ -3,15 +3,12 @@
 // video is then made by POST /v1/videos/sync with stream: true (progress events, then the MP4; abort:
 // POST /v1/abort).
 
-import { ApiError, base64Blob, deleteJson, getBlob, getWithHeaders, newRequestId, postEvents, postJson } from "./api.js";
+import { ApiError, base64Blob, deleteJson, getBlob, getWithHeaders, newRequestId, postEvents, postJson, streamError,
+  wait } from "./api.js";
 import { Card } from "./cards.js";
 import { el } from "./dom.js";
 
 const DEFAULT_POLL_MS = 500;
-
-function wait(ms) {
-  return new Promise((resolve) => { setTimeout(resolve, ms); });
-}
 
 function play(card, blob, name, thumbnail) {
   const url = URL.createObjectURL(blob);
@@ -71,7 +68,7 @@ async function runSync(card, params) {
       play(card, base64Blob(data.b64_json, data.content_type), `${requestId}.mp4`, null);
       card.finish("completed", `${data.frames} frames at ${data.fps} fps · ${data.size}`);
     } else if (event === "error") {
-      throw new ApiError(0, data.error.type, data.error.message, data.error.param);
+      throw streamError(data);
     }
   }
 }
