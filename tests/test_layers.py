@@ -12,7 +12,7 @@
     worker    device, groups, model runner           core, models, distributed, offload, compilation, quantization
     models    adapters, step contract, tiny builds   core, distributed
     train     the tiny digits model's training       core, models
-    offload   weight residency                       core
+    offload   weight residency                       core, distributed (DLO's gathers)
     compilation  the compiled denoiser (torch.compile)  core
     quantization  quantized weights (torchao, fp8, GGUF)  core
     sched     scheduling policy                      core                 (never torch / diffusers)
@@ -51,7 +51,7 @@ RUNTIME_ALLOWED: dict[str, set[str]] = {
     "core": {"core"},
     "sched": {"core"},
     "distributed": {"core"},
-    "offload": {"core"},
+    "offload": {"core", "distributed"},
     "compilation": {"core"},
     "quantization": {"core"},
     "models": {"core", "distributed"},

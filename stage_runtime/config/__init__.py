@@ -16,11 +16,11 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from stage_runtime.config.component_names import check_component_names
 from stage_runtime.config.compile import (MAX_SHAPES, SHAPE_PATTERN, CompileConfig, CompileMode,  # noqa: F401
                                           parse_shape)
 from stage_runtime.config.jobs import JobsConfig  # noqa: F401 (re-exported)
 from stage_runtime.config.limits import LimitsConfig  # noqa: F401 (re-exported)
+from stage_runtime.config.offload import OffloadConfig, OffloadMode, dlo_refusal  # noqa: F401 (re-exported)
 from stage_runtime.config.quantization import QuantizationConfig, QuantizationMethod  # noqa: F401 (re-exported)
 from stage_runtime.config.sleep import ProfilerConfig, SleepConfig, SleepLevel  # noqa: F401 (re-exported)
 from stage_runtime.config.parallel import ParallelConfig, ParallelDim, RankCoords  # noqa: F401 (re-exported)
@@ -35,7 +35,6 @@ __all__ = [
 
 ExecutionMode = Literal["request", "step"]
 SchedulingPolicyName = Literal["fcfs", "priority", "srpt"]
-OffloadMode = Literal["none", "model", "layerwise"]
 CacheMode = Literal["none", "block"]
 WorkerStartMethod = Literal["forkserver", "spawn"]
 MAX_CACHE_THRESHOLD = 10.0          # a relative L1 change; 10 (1000 %) already means "skip whenever allowed"
@@ -115,45 +114,6 @@ class ServerConfig(BaseModel):
         return self
 
 
-class OffloadConfig(BaseModel):
-    """Weight offload (see ``stage_runtime.offload``): which components, how, and the memory bound.
-
-    ``model``: a component is brought in before its phase (encode, denoise, decode) and released after
-    it; ``layerwise``: the denoiser's blocks are brought in one ahead of use and released behind (other
-    listed components are handled model-level). ``components`` empty = every module component of the
-    pipeline (names are checked against the pipeline when it is loaded). ``max_host_bytes`` bounds the
-    host memory the offloader holds for managed weights; ``dir`` is where the offload files go.
-    """
-
-    model_config = _FROZEN
-    mode: OffloadMode = "none"
-    components: tuple[str, ...] = ()
-    resident_layers: int = Field(2, ge=1)      # layerwise: blocks materialised at once (incl. the one prefetched)
-    max_host_bytes: int | None = Field(None, ge=1)
-    prefetch: bool = True                       # layerwise: load the next block in a background thread
-    dir: str | None = Field(None, min_length=1)  # parent of the runner's temporary offload folder
-
-    @field_validator("components")
-    @classmethod
-    def _component_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return check_component_names(v)
-
-    @model_validator(mode="after")
-    def _fields_fit_mode(self) -> OffloadConfig:
-        # Non-default values that the mode would ignore are mistakes (a dumped config round-trips: defaults pass).
-        set_fields = {n for n, f in type(self).model_fields.items() if n != "mode" and getattr(self, n) != f.default}
-        if self.mode == "none" and set_fields:
-            raise ValueError(f"{sorted(set_fields)[0]} is set but mode='none'; "
-                             "set mode to 'model' or 'layerwise'")
-        layer_only = set_fields & {"resident_layers", "prefetch"}
-        if self.mode == "model" and layer_only:
-            raise ValueError(f"{sorted(layer_only)[0]} only applies to mode='layerwise' (mode='model')")
-        if self.mode == "layerwise" and self.prefetch and self.resident_layers < 2:
-            raise ValueError(f"resident_layers={self.resident_layers} must be >= 2 with prefetch=True "
-                             "(the running block and the one prefetched ahead); set prefetch=False or raise it")
-        return self
-
-
 class CacheConfig(BaseModel):
     """Cache acceleration (``stage_runtime.models.block_cache``, ``engine.result_cache``, ``models.prompt_cache``).
 
@@ -210,12 +170,15 @@ class StageConfig(BaseModel):
         if self.executor == "uni" and world > 1:
             raise ValueError(f"executor='uni' runs exactly one rank but world_size={world}; "
                              "use executor='mp' (or leave executor unset)")
-        if self.compile.enabled and self.offload.mode == "layerwise":
+        refusal = dlo_refusal(self)
+        if refusal:
+            raise ValueError(refusal)
+        if self.compile.enabled and self.offload.per_rank_mode == "layerwise":
             raise ValueError(f"compile.mode={self.compile.mode!r} with offload.mode='layerwise': layerwise offload "
                              "swaps the weights of each denoiser block from hooks inside the blocks a compiled graph "
                              "runs; use offload.mode='model' over the other components, or compile.mode='none'")
         quant = self.quantization.method
-        if quant != "none" and self.offload.mode == "layerwise":
+        if quant != "none" and self.offload.per_rank_mode == "layerwise":
             raise ValueError(f"quantization.method={quant!r} with offload.mode='layerwise': the offloader swaps the "
                              "denoiser's plain weight storages block by block, and a quantized weight is not one; "
                              "use offload.mode='model' over the components left unquantized")

@@ -48,6 +48,7 @@ class ParallelGroups:
     ring_group: ProcessGroup | None = None
     replica_group: ProcessGroup | None = None  # all ranks sharing my dp coordinate (one model copy)
     replica_ranks: list[int] = field(default_factory=list)  # my replica's global ranks, ascending (leader first)
+    dp_group: ProcessGroup | None = None       # ranks differing only in the dp coordinate (DLO's gathers)
     num_replicas: int = 1                      # the DP size
 
     def __post_init__(self) -> None:
@@ -84,7 +85,7 @@ def _replicas(parallel: ParallelConfig) -> list[list[int]]:
 
 def init_distributed(parallel: ParallelConfig, rank: int, init_method: str, device: torch.device,
                      timeout_s: float, backend: str | None = None) -> ParallelGroups:
-    """Join the world (gloo on CPU, NCCL on CUDA) and create the cfg, sp, replica, tp, ulysses and ring groups.
+    """Join the world (gloo on CPU, NCCL on CUDA) and create the cfg, sp, replica, tp, dp, ulysses and ring groups.
 
     Collective: every rank of the world must call it with the same ``parallel``, ``init_method`` and ``backend``.
     ``backend`` overrides the device's default: ``"gloo"`` with CUDA tensors lets several ranks share one GPU, where
@@ -123,6 +124,7 @@ def init_distributed(parallel: ParallelConfig, rank: int, init_method: str, devi
         replicas = _replicas(parallel)
         replica_group = mine(replicas, "replica")
         tp_group = mine(parallel.group_ranks("tp"), "tp")
+        dp_group = mine(parallel.group_ranks("dp"), "dp")
         ulysses_group, ring_group = _sp_subgroups(parallel, sp_group, mine)
     except BaseException:
         destroy_distributed()
@@ -131,7 +133,7 @@ def init_distributed(parallel: ParallelConfig, rank: int, init_method: str, devi
     return ParallelGroups(rank=rank, world_size=world, coords=coords, cfg_group=cfg_group, sp_group=sp_group,
                           replica_group=replica_group, replica_ranks=list(replicas[coords.dp]),
                           num_replicas=parallel.dp_size, tp_group=tp_group, ulysses_group=ulysses_group,
-                          ring_group=ring_group)
+                          ring_group=ring_group, dp_group=dp_group)
 
 
 def sp_subgroup_ranks(parallel: ParallelConfig) -> tuple[list[list[int]], list[list[int]]]:

@@ -68,7 +68,8 @@ class DiffusionEngine(EngineWarmup, EngineAborts, EngineControlRpc, EngineIntros
             self.check_family = family_check(self.model_info)   # the family's refusals, before queueing
             self.prompt_length = PromptLength.for_model(self.model_info)   # a prompt the encoder would cut
             self.scheduler = (StepScheduler if config.scheduler.execution_mode == "step" else RequestScheduler)(
-                config.scheduler)
+                config.scheduler, config.scheduler.max_num_seqs * config.parallel.dp_size if config.offload.dlo
+                else None)
             # LoRA names, pinning, max_loras (and what ranks hold)
             self.loras = LoraTable(self._lock, self.rank_rpc, self.model_info, config, self._live_requests)
         except BaseException:

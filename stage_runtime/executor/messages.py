@@ -25,6 +25,7 @@ class ExecuteModel:
     rpc_id: int
     sched_out: Any                             # SchedulerOutput (plain data: requests once, then ids)
     dp_assign: dict[str, int] | None = None    # request id → DP replica that runs it (None: one replica)
+    dp_pad: dict[int, str] | None = None       # DLO waves: replica → request it runs as padding, result dropped
 
 
 @dataclass(frozen=True)

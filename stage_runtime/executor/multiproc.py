@@ -53,6 +53,7 @@ from stage_runtime.executor.procs import (
     worker_context,
 )
 from stage_runtime.executor.result_pump import ResultPump
+from stage_runtime.executor.wave import WavePlacement, wave_refusal
 from stage_runtime.executor.worker_proc import EXIT_FATAL, WorkerProc, WorkerSpec, worker_main
 from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent, RunnerOutput
 from stage_runtime.scheduler_output import SchedulerOutput
@@ -75,7 +76,8 @@ class MultiprocExecutor(DiffusionExecutor):
         self._alive_conns: list = []
         self._rpc_ids = itertools.count(1)
         self._send_lock = threading.Lock()
-        self.placement = DataParallelPlacement(len(self.leader_ranks))
+        self.waves = self.config.offload.dlo          # lock-step waves over the dp ranks (executor.wave)
+        self.placement = (WavePlacement if self.waves else DataParallelPlacement)(len(self.leader_ranks))
         self._fatal: dict[int, str] = {}
         self._stopping = threading.Event()
         self._stop_r, self._stop_w = multiprocessing.Pipe(duplex=False)
@@ -180,8 +182,13 @@ class MultiprocExecutor(DiffusionExecutor):
         return [replies[rank].result for rank in ranks]
 
     def execute_model(self, sched_out: SchedulerOutput) -> BatchRunnerOutput:
+        refusal = wave_refusal(sched_out) if self.waves else None
+        if refusal is not None:                # refused whole, before any rank runs it
+            return BatchRunnerOutput({rid: RunnerOutput(rid, error=f"InvalidWave: {refusal}")
+                                      for rid in sched_out.scheduled_request_ids})
         assign = self.placement.place(sched_out)
-        replies = self._call(ExecuteModel(0, sched_out, assign), self.leader_ranks, None)
+        pad = self.placement.pads(sched_out) if self.waves else None
+        replies = self._call(ExecuteModel(0, sched_out, assign, pad), self.leader_ranks, None)
         out = BatchRunnerOutput()
         for reply in replies.values():
             if reply.ok:

@@ -45,6 +45,7 @@ from stage_runtime.executor.messages import (
     RpcMessage,
     RpcReply,
 )
+from stage_runtime.executor.wave import agree_stop
 from stage_runtime.outputs import BatchRunnerOutput, ProgressEvent
 from stage_runtime.scheduler_output import SchedulerOutput
 
@@ -109,6 +110,7 @@ class WorkerProc:
         self.inbox: deque[Any] = deque()
         self.cancelled: set[str] = set()            # request ids of the model call in flight
         self.current_rpc: int | None = None
+        self.padding = False                         # this call computes another rank's request (a DLO wave)
         self._send_lock = threading.Lock()
         self._outputs: queue.Queue = queue.Queue()
         self._ctx = zmq.Context()
@@ -168,11 +170,16 @@ class WorkerProc:
         if isinstance(msg, RpcMessage):
             return self.worker.control_rpc(msg.method, msg.args, msg.kwargs)
         sched_out = self._my_share(msg.sched_out, msg.dp_assign)
-        self.current_rpc, self.cancelled = msg.rpc_id, set()
+        pad = (msg.dp_pad or {}).get(self.worker.groups.dp_rank)
+        if pad is not None:        # a DLO wave left this rank without a request: compute a copy, drop its result
+            sched_out = replace(sched_out, scheduled_new_reqs=[n for n in msg.sched_out.scheduled_new_reqs
+                                                               if n.request_id == pad])
+        self.current_rpc, self.cancelled, self.padding = msg.rpc_id, set(), pad is not None
         try:
-            return self.worker.execute_model(sched_out)
+            result = self.worker.execute_model(sched_out)
+            return BatchRunnerOutput() if self.padding else result
         finally:
-            self.current_rpc = None
+            self.current_rpc, self.padding = None, False
 
     def _my_share(self, sched_out: SchedulerOutput, dp_assign: dict[str, int] | None) -> SchedulerOutput:
         """The requests the executor placed on this rank's DP replica (all of them without DP)."""
@@ -186,12 +193,14 @@ class WorkerProc:
     # -- request mode: progress out, cancels in, agreed by the replica ---------------------------------
     def _on_progress(self, event: ProgressEvent) -> set[str]:
         groups = self.worker.groups
-        if groups.is_replica_leader and self.current_rpc is not None:
+        if groups.is_replica_leader and self.current_rpc is not None and not self.padding:
             self._send(Progress(self.current_rpc, self.rank, event.request_ids, event.step_index, event.num_steps,
                                 event.phase))
         if event.phase != "denoise":
             return set()           # a phase notice: cancels are agreed at denoising steps only (symmetric there)
         self._drain_broadcast()
+        if self.spec.config.offload.dlo:             # lock-step waves: stop only when every rank stops
+            return agree_stop(groups, self.cancelled, event.request_ids, self.worker.device)
         return agree(groups, self.cancelled)
 
     def _drain_broadcast(self) -> None:

@@ -30,6 +30,23 @@ class Residency(enum.Enum):
     RESIDENT = "resident"
 
 
+class Deferred:
+    """A prefetch started on the manager's own thread (an asynchronous collective) and completed by the first
+    :meth:`result`: the Future shape :meth:`ResidencyManager._wait` expects, with no second thread."""
+
+    def __init__(self, manager: ResidencyManager, name: str, pending):
+        self.manager, self.name, self.pending = manager, name, pending
+        self.finished = False
+
+    def done(self) -> bool:
+        return self.pending.is_completed()
+
+    def result(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.manager._transfer(self.name, self.pending)
+
+
 class ResidencyManager:
     def __init__(self, units: list[Unit], tier, max_resident_bytes: int | None = None, prefetch: bool = False):
         self.units = {u.name: u for u in units}
@@ -39,7 +56,12 @@ class ResidencyManager:
         self._lru: OrderedDict[str, None] = OrderedDict((u.name, None) for u in units)  # resident, oldest first
         self._inflight: dict[str, Future] = {}
         self._lock = threading.RLock()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="offload-prefetch") if prefetch else None
+        # A tier with begin/finish (GatherTier: a collective) starts a prefetch on this thread and finishes it when
+        # the unit is needed; the others load on one background thread.
+        self._deferred = hasattr(tier, "begin")
+        self._prefetch = prefetch
+        self._pool = (ThreadPoolExecutor(1, thread_name_prefix="offload-prefetch")
+                      if prefetch and not self._deferred else None)
         self.pinned: set[str] = set()          # units in use right now: never evicted
         self.closed = False
         self.counters = {"loads": 0, "releases": 0, "evictions": 0, "bytes_loaded": 0, "load_seconds": 0.0,
@@ -49,7 +71,7 @@ class ResidencyManager:
 
     @property
     def prefetching(self) -> bool:
-        return self._pool is not None
+        return self._prefetch
 
     # -- setup / teardown -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -87,7 +109,7 @@ class ResidencyManager:
 
     def prefetch(self, name: str) -> None:
         """Start loading ``name`` in the background when it is released and fits; otherwise do nothing."""
-        if self._pool is None or self.closed:
+        if not self._prefetch or self.closed:
             return
         with self._lock:
             if self.state[name] is not Residency.RELEASED:
@@ -98,7 +120,8 @@ class ResidencyManager:
             self.state[name] = Residency.LOADING
             self._resident += self.units[name].nbytes      # reserved now: the bound holds during the copy
             self.counters["prefetches"] += 1
-            self._inflight[name] = self._pool.submit(self._transfer, name)
+            self._inflight[name] = (Deferred(self, name, self.tier.begin(self.units[name])) if self._deferred
+                                    else self._pool.submit(self._transfer, name))
 
     def release(self, name: str) -> None:
         with self._lock:
@@ -125,11 +148,14 @@ class ResidencyManager:
         except Exception as exc:
             raise WorkerFatalError(f"offload: loading {name} failed: {type(exc).__name__}: {exc}") from exc
 
-    def _transfer(self, name: str) -> None:
+    def _transfer(self, name: str, pending=None) -> None:
         unit = self.units[name]
         start = time.perf_counter()
         try:
-            self.tier.load(unit)
+            if pending is not None:
+                self.tier.finish(pending)
+            else:
+                self.tier.load(unit)
         except BaseException:
             with self._lock:
                 self.tier.release(unit)
@@ -201,4 +227,5 @@ class ResidencyManager:
                 "peak_resident_bytes": self.peak_resident_bytes,
                 "max_resident_bytes": self.max_resident_bytes,
                 **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in self.counters.items()},
+                **(self.tier.stats() if hasattr(self.tier, "stats") else {}),
             }

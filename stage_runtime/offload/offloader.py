@@ -10,7 +10,7 @@ Policy on entering a unit:
 
 - phases exclude each other: entering a unit of another component (encode → denoise → decode)
   first releases every unit of the previous components ("brought in before its phase, released after");
-- ``layerwise`` (denoiser blocks, a ring in execution order): the block is made resident (waiting
+- ``layerwise`` and ``distributed`` (denoiser blocks, a ring in execution order): the block is made resident (waiting
   for its prefetch when one is in flight), blocks whose next use is farthest are released so that at
   most ``resident_layers`` blocks are materialised, and the next block is prefetched.
 
@@ -29,22 +29,30 @@ from stage_runtime.offload.plan import Unit, resolve_units
 from stage_runtime.offload.tiers import DiskTier, HostTier
 
 
-def make_tier(config: OffloadConfig, device: torch.device):
-    """``cuda ↔ cpu`` on CUDA devices, ``cpu ↔ disk`` everywhere else."""
+def make_tier(config: OffloadConfig, device: torch.device, groups=None):
+    """``mode: distributed`` with all-gather: the peers' shards (``groups``: the rank's ParallelGroups); else
+    ``cuda ↔ cpu`` on CUDA devices, ``cpu ↔ disk`` everywhere else."""
+    if config.dlo:
+        from stage_runtime.offload.gather import GatherTier
+
+        return GatherTier(device, groups.dp_group, groups.dp_rank, groups.dp_size)
     return HostTier(device) if device.type == "cuda" else DiskTier(config.dir)
 
 
 class Offloader:
     def __init__(self, config: OffloadConfig, pipe, denoiser: torch.nn.Module | tuple[torch.nn.Module, ...],
-                 device: torch.device, tier=None, block_lists: tuple[str, ...] | None = None):
+                 device: torch.device, tier=None, block_lists: tuple[str, ...] | None = None,
+                 components: tuple[str, ...] | None = None, groups=None):
         self.config = config
-        self.units = resolve_units(pipe, denoiser, config.mode, config.components, block_lists)
-        self.tier = tier if tier is not None else make_tier(config, device)
+        layered = config.mode in ("layerwise", "distributed")
+        self.units = resolve_units(pipe, denoiser, "layerwise" if layered else config.mode,
+                                   config.components or components or (), block_lists)
+        self.tier = tier if tier is not None else make_tier(config, device, groups)
         bounds_resident = isinstance(self.tier, DiskTier)       # host memory = what is materialised
         self._check_bound(bounds_resident)
         self.manager = ResidencyManager(self.units, self.tier,
                                         config.max_host_bytes if bounds_resident else None,
-                                        prefetch=config.mode == "layerwise" and config.prefetch)
+                                        prefetch=layered and config.prefetch)
         self.blocks: dict[str, list[Unit]] = {}
         self.heads: dict[str, Unit] = {}
         for unit in self.units:

@@ -28,8 +28,9 @@ class BaseScheduler(ABC):
     # Step mode keeps per-request state on the workers: an empty tick must still tell them what finished.
     retires_worker_state: ClassVar[bool] = False
 
-    def __init__(self, config: SchedulerConfig):
-        self.max_num_running_reqs = max(1, config.max_num_seqs)
+    def __init__(self, config: SchedulerConfig, capacity: int | None = None):
+        # capacity: the engine's override (a DLO wave: max_num_seqs on each data-parallel rank)
+        self.max_num_running_reqs = max(1, capacity or config.max_num_seqs)
         self.max_waiting = config.max_waiting
         self.policy = make_policy(config)
         self.max_preemptions = config.max_preemptions

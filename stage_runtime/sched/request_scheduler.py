@@ -16,8 +16,8 @@ STABLE_WINDOW_MAX_S = 0.05
 class RequestScheduler(BaseScheduler):
     mode = "request"
 
-    def __init__(self, config: SchedulerConfig):
-        super().__init__(config)
+    def __init__(self, config: SchedulerConfig, capacity: int | None = None):
+        super().__init__(config, capacity)
         self.batch_wait_s = config.request_batch_max_wait_ms / 1000.0
         self._wait_started_at: float | None = None
         self._last_add_at = 0.0

@@ -67,6 +67,7 @@ class DiffusionModelRunner:
         self.prompt_cache = None                               # cache.prompt_max_bytes > 0 and a text encoder
         self.writes_checkpoints = True        # this rank writes its replica's step checkpoints (the worker says)
         self.rank = 0                         # the worker's rank (the compile crash guard's key)
+        self.groups = None                    # the worker's ParallelGroups (DLO gathers over its dp group)
 
     def load_model(self, parallelize: Callable[[object], None] | None = None) -> ModelInfo:
         """Load the model; ``parallelize(adapter)`` (the worker's distributed.apply) runs before the startup LoRA
@@ -85,7 +86,7 @@ class DiffusionModelRunner:
             self.adapter.bound_decode(self.config.limits.decode_tile_side)
         self.model_info = dataclasses.replace(self.adapter.info(), block_cache_refusal=block_cache.block_cache_refusal(
             self.adapter, self.config), fingerprint=fingerprint)
-        self.offloader = build_offloader(self.config.offload, self.adapter, self.device)
+        self.offloader = build_offloader(self.config.offload, self.adapter, self.device, self.groups)
         self.prompt_cache = prompt_cache.install(self.adapter.pipe, self.config.cache.prompt_max_bytes)
         if parallelize is not None:
             parallelize(self.adapter)

@@ -66,6 +66,7 @@ class DiffusionWorker:
         self.model_runner = DiffusionModelRunner(self.config, self.device, progress_hook=self.progress_hook)
         self.model_runner.writes_checkpoints = self.groups.is_replica_leader     # one writer per replica
         self.model_runner.rank = self.rank
+        self.model_runner.groups = self.groups
 
     def load_model(self) -> ModelInfo:
         info = self.model_runner.load_model(

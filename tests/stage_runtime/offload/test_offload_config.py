@@ -21,14 +21,15 @@ def test_defaults_are_off_and_round_trip():
 
 
 @pytest.mark.parametrize("offload, message", [
-    ({"mode": "fast"}, r"offload.mode='fast': Input should be 'none', 'model' or 'layerwise'"),
+    ({"mode": "fast"}, r"offload.mode='fast': Input should be 'none', 'model', 'layerwise' or 'distributed'"),
     ({"mode": "model", "max_host_bytes": 0}, r"offload.max_host_bytes=0: Input should be greater than or equal to 1"),
     ({"mode": "layerwise", "resident_layers": 0}, r"offload.resident_layers=0: Input should be greater"),
     ({"mode": "layerwise", "resident_layers": 1}, r"offload: resident_layers=1 must be >= 2 with prefetch=True"),
     ({"mode": "model", "components": ["vae", "vae"]}, r"offload.components=\['vae', 'vae'\]: .*listed twice: vae"),
     ({"mode": "model", "components": ["unet/0"]}, r"offload.components=\['unet/0'\]: .*got 'unet/0'"),
     ({"mode": "none", "components": ["vae"]}, r"offload: components is set but mode='none'"),
-    ({"mode": "model", "prefetch": False}, r"offload: prefetch only applies to mode='layerwise' \(mode='model'\)"),
+    ({"mode": "model", "prefetch": False},
+     r"offload: prefetch only applies to mode='layerwise' or 'distributed' \(mode='model'\)"),
     ({"mode": "model", "resident_layers": 4}, r"offload: resident_layers only applies to mode='layerwise'"),
     ({"mode": "model", "dir": ""}, r"offload.dir='': String should have at least 1 character"),
     ({"mode": "model", "bogus": 1}, r"unknown field offload.bogus"),
