@@ -23,6 +23,7 @@ from stage_runtime.fetch.command import add_parser as add_fetch_parser
 from stage_runtime.models.tiny import KINDS as TINY_KINDS
 from stage_runtime.models.tiny.gguf_file import WRITABLE as GGUF_QUANTS
 from stage_runtime.train.command import add_parser as add_train_parser
+from stage_runtime.weight_layout import describe_dlo
 
 # CLI flag → (section, field) of StageConfig.
 ENGINE_FLAGS = {
@@ -58,6 +59,7 @@ ENGINE_FLAGS = {
     "sleep_after_idle_s": ("sleep", "after_idle_s"), "sleep_drain_timeout_s": ("sleep", "drain_timeout_s"),
     "sleep_wake_timeout_s": ("sleep", "wake_timeout_s"),
     "profiler_dir": ("profiler", "dir"), "profiler_max_seconds": ("profiler", "max_seconds"),
+    "offload": ("offload", "mode"), "dlo_use_allgather": ("offload", "allgather"),
 }
 
 
@@ -124,6 +126,13 @@ def add_engine_flags(p: argparse.ArgumentParser, model_required: bool = False) -
     p.add_argument("--profiler-dir", help="POST /start_profile, /stop_profile: torch.profiler traces of every rank "
                                           "into this folder")
     p.add_argument("--profiler-max-seconds", type=float, help="a profile stops by itself after this long (default 60)")
+    p.add_argument("--offload", choices=["none", "model", "layerwise", "distributed"],
+                   help="weight offload (docs/offload.md); distributed = DLO: 1/dp of the denoiser per rank")
+    p.add_argument("--enable-distributed-layerwise-offload", dest="offload", action="store_const", const="distributed",
+                   help="= --offload distributed: the data-parallel ranks shard the denoiser and all-gather each block")
+    p.add_argument("--dlo-use-allgather", action=argparse.BooleanOptionalAction, default=None,
+                   help="DLO: shards + all-gather (default); --no-dlo-use-allgather: each rank from its own disk copy")
+    p.add_argument("--dlo-no-use-allgather", dest="dlo_use_allgather", action="store_false", help=argparse.SUPPRESS)
     p.add_argument("--decode-tile-side", type=int, help="the VAE decodes in tiles of at most this many pixels a side "
                                                         "(a video VAE's memory bound; default: whole frames)")
 
@@ -194,6 +203,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"quantization: {q.method}  components: {', '.join(q.components) or 'the denoiser'}  skip: "
               f"{', '.join(q.skip) or 'norms, positional and patch embeddings, first and last projections'}"
               + (f"  file: {q.file}" if q.file else ""))
+    if config.offload.mode != "none":
+        o = config.offload
+        print(f"offload: {o.mode}" + (f"  (DLO: all-gather over dp={p.dp_size}; waves of "
+                                      f"{p.dp_size * sc.max_num_seqs} requests)" if o.dlo else "")
+              + f"  components: {', '.join(o.components) or ('the denoiser' if o.mode == 'distributed' else 'all')}")
+        if o.dlo:
+            print("\n".join(describe_dlo(config.model.path, p.dp_size)))
     if config.sleep.enabled:
         sl = config.sleep
         print(f"sleep mode: level {sl.level}  after_idle_s: {sl.after_idle_s or 'never (POST /sleep only)'}  "

@@ -18,7 +18,8 @@
     sched     scheduling policy                      core                 (never torch / diffusers)
     distributed  groups, collectives, CFG/Ulysses    core
     core      config, errors, request, outputs, scheduler_output, model_info, plugins, imageio, control,
-              lora_spec, model_catalog, video_request, true_cfg, videoio, checkpoint, atomic_file, process_tree
+              lora_spec, model_catalog, video_request, true_cfg, videoio, checkpoint, atomic_file, process_tree,
+              weight_layout
                                                      core only            (never torch / diffusers)
 
 The operator imports nothing of the runtime but ``stage_runtime.config`` (one source of truth for the
@@ -39,7 +40,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CORE = {"config", "errors", "request", "outputs", "scheduler_output", "model_info", "plugins", "imageio", "control",
         "lora_spec", "model_catalog", "video_request", "true_cfg", "videoio", "checkpoint", "atomic_file",
-        "process_tree"}
+        "process_tree", "weight_layout"}
 OPERATOR_MAY_IMPORT = ("stage_runtime.config", "stage_runtime.model_catalog")
 EDGE = {"cli", "cli_serve", "client", "demo", "__main__", "__init__"}
 # the modules of the jobs package that run jobs on the stage's engine and answer /v1/videos: the stage process wires

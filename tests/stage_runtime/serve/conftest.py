@@ -14,7 +14,9 @@ from stage_process import running_stage
 STAGE_TOPOLOGY = MP_CFG2
 # Fail-closed tests SIGKILL the last worker /v1/stats reports: a real rank process of the multiprocess
 # executor, and for the in-process executor (no worker process) the sentinel executor's stand-in.
+# mp-dlo2: two data-parallel ranks that shard the denoiser (DLO); the victim dies inside the block gathers.
 FAULT_TOPOLOGIES = {"mp-cfg2": MP_CFG2,
+                    "mp-dlo2": ["--device", "cpu", "--num-gpus", "2", "--enable-distributed-layerwise-offload"],
                     "uni-sentinel": ["--device", "cpu", "--executor", "executors_for_tests:SentinelWorkerExecutor"]}
 # Small admission limits so 429 is reachable: one running request, two waiting.
 SHARED_LIMITS = ["--max-num-seqs", "1", "--max-waiting", "2"]
