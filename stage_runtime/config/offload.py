@@ -49,6 +49,8 @@ class OffloadConfig(BaseModel):
     def _fields_fit_mode(self) -> OffloadConfig:
         # Non-default values that the mode would ignore are mistakes (a dumped config round-trips: defaults pass).
         set_fields = {n for n, f in type(self).model_fields.items() if n != "mode" and getattr(self, n) != f.default}
+        if "allgather" in set_fields and self.mode != "distributed":
+            raise ValueError(f"allgather=False only applies to mode='distributed' (mode={self.mode!r})")
         if self.mode == "none" and set_fields:
             raise ValueError(f"{sorted(set_fields)[0]} is set but mode='none'; "
                              "set mode to 'model', 'layerwise' or 'distributed'")
@@ -56,8 +58,6 @@ class OffloadConfig(BaseModel):
         if self.mode == "model" and layer_only:
             raise ValueError(f"{sorted(layer_only)[0]} only applies to mode='layerwise' or 'distributed' "
                              "(mode='model')")
-        if "allgather" in set_fields and self.mode != "distributed":
-            raise ValueError(f"allgather=False only applies to mode='distributed' (mode={self.mode!r})")
         if self.mode in ("layerwise", "distributed") and self.prefetch and self.resident_layers < 2:
             raise ValueError(f"resident_layers={self.resident_layers} must be >= 2 with prefetch=True "
                              "(the running block and the one prefetched ahead); set prefetch=False or raise it")

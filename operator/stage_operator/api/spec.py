@@ -19,6 +19,8 @@ from stage_operator.api.engine import Engine
 from stage_operator.api.jobs import Jobs
 from stage_operator.api.meta import DEFAULT_GPU_RESOURCE, DEFAULT_IMAGE
 from stage_operator.api.model import ModelSource
+from stage_operator.api.offload import SPEC_RULES as OFFLOAD_RULES
+from stage_operator.api.offload import Offload, spec_refusal
 from stage_operator.api.pod import Auth, NetworkPolicy, PodTemplate
 from stage_operator.api.quantization import TENSOR_PARALLEL_RULE, Quantization, tensor_parallel_refusal
 from stage_operator.api.routing import Routing
@@ -191,7 +193,8 @@ class StageSpec(ApiModel):
     """The stage you want: which model, how many pods of how many GPUs, and how the operator runs, restarts,
     rolls out and scales them. Only `model` is required; nested objects default to {}, so the API server
     fills their defaults. The product of the parallel degrees must equal resources.gpusPerPod, quantized weights
-    need parallel.tensorParallelSize 1, and autoscaling.metric jobs needs spec.jobs (CEL)."""
+    need parallel.tensorParallelSize 1, autoscaling.metric jobs needs spec.jobs, and offload.mode distributed a
+    data-parallel topology in request mode (CEL)."""
 
     model_config = ConfigDict(**_CAMEL, json_schema_extra={"x-kubernetes-validations": [cel(
         f"{_PRODUCT} == self.resources.gpusPerPod",
@@ -201,7 +204,7 @@ class StageSpec(ApiModel):
         "' x data ' + string(self.parallel.dataParallelSize) + ' x pipeline ' + "
         "string(self.parallel.pipelineParallelSize) + ') but resources.gpusPerPod is ' + "
         "string(self.resources.gpusPerPod)",
-        reason="FieldValueInvalid"), TENSOR_PARALLEL_RULE, JOBS_NEED_STORE_RULE]})
+        reason="FieldValueInvalid"), TENSOR_PARALLEL_RULE, JOBS_NEED_STORE_RULE, *OFFLOAD_RULES]})
     model: ModelSource
     image: str = Field(DEFAULT_IMAGE, min_length=1, description=(
         f"The stage container's image (default {DEFAULT_IMAGE}), also run by the fetch-model and make-model "
@@ -218,6 +221,7 @@ class StageSpec(ApiModel):
     engine: Engine = Field(default_factory=Engine)
     compile: Compile | None = None  # None: the wire form (hence the digest) of stages without it is unchanged
     quantization: Quantization | None = None  # None: the wire form (and digest) of stages without it is unchanged
+    offload: Offload | None = None  # None: the wire form (and digest) of stages without it is unchanged
     sleep: Sleep | None = None  # None: sleep mode off; the wire form (and digest) of stages without it is unchanged
     profiling: Profiling | None = None  # None: the profiler off; the same
     restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
@@ -252,6 +256,8 @@ class StageSpec(ApiModel):
             raise ValueError(tensor_parallel_refusal(self.quantization.method, tp))
         if self.autoscaling.metric == "jobs" and self.jobs is None:
             raise ValueError(JOBS_NEED_STORE)
+        if refusal := spec_refusal(self):
+            raise ValueError(refusal)
         return self
 
     def topology(self) -> ParallelConfig:

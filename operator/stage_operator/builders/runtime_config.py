@@ -74,6 +74,22 @@ def quantization_config(spec: StageSpec) -> dict[str, Any]:
     return {"quantization": section}
 
 
+def offload_config(spec: StageSpec) -> dict[str, Any]:
+    """The stage's `offload:` section (stage_runtime.config.OffloadConfig's names). {} without spec.offload or with
+    mode none: the stage config of a stage that offloads nothing is what it was (no rollout on upgrade)."""
+    if spec.offload is None or not spec.offload.enabled:
+        return {}
+    o = spec.offload.runtime()
+    section: dict[str, Any] = {"mode": o.mode}
+    if o.components:
+        section["components"] = list(o.components)
+    if o.mode in ("layerwise", "distributed"):
+        section.update(resident_layers=o.resident_layers, prefetch=o.prefetch)
+    if o.mode == "distributed":
+        section["allgather"] = o.allgather
+    return {"offload": section}
+
+
 def sleep_config(spec: StageSpec) -> dict[str, Any]:
     """The stage's `sleep:` section (stage_runtime.config.SleepConfig's names), enabled. {} without spec.sleep: the
     stage config of a stage without sleep mode is what it was (no rollout on upgrade)."""
@@ -119,7 +135,7 @@ def stage_config(spec: StageSpec, stage_name: str, loras: Any = None) -> dict[st
         loras["max_loras"] = spec.max_loras
     return {"model": model, "device": device(spec), "executor": executor(spec), "scheduler": scheduler, **loras,
             "cache": cache, "limits": limits, **jobs_config(spec), **compile_config(spec),
-            **quantization_config(spec), **sleep_config(spec), **profiler_config(spec),
+            **quantization_config(spec), **offload_config(spec), **sleep_config(spec), **profiler_config(spec),
             "parallel": {"tensor_parallel_size": p.tensor_parallel_size, "ulysses_degree": p.ulysses_degree,
                          "ring_degree": p.ring_degree, "cfg_parallel_size": p.cfg_parallel_size,
                          "data_parallel_size": p.data_parallel_size, "pipeline_parallel_size": p.pipeline_parallel_size,

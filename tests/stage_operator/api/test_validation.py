@@ -118,6 +118,39 @@ QUANTIZATION_CASES = [  # spec.quantization (api/quantization.py; more in test_q
     ('quantization-with-tp', {'quantization': {'method': 'fp8'}, 'parallel': {'tensorParallelSize': 2},
                               'resources': {'gpusPerPod': 2}}, [QUANT_TP]),
 ]
+DP2 = {'parallel': {'dataParallelSize': 2}, 'resources': {'gpusPerPod': 2}}
+DLO = {'offload': {'mode': 'distributed'}, **DP2}
+DLO_WITH = 'spec: offload.mode distributed with '
+OFFLOAD_CASES = [  # spec.offload (api/offload.py; more in test_offload.py)
+    ('offload-layerwise', {'offload': {'mode': 'layerwise', 'residentLayers': 3, 'prefetch': False}}, []),
+    ('offload-model-components', {'offload': {'mode': 'model', 'components': ['text_encoder', 'vae']}}, []),
+    ('offload-dlo', DLO, []),
+    ('offload-distributed-rank-local-dp1', {'offload': {'mode': 'distributed', 'allgather': False}}, []),
+    ('offload-allgather-without-distributed', {'offload': {'mode': 'layerwise', 'allgather': False}},
+     ['spec.offload: offload.allgather applies only to mode distributed, not layerwise']),
+    ('offload-prefetch-with-model', {'offload': {'mode': 'model', 'prefetch': False}},
+     ['spec.offload: offload.prefetch and offload.residentLayers apply only to modes layerwise and distributed, '
+      'not model']),
+    ('offload-dlo-dp1', {'offload': {'mode': 'distributed'}},
+     [DLO_WITH + 'parallel.dataParallelSize 1: it shards the denoiser over the data-parallel ranks; set '
+      'parallel.dataParallelSize > 1']),
+    ('offload-dlo-with-ulysses', {'offload': {'mode': 'distributed'}, 'parallel': {'dataParallelSize': 2,
+                                  'ulyssesDegree': 2}, 'resources': {'gpusPerPod': 4}},
+     [DLO_WITH + 'model parallelism (tensor 1 x ulysses 2 x ring 1 x cfg 1 x pipeline 1): every rank must be a '
+      'data-parallel replica (tensor, ulysses, ring, cfg and pipeline 1); use Ulysses or TP instead of DLO, or DLO '
+      'alone']),
+    ('offload-dlo-step-mode', {**DLO, 'engine': {'executionMode': 'step'}},
+     [DLO_WITH + 'engine.executionMode step: a step-mode tick joins and ends requests per rank, out of the '
+      'lock-step gathers; use request']),
+    ('offload-dlo-block-cache', {**DLO, 'engine': {'cache': {'mode': 'block'}}},
+     [DLO_WITH + 'engine.cache.mode block: a rank skipping blocks by its own cache decision would leave the others '
+      'waiting in the gather']),
+    ('offload-dlo-compile', {**DLO, 'compile': {'mode': 'regional'}},
+     [DLO_WITH + "compile.mode regional: the gathers swap the weights of each block inside what a compiled graph runs"]),
+    ('offload-dlo-quantized', {**DLO, 'quantization': {'method': 'int8-weight'}},
+     [DLO_WITH + 'quantization.method int8-weight: the shards are plain weight storages, and a quantized weight is '
+      'not one']),
+]
 AFTER_IDLE_RANGE = ('spec.sleep: sleep.afterIdle {} is out of range: more than 0s and at most 168h (a duration such '
                     'as 10m, 90s or 1h30m)')
 SLEEP_CASES = [  # spec.sleep and spec.profiling (api/sleep.py; more in test_sleep.py)
@@ -195,7 +228,7 @@ CEL_CASES = [
     ('model-both', {'model': {'builtin': 'tiny-sd', 'path': '/m'}},
      ['spec.model: model: set exactly one of builtin, path or source']),
     ('model-none', {'model': {'name': 'x'}}, ['spec.model: model: set exactly one of builtin, path or source']),
-] + MODEL_CASES + COMPILE_CASES + QUANTIZATION_CASES + SLEEP_CASES + [
+] + MODEL_CASES + COMPILE_CASES + QUANTIZATION_CASES + OFFLOAD_CASES + SLEEP_CASES + [
     ('operator-autoscaling', {'autoscaling': {'mode': 'Operator', 'minReplicas': 1, 'maxReplicas': 4}}, []),
     ('min-above-max', {'autoscaling': {'mode': 'Operator', 'minReplicas': 5, 'maxReplicas': 4}},
      ['spec.autoscaling: autoscaling.minReplicas (5) must not exceed maxReplicas (4)']),
@@ -240,7 +273,7 @@ def test_every_cel_rule_is_exercised_by_a_failing_case():
     for path, node in _nodes(version_schema(CRD)):
         rules.update(r['messageExpression'] for r in node.get('x-kubernetes-validations', ()))
     failing = {m.split(': ', 1)[1] for _, spec, msgs in CEL_CASES for m in msgs}
-    assert len(rules) == 33 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
+    assert len(rules) == 41 and len(failing) >= len(rules) - 1  # the autoscaling mode message varies by mode
 
 
 def _nodes(node, path=''):
@@ -290,7 +323,7 @@ def test_spec_errors_name_field_and_value():
             update={'gpus_per_pod': 3})).topology()
 
 
-MODEL_RULE_CASES = MODEL_CASES + COMPILE_CASES + QUANTIZATION_CASES + SLEEP_CASES + METRIC_CASES
+MODEL_RULE_CASES = MODEL_CASES + COMPILE_CASES + QUANTIZATION_CASES + OFFLOAD_CASES + SLEEP_CASES + METRIC_CASES
 
 
 @pytest.mark.parametrize('spec, messages', [c[1:] for c in MODEL_RULE_CASES], ids=[c[0] for c in MODEL_RULE_CASES])
