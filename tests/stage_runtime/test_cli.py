@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,35 @@ def test_an_unknown_scheduling_policy_exits_2(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["validate", "--scheduling-policy", "lifo"])
     assert exc.value.code == 2 and "--scheduling-policy" in capsys.readouterr().err
+
+
+def test_the_dlo_flags_make_a_distributed_offload_and_validate_shows_each_ranks_shard_bytes(tiny_sd_path, capsys):
+    rc, out, err = run_cli(capsys, "validate", "--model", tiny_sd_path, "--num-gpus", "2",
+                           "--enable-distributed-layerwise-offload", "--dlo-use-allgather")
+    assert rc == 0 and err == "", err
+    assert "offload: distributed  (DLO: all-gather over dp=2; waves of 2 requests)" in out
+    shard = [line for line in out.splitlines() if line.strip().startswith("dp rank ")]
+    total = int(re.search(r"unet: ([\d,]+) bytes", out).group(1).replace(",", ""))
+    at_rest = [int(re.search(r"dp rank \d: ([\d,]+) bytes at rest", line).group(1).replace(",", "")) for line in shard]
+    assert len(shard) == 2 and all(0 < b <= 0.55 * total for b in at_rest) and sum(at_rest) >= total, out
+
+
+def test_dlo_without_data_parallel_ranks_exits_2_naming_the_mode_as_a_real_process():
+    proc = run_subprocess("validate", "--num-gpus", "2", "--ulysses-degree", "2",
+                          "--enable-distributed-layerwise-offload")
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert "offload.mode='distributed'" in proc.stderr and "dp=1" in proc.stderr, proc.stderr
+
+
+def test_no_allgather_without_distributed_offload_exits_2_naming_allgather(capsys):
+    rc, out, err = run_cli(capsys, "validate", "--num-gpus", "2", "--no-dlo-use-allgather")
+    assert rc == 2 and out == ""
+    assert "allgather=False only applies to mode='distributed'" in err, err
+
+
+def test_the_rank_local_variant_validates_as_layerwise_per_rank(capsys):
+    rc, out, _ = run_cli(capsys, "validate", "--num-gpus", "2", "--offload", "distributed", "--no-dlo-use-allgather")
+    assert rc == 0 and "offload: distributed" in out and "DLO" not in out, out
 
 
 def test_validate_config_file_with_flag_override(tmp_path, capsys):
