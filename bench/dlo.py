@@ -7,6 +7,9 @@ all of them alike:
     dp1-whole     one rank holding the whole denoiser, two requests fused per call (the baseline of every ratio)
     dp2-copies    two data-parallel ranks, each a whole copy, a wave of two split one per rank (plain DP: what DLO
                   saves memory against)
+    tp2, ulysses2 the DiT only (the UNet has neither): two ranks serving one request together, tensor parallel
+                  (each rank half of every sharded weight; not measured here: the weight stats count the bytes as
+                  loaded, before the cut) or Ulysses (each rank a whole copy, half the tokens)
     dp2-dlo       two ranks, each 1/2 of the denoiser, each block all-gathered before it runs, the next block's
                   gather started while the current one runs (prefetch, the default)
     dp2-dlo-sync  the same without prefetch (resident_layers 1): every gather waited for in full
@@ -15,8 +18,8 @@ For each topology it reports:
 
     req/s         requests answered per second: --requests requests submitted at once, from the first submit to
                   the last answer (median over --reps, with the min-max spread)
-    at rest       bytes of the denoiser one rank holds between calls (the shard; a whole copy without DLO) and the
-                  ratio to a full copy
+    at rest       bytes of the denoiser one rank holds between calls (DLO: its shards; TP: its slices; else a whole
+                  copy) and the ratio to a full copy
     window        the most denoiser bytes one rank had materialised at once (gathered blocks + its shards)
     gather ms     per block gather: from its start to the block having its weights (all ranks' bytes arrived)
     wait ms       per block gather: the part the rank waited for (the rest overlapped the previous block)
@@ -50,6 +53,8 @@ from stage_runtime.request import DiffusionRequest, SamplingParams  # noqa: E402
 TOPOLOGIES = {       # every topology runs two requests at once (a DLO wave is max_num_seqs x dp)
     "dp1-whole": {"parallel": {"num_gpus": 1}, "max_num_seqs": 2},
     "dp2-copies": {"parallel": {"num_gpus": 2}, "max_num_seqs": 2},
+    "tp2": {"parallel": {"num_gpus": 2, "tensor_parallel_size": 2}, "max_num_seqs": 2, "kinds": ("dit",)},
+    "ulysses2": {"parallel": {"num_gpus": 2, "ulysses_degree": 2}, "max_num_seqs": 2, "kinds": ("dit",)},
     "dp2-dlo": {"parallel": {"num_gpus": 2}, "offload": {"mode": "distributed"}},
     "dp2-dlo-sync": {"parallel": {"num_gpus": 2},
                      "offload": {"mode": "distributed", "prefetch": False, "resident_layers": 1}},
@@ -57,7 +62,7 @@ TOPOLOGIES = {       # every topology runs two requests at once (a DLO wave is m
 
 
 def make_engine(path: str, topology: dict) -> DiffusionEngine:
-    topology = dict(topology)
+    topology = {k: v for k, v in topology.items() if k != "kinds"}
     seqs = topology.pop("max_num_seqs", 1)
     return DiffusionEngine.make_engine(load_config({
         "model": {"path": path}, "device": "cpu", "executor": "mp", **topology,
@@ -75,16 +80,19 @@ def burst(engine: DiffusionEngine, tag: str, prompt: str, n: int, steps: int) ->
     return time.perf_counter() - t0
 
 
-def full_copy_bytes(engine: DiffusionEngine) -> int:
+def denoiser_bytes(engine: DiffusionEngine) -> int:
+    """The most denoiser bytes one rank loaded (a whole copy, or a tensor-parallel shard)."""
     components = engine.weights[0]["components"]
     denoiser = "unet" if "unet" in components else "transformer"
-    return components[denoiser]["bytes"]
+    return max(w["components"][denoiser]["bytes"] for w in engine.weights)
 
 
-def bench_model(path: str, prompt: str, steps: int, n: int, reps: int) -> dict[str, dict]:
+def bench_model(kind: str, path: str, prompt: str, steps: int, n: int, reps: int) -> dict[str, dict]:
     engines: dict[str, DiffusionEngine] = {}
     try:
         for name, topology in TOPOLOGIES.items():
+            if kind not in topology.get("kinds", (kind,)):
+                continue
             engines[name] = make_engine(path, topology)
             burst(engines[name], f"warm-{name}", prompt, 2, 2)            # not measured
         before = {name: e.collective_rpc("offload_stats") for name, e in engines.items()}
@@ -93,13 +101,15 @@ def bench_model(path: str, prompt: str, steps: int, n: int, reps: int) -> dict[s
         for rep in range(reps):
             for name in names[rep % len(names):] + names[:rep % len(names)]:
                 seconds[name].append(burst(engines[name], f"r{rep}-{name}", prompt, n, steps))
-        full = full_copy_bytes(engines["dp1-whole"])
+        full = denoiser_bytes(engines["dp1-whole"])
         out = {}
         for name, engine in engines.items():
             rates = sorted(n / s for s in seconds[name])
             stats, stats0 = engine.collective_rpc("offload_stats"), before[name]
+            # TP: the weight stats are the bytes as loaded, before the cut; its shard is not measured here
+            loaded = None if engine.config.parallel.tensor_parallel_size > 1 else denoiser_bytes(engine)
             row = {"rate": statistics.median(rates), "min": rates[0], "max": rates[-1], "full": full,
-                   "at_rest": full, "window": full, "gather_ms": None, "wait_ms": None}
+                   "at_rest": loaded, "window": loaded, "gather_ms": None, "wait_ms": None}
             if stats and stats[0].get("world"):
                 gathers = sum(s["gathers"] - s0["gathers"] for s, s0 in zip(stats, stats0, strict=True))
                 row.update(at_rest=max(s["shard_bytes"] for s in stats),
@@ -124,9 +134,9 @@ def report(kind: str, results: dict[str, dict], reps: int) -> None:
         gather = "-" if r["gather_ms"] is None else f"{r['gather_ms']:.3f}"
         wait = "-" if r["wait_ms"] is None else f"{r['wait_ms']:.3f}"
         spread = f"[{r['min']:.2f}-{r['max']:.2f}]"
-        print(f"  {name:<14}{r['rate']:>8.2f}{spread:>16}{r['rate'] / base['rate']:>7.2f}"
-              f"{r['at_rest'] / 2**20:>13.3f}{r['at_rest'] / r['full']:>7.2f}{r['window'] / 2**20:>12.3f}"
-              f"{gather:>11}{wait:>9}")
+        memory = (f"{'-':>13}{'-':>7}{'-':>12}" if r["at_rest"] is None else
+                  f"{r['at_rest'] / 2**20:>13.3f}{r['at_rest'] / r['full']:>7.2f}{r['window'] / 2**20:>12.3f}")
+        print(f"  {name:<14}{r['rate']:>8.2f}{spread:>16}{r['rate'] / base['rate']:>7.2f}{memory}{gather:>11}{wait:>9}")
 
 
 def main() -> None:
@@ -151,7 +161,7 @@ def main() -> None:
                        "a red fox" if k == "sd" else "207") for k in kinds]
         for kind, path, prompt in models:
             label = f"tiny-{kind}" if not args.model else path
-            report(label, bench_model(path, prompt, args.steps, args.requests, args.reps), args.reps)
+            report(label, bench_model(kind, path, prompt, args.steps, args.requests, args.reps), args.reps)
 
 
 if __name__ == "__main__":

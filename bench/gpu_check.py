@@ -65,7 +65,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtypes", default="bfloat16,float16", help="part 1's dtypes on the GPU")
     ap.add_argument("--families", default="", help="part 1: only these tiny kinds (default: every served one)")
     ap.add_argument("--parallel-dtype", default="float32", help="part 2's dtype (tiny models)")
-    ap.add_argument("--plans", default="", help="part 2: only these plans, e.g. 'cfg 2,ring 2' (default: all)")
+    ap.add_argument("--plans", default="", help="part 2: only these plans, e.g. 'cfg 2,ring 2,dlo' (default: all)")
     ap.add_argument("--models", default="flux,wan,sdxl", help="part 3's models")
     ap.add_argument("--steps", type=int, default=4, help="part 3: denoising steps of a request-mode request")
     ap.add_argument("--runs", type=int, help="part 3: timed request-mode rounds after the warm-up (2; dry run 1)")
@@ -89,8 +89,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown := [k for k in args.families if k not in tiny_kinds()]:
         ap.error(f"--families={args.families!r}: {unknown} are not served kinds ({', '.join(tiny_kinds())})")
     args.plans = [p.strip() for p in args.plans.split(",") if p.strip()]
-    if unknown := [p for p in args.plans if p not in {**PLANS_2, **PLANS_4}]:
-        ap.error(f"--plans={args.plans!r}: {unknown} unknown; expected some of {', '.join({**PLANS_2, **PLANS_4})}")
+    if unknown := [p for p in args.plans if p not in {**PLANS_2, **PLANS_4, "dlo": None}]:
+        ap.error(f"--plans={args.plans!r}: {unknown} unknown; expected some of "
+                 f"{', '.join({**PLANS_2, **PLANS_4})}, dlo")
     args.runs = args.runs or (1 if args.cpu_dry_run else 2)
     args.ticks = args.ticks or (1 if args.cpu_dry_run else 2)
     if args.runs < 1 or args.ticks < 1 or args.steps < 1:

@@ -2,7 +2,9 @@
 
 Two and four ranks share cuda:0 and run CFG, Ulysses, ring and TP (4 ranks: Ulysses 2 x ring 2, TP 2 x CFG 2) on
 the tiny DiT and SD3 (request mode: two requests fused; step mode: two batched); each rank's images must equal one
-rank's on the same device within 2 uint8. This proves the collectives' device handling (tensors on CUDA, the
+rank's on the same device within 2 uint8. Then distributed layerwise offload (gpucheck.dlo): two ranks, each half
+of the tiny SD's UNet, each its own request, equal to one rank within 1 uint8, with the memory each rank held. This
+proves the collectives' device handling (tensors on CUDA, the
 ring's host staging over gloo, the gathers), not a speedup: the ranks share one GPU.
 
 The backend: NCCL is tried first on 2 ranks (it may refuse two ranks on one device); where it fails, every plan
@@ -12,6 +14,7 @@ Tiny models in float32 by default: the comparison then shows the device handling
 
 from __future__ import annotations
 
+from gpucheck import dlo
 from gpucheck.ranks import PLANS_2, PLANS_4, TOLERANCE, errors, launch, load_adapter, parallel_config, scenario_images
 from gpucheck.ranks import worst_diff
 
@@ -45,11 +48,11 @@ def run(target, clock, emit, root: str, dtype: str = "float32", plans: list[str]
     references = {kind: scenario_images(load_adapter(path, target.torch_device, dtype)) for kind, path in models.items()}
     target.free()
     every = {**PLANS_2, **PLANS_4}
-    unknown = [p for p in plans if p not in every]
+    unknown = [p for p in plans if p not in every and p != "dlo"]
     if unknown:
         raise ValueError(f"plans={unknown}: expected some of {', '.join(every)}")
     backend = pick_backend(models, references, target, dtype, clock, emit)
-    for name, plan in ((name, every[name]) for name in plans or every):
+    for name, plan in ((name, every[name]) for name in plans or every if name in every):
         world = parallel_config(plan).world_size
         check = f"{name} on {world} ranks, one {target.device} device"
         if clock.spent(need_s=10):
@@ -65,3 +68,5 @@ def run(target, clock, emit, root: str, dtype: str = "float32", plans: list[str]
         emit(check, "ok" if diff <= TOLERANCE else "FAIL", f"max|diff| {diff} (<= {TOLERANCE})",
              f"{backend}, {dtype}, {len(KINDS)} models x 4 images per rank vs one rank", plan=plan, backend=backend,
              dtype=dtype, max_diff=diff, world=world)
+    if not plans or "dlo" in plans:
+        dlo.check(str(make_tiny_model(f"{root}/parallel-sd", kind="sd")), target, backend, clock, emit)

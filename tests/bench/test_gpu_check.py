@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_check.py"
 FAMILIES = ("sd", "wan")
 PLANS = ("ring 2", "tp 2 x cfg 2")
-REDUCED = ["--families", ",".join(FAMILIES), "--models", "sdxl", "--plans", ",".join(PLANS), "--budget-scale", "3"]
+REDUCED = ["--families", ",".join(FAMILIES), "--models", "sdxl", "--plans", ",".join((*PLANS, "dlo")), "--budget-scale", "3"]
 
 
 class Tracked:
@@ -137,6 +137,10 @@ def test_part_2_runs_each_plan_over_gloo_equal_to_one_rank(dry_run):
     assert [r["check"].split(" on ")[0] for r in plans] == list(PLANS)
     assert [r["data"]["world"] for r in plans] == [2, 4]
     assert all(r["status"] == "ok" and r["data"]["max_diff"] <= 2 for r in plans)
+    (dlo,) = [r for r in part if r["check"].startswith("DLO dp 2 on 2 ranks")]
+    assert dlo["status"] == "ok" and dlo["data"]["max_diff"] <= 1, dlo
+    assert all(0 < held <= 0.55 * dlo["data"]["full_bytes"] for held in dlo["data"]["shard_bytes"])
+    assert all(n > 0 for n in dlo["data"]["gathers"])
 
 
 def test_part_3_measures_engine_vs_bare_step_batches_and_offload_tiers_next_to_anchors(dry_run):
