@@ -3,9 +3,10 @@
 Each rank holds half of the tiny SD's UNet (``offload.mode: distributed``), the ranks all-gather every block over the
 backend part 2 picked (NCCL, or gloo with CUDA tensors), and each computes a different request in the same call, as
 a lock-step wave does. Both images must equal one rank without offload on the same device (request mode: within 1
-uint8). The row says what each rank held: the denoiser's bytes at rest (its shards) against a full copy, and the
-device memory the rank's process had allocated at rest and at its peak (torch.cuda counts a process's own
-allocations, so two ranks on one GPU are told apart). This proves the device handling of the gathers, not a
+uint8). The row says what each rank held: the denoiser's bytes at rest (its shards) against a full copy, where its
+UNet's tensors live after the load (the device: loaded on the host, only the shards were put there), and the device
+memory the rank's process had allocated at its peak while loading, at rest and at its peak while running (torch.cuda
+counts a process's own allocations, so two ranks on one GPU are told apart). This proves the device handling of the gathers, not a
 speedup: the ranks share one GPU.
 """
 
@@ -59,12 +60,16 @@ def dlo_rank(rank: int, job: dict, results) -> None:
     try:
         groups = init_distributed(config.parallel, rank, job["rendezvous"], device, 90.0, backend=job["backend"])
         try:
-            runner = DiffusionModelRunner(config, device)
-            runner.groups = groups
-            runner.load_model()
             cuda = device.type == "cuda"
             if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            runner = DiffusionModelRunner(config, device)
+            runner.groups = groups
+            runner.load_model()                           # on the host first: the device gets the shards only
+            placed = sorted({str(p.device) for p in runner.adapter.pipe.unet.parameters()})
+            if cuda:
                 torch.cuda.synchronize(device)
+                load_peak = torch.cuda.max_memory_allocated(device)
                 torch.cuda.reset_peak_memory_stats(device)
             at_rest = torch.cuda.memory_allocated(device) if cuda else None
             image = _image(runner, f"dlo-{rank}", PROMPTS[rank], rank + 1)
@@ -73,7 +78,8 @@ def dlo_rank(rank: int, job: dict, results) -> None:
             runner.close()
         finally:
             destroy_distributed()
-        results.put((rank, "ok", {"image": image, "stats": stats, "at_rest": at_rest, "peak": peak}))
+        results.put((rank, "ok", {"image": image, "stats": stats, "at_rest": at_rest, "peak": peak, "placed": placed,
+                                  "load_peak": load_peak if cuda else None}))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent; exiting releases the peer
         results.put((rank, "error", f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"))
         raise SystemExit(1) from None
@@ -104,12 +110,17 @@ def check(path: str, target, backend: str, clock, emit) -> None:
     full = ranks[0]["stats"]["managed_bytes"]
     held = [r["stats"]["shard_bytes"] for r in ranks]
     memory = ("" if ranks[0]["at_rest"] is None else
-              "; device allocated per rank at rest " + ", ".join(f"{r['at_rest'] / 2**20:.1f}" for r in ranks) +
-              " MiB, peak " + ", ".join(f"{r['peak'] / 2**20:.1f}" for r in ranks) + " MiB")
-    ok = diff <= TOLERANCE and all(h <= 0.55 * full for h in held) and all(r["stats"]["gathers"] > 0 for r in ranks)
+              "; device allocated per rank while loading (peak) " +
+              ", ".join(f"{r['load_peak'] / 2**20:.1f}" for r in ranks) + " MiB, at rest " +
+              ", ".join(f"{r['at_rest'] / 2**20:.1f}" for r in ranks) + " MiB, running (peak) " +
+              ", ".join(f"{r['peak'] / 2**20:.1f}" for r in ranks) + " MiB")
+    on_device = all(r["placed"] == [str(target.torch_device)] for r in ranks)
+    ok = (diff <= TOLERANCE and all(h <= 0.55 * full for h in held) and all(r["stats"]["gathers"] > 0 for r in ranks)
+          and on_device)
     emit(name, "ok" if ok else "FAIL", f"max|diff| {diff} (<= {TOLERANCE}); UNet at rest per rank "
          f"{max(held) / full:.2f}x of a full copy",
          f"{backend}; each rank its own request; UNet {full / 2**20:.2f} MiB, shards "
          f"{', '.join(f'{h / 2**20:.2f}' for h in held)} MiB{memory}", backend=backend, max_diff=diff,
          full_bytes=full, shard_bytes=held, at_rest=[r["at_rest"] for r in ranks], peak=[r["peak"] for r in ranks],
+         load_peak=[r["load_peak"] for r in ranks], placed=[r["placed"] for r in ranks],
          gathers=[r["stats"]["gathers"] for r in ranks])

@@ -72,7 +72,20 @@ class GatherTier:
             for group, offset in zip(unit.groups, offsets, strict=True):
                 flat[offset:offset + group.nbytes].copy_(saved_bytes(group))
             shard = flat[self.rank * chunk:(self.rank + 1) * chunk].clone()
+            del flat
             self.layouts[unit.name] = Layout(offsets, chunk * self.world, shard)
+            self._move(unit)
+
+    def _move(self, unit: Unit) -> None:
+        """A unit loaded on the host (offload.load_device) moves to the device: its tensors, the same objects, become
+        empty there (the release that follows keeps them so) and the host bytes are dropped."""
+        for group in unit.groups:
+            if group.device == self.device:
+                continue
+            with rebinding():
+                for v in group.views:
+                    v.tensor.data = torch.empty(0, dtype=v.tensor.dtype, device=self.device)
+            group.device = self.device
 
     def begin(self, unit: Unit) -> PendingGather:
         layout = self.layouts[unit.name]

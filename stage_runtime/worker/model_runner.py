@@ -41,7 +41,7 @@ from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.models.lora.manager import build_lora_manager
 from stage_runtime.models.registry import resolve_adapter_class
-from stage_runtime.offload import build_offloader
+from stage_runtime.offload import build_offloader, load_device, place_unsharded
 from stage_runtime.outputs import BatchRunnerOutput, ProgressHook, RunnerOutput
 from stage_runtime.request import DiffusionRequest, adapter_identity
 from stage_runtime.scheduler_output import SchedulerOutput
@@ -76,7 +76,10 @@ class DiffusionModelRunner:
         if self.config.quantization.method == "gguf":             # the denoiser from its pre-quantized file
             self.adapter = load_gguf_pipeline(adapter_cls, self.config.model, self.config.quantization, self.device)
         else:
-            self.adapter = adapter_cls.load(self.config.model.path, self.device, self.config.model.dtype)
+            on = load_device(self.config.offload, self.device)      # DLO on an accelerator: the host first
+            self.adapter = adapter_cls.load(self.config.model.path, on, self.config.model.dtype)
+            if on != self.device:
+                place_unsharded(self.config.offload, self.adapter, self.device)
         # the weights as loaded name the model; a checkpoint resumes only under the same quantization
         fingerprint = step_checkpoint.model_fingerprint(self.adapter, self.config.quantization.method)
         self.weights = quantize(self.adapter, self.config, self.device)      # the stored weights, before any wrapper
