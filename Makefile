@@ -86,6 +86,7 @@ bench: $(STAMP)
 	$(PY) bench/operator_restart.py
 	$(PY) bench/http_overhead.py
 	$(PY) bench/offload.py
+	$(PY) bench/dlo.py
 	$(PY) bench/fail_closed.py
 	$(PY) bench/stall.py
 	$(PY) bench/model_families.py
