@@ -12,7 +12,7 @@ from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
 from stage_runtime.request import DiffusionRequest, SamplingParams
 
-FAMILIES = {"wan22": ("tiny_wan22_path", {"height": 16, "width": 16, "num_frames": 9}, 6),
+FAMILIES = {"wan22": ("tiny_wan22_path", {"height": 16, "width": 16, "num_frames": 9}, 3),   # 3 steps: both experts
             "flux2-klein": ("tiny_flux2_klein_path", {"height": 64, "width": 64}, 3)}
 
 
