@@ -76,7 +76,12 @@ class StageMetrics:
         self.offload_peak = Gauge(f"{PREFIX}offload_peak_resident_bytes", "Peak materialised managed bytes",
                                   ["rank"], registry=r)
         self.offload_transfers = Gauge(f"{PREFIX}offload_transfers", "Offload transfers since start, by kind "
-                                       "(loads, releases, evictions, prefetches)", ["rank", "kind"], registry=r)
+                                       "(loads, releases, evictions, prefetches; DLO: gathers)", ["rank", "kind"],
+                                       registry=r)
+        self.offload_shard = Gauge(f"{PREFIX}offload_shard_bytes", "DLO: the denoiser bytes this rank holds at rest "
+                                   "(its 1/dp shards)", ["rank"], registry=r)
+        self.offload_gather = Gauge(f"{PREFIX}offload_gather_seconds", "DLO: seconds of all-gathers since start; "
+                                    "kind wait is what the prefetch did not hide", ["rank", "kind"], registry=r)
         self.lora_resident = Gauge(f"{PREFIX}lora_adapters_resident", "LoRA adapters loaded now", registry=r)
         self.lora_requests = Gauge(f"{PREFIX}lora_requests", "Requests admitted with this LoRA adapter since start",
                                    ["adapter"], registry=r)
@@ -151,6 +156,11 @@ class StageMetrics:
             for tier, nbytes in rank_stats["resident_bytes"].items():
                 self.offload_resident.labels(rank, tier).set(nbytes)
             self.offload_peak.labels(rank).set(rank_stats["peak_resident_bytes"])
-            for kind in ("loads", "releases", "evictions", "prefetches"):
+            gathered = "world" in rank_stats                            # the gather tier (offload.mode distributed)
+            for kind in ("loads", "releases", "evictions", "prefetches") + (("gathers",) if gathered else ()):
                 self.offload_transfers.labels(rank, kind).set(rank_stats.get(kind, 0))
+            if gathered:
+                self.offload_shard.labels(rank).set(rank_stats["shard_bytes"])
+                self.offload_gather.labels(rank, "total").set(rank_stats["gather_seconds"])
+                self.offload_gather.labels(rank, "wait").set(rank_stats["gather_wait_seconds"])
         return generate_latest(self.registry)

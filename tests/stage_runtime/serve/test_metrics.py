@@ -92,3 +92,19 @@ def test_cache_steps_and_result_cache_hits_are_counted():
     assert got[("diffstage_cache_steps_total", (("outcome", "computed"),))] == 3
     assert got[("diffstage_cache_steps_total", (("outcome", "skipped"),))] == 17
     assert got[("diffstage_result_cache_hits_total", ())] == 1
+
+
+def test_dlo_ranks_export_their_shard_bytes_gathers_and_gather_seconds():
+    dlo = {"mode": "distributed", "resident_bytes": {"cpu": 0, "peers": 1000}, "peak_resident_bytes": 700,
+           "loads": 6, "releases": 6, "evictions": 0, "prefetches": 5, "world": 2, "shard_bytes": 512,
+           "gathers": 12, "gather_seconds": 0.25, "gather_wait_seconds": 0.04}
+    got = samples(StageMetrics(), {**STATS, "offload": [{**dlo, "rank": 0}, {**dlo, "rank": 1, "gathers": 11}]})
+    assert got[("diffstage_offload_shard_bytes", (("rank", "1"),))] == 512
+    assert got[("diffstage_offload_transfers", (("kind", "gathers"), ("rank", "1")))] == 11
+    assert got[("diffstage_offload_gather_seconds", (("kind", "wait"), ("rank", "0")))] == 0.04
+    assert got[("diffstage_offload_gather_seconds", (("kind", "total"), ("rank", "0")))] == 0.25
+    layerwise = {k: v for k, v in dlo.items() if k not in ("world", "shard_bytes", "gathers", "gather_seconds",
+                                                           "gather_wait_seconds")}
+    got = samples(StageMetrics(), {**STATS, "offload": [{**layerwise, "mode": "layerwise", "rank": 0}]})
+    assert not any(name.startswith("diffstage_offload_gather") or name == "diffstage_offload_shard_bytes"
+                   for name, _ in got), "no DLO series without the gather tier"
