@@ -139,6 +139,24 @@ def completed(store, job_id: str, timeout: float) -> dict:
                              timeout, f'{job_id} finished', lambda: record(store, job_id))
 
 
+def running_on(store, job_id: str, pid: int) -> bool:
+    r = record(store, job_id)
+    return r.get('status') == 'in_progress' and str(r.get('owner', '')).endswith(f'-{pid}')
+
+
+def gone_while_busy(cluster, store, client: openai.OpenAI, pod: str, ids: list[str], seeds) -> bool:
+    """True once `pod` is going (deleted); until then keeps one job queued behind the running ones (appended to
+    `ids`), so the pod always has work to claim when it finishes one."""
+    if pod not in {p['metadata']['name'] for p in live(cluster)}:
+        return True
+    if not any(record(store, i).get('status') == 'queued' for i in ids):
+        try:
+            ids.extend(create_jobs(client, 1, next(seeds)))
+        except openai.APIStatusError as exc:           # the pod began draining between the two looks: it is going
+            assert exc.status_code == 503, exc
+    return False
+
+
 def create_jobs(client: openai.OpenAI, count: int, seed: int) -> list[str]:
     """`count` 1000-step jobs (the most a job takes), seeds from `seed`: their ids."""
     return [client.videos.create(prompt=f'a fox, take {seed + k}', size=SIZE, extra_body={
@@ -211,10 +229,18 @@ def test_scale_down_then_a_rollout_while_jobs_run_hand_every_job_over_at_a_check
                       'one replica left', lambda: scenario.status(cluster, NAME))
     [survivor] = [p['metadata']['name'] for p in live(cluster)]
     left = serve_pid(cluster, survivor)
+    # the rolled replica must be running a job when its SIGTERM comes, however long the rollout takes on this
+    # machine: a job running on it first, then one queued job kept in the store until the replica is gone (a
+    # condition; a backlog sized by a guess at the rollout's length ran dry under a loaded CI)
     with sdk(f"http://{live(cluster)[0]['status']['podIP']}:8000") as client:      # work for the rolled replica
-        ids += create_jobs(client, max(2, math.ceil(12 / (1000 * pace))), seed=40)    # to hand off at its SIGTERM
-    before = scenario.status(cluster, NAME)['templateHash']
-    cluster.patch_spec(NAME, {'engine': {'executionMode': 'step', 'maxNumSeqs': 2}})       # a rollout
+        ids += create_jobs(client, 2, seed=40)
+        scenario.wait_for(lambda: any(running_on(store, i, left) for i in ids), 120,
+                          'a job running on the replica to roll', lambda: [record(store, i) for i in ids])
+        before = scenario.status(cluster, NAME)['templateHash']
+        cluster.patch_spec(NAME, {'engine': {'executionMode': 'step', 'maxNumSeqs': 2}})       # a rollout
+        seeds = iter(range(42, 10_000))
+        scenario.wait_for(lambda: gone_while_busy(cluster, store, client, survivor, ids, seeds), 240,
+                          'the rolled replica to stop while it runs a job', lambda: scenario.status(cluster, NAME))
     scenario.wait_for(lambda: scenario.status(cluster, NAME).get('templateHash') != before
                       and scenario.is_ready(cluster, NAME, 1) and all(
                           p['metadata']['labels']['diffstage.io/template-hash']
