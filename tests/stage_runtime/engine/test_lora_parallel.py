@@ -114,24 +114,3 @@ def test_cfg_parallel_on_wan22_routes_each_ranks_rows_to_their_expert_with_their
     assert max_diff(ours["plain"], bare_with_loras(tiny_wan22_path, {}, None, PROMPT, STEPS, 12, **video)) <= 2
     assert max_diff(ours["adapted"], bare_with_loras(tiny_wan22_path, {}, None, PROMPT, STEPS, 11, **video)) > 5
 
-
-def test_dlo_ranks_each_apply_the_adapters_of_their_own_requests(tiny_model, tmp_path_factory):
-    """Distributed layerwise offload: each rank holds half the UNet and all-gathers every block, while the wave's
-    requests with different adapter sets (one loaded at startup, one at run time) run on different ranks, two fused
-    on each: each equals diffusers."""
-    path, out = tiny_model("sd"), tmp_path_factory.mktemp("dlo-lora")
-    adapters = {n: write_adapter(path, out / n, seed=s, gain=0.3) for n, s in (("a", 1), ("b", 2))}
-    eng = DiffusionEngine.make_engine(load_config({
-        "model": {"path": path}, "device": "cpu", "warmup": False, "parallel": {"num_gpus": 2},
-        "offload": {"mode": "distributed"}, "loras": [{"name": "a", "path": adapters["a"]}],
-        "scheduler": {"max_num_seqs": 2, "request_batch_max_wait_ms": 300}}))
-    try:
-        eng.collective_rpc("load_lora", ("b", adapters["b"]))       # at run time, onto released (sharded) weights
-        ours = run_sets(eng, "sd", SETS)
-        gathers = [s["gathers"] for s in eng.collective_rpc("offload_stats")]
-    finally:
-        eng.close()
-    for i, (name, loras) in enumerate(SETS.items()):
-        assert max_diff(ours[name], reference(path, adapters, "sd", loras, i)) <= 1, name
-    assert max_diff(ours["a"], ours["base"]) >= 3, "the adapter changed nothing"
-    assert all(n > 0 for n in gathers) and len(gathers) == 2

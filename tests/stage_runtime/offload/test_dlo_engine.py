@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine_probes import max_diff, wait_until
+from lora_probes import bare_with_loras, write_adapter
 from mp_probes import assert_released, req
 from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
@@ -167,4 +168,30 @@ def test_aborting_every_request_of_a_wave_stops_both_ranks(dlo, trace):
     idle(dlo)
     assert [c for c in calls(trace, since) if c["ids"] != ["blocker4"]] == []      # neither call ran to its end
     assert dlo.add_request(req("again", steps=2)).result(60).ok
+    idle(dlo)
+
+
+def test_each_rank_applies_the_adapters_of_its_own_requests(dlo, tiny_sd_path, tmp_path):
+    """LoRA under DLO: the factors are not sharded, only the base weights; adapters loaded at run time onto the
+    released (sharded) model, and a wave whose two ranks run different adapter sets, each equal to diffusers'
+    load_lora_weights + set_adapters of the same files."""
+    adapters = {n: write_adapter(tiny_sd_path, tmp_path / n, seed=s, gain=0.3) for n, s in (("a", 1), ("b", 2))}
+    for name, path in adapters.items():
+        dlo.collective_rpc("load_lora", (name, path))
+    sets = {"with-a": ({"name": "a", "scale": 1.0},),
+            "with-ab": ({"name": "a", "scale": 0.6}, {"name": "b", "scale": -0.5})}
+    try:
+        first = blocker(dlo, "blocker5")
+        streams = {rid: dlo.add_request(req(rid, "a red cat", 3, i, guidance_scale=7.5, loras=loras))
+                   for i, (rid, loras) in enumerate(sets.items())}
+        assert first.result(60).ok
+        got = {rid: stream.result(60).images for rid, stream in streams.items()}
+    finally:
+        for name in adapters:
+            dlo.collective_rpc("unload_lora", (name,))
+    for i, (rid, loras) in enumerate(sets.items()):
+        used = {ref["name"]: adapters[ref["name"]] for ref in loras}
+        expected = bare_with_loras(tiny_sd_path, used, [ref["scale"] for ref in loras], "a red cat", 3, i,
+                                   guidance_scale=7.5)
+        assert max_diff(got[rid], expected) <= 1, rid
     idle(dlo)
