@@ -57,7 +57,7 @@ class QwenImageEditAdapter(QwenImageAdapter):
     parallel_kinds = frozenset({"cfg"})
     edits_only = True
     supports_block_cache = False
-    lora_components = ()
+    lora_components = ("transformer",)                             # as QwenImageLoraLoaderMixin
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale", "edit_shapes")
     step_key_fields = ("height", "width", "edit_shapes")        # guidance is per request rows
 
@@ -156,10 +156,12 @@ class QwenImageEditAdapter(QwenImageAdapter):
         hidden = torch.cat(rows)
         # One img_shapes entry for every row: the layout is shared (the step key), the rotary table reads the first
         # entry only, and zero_cond_t's per-token modulation index then broadcasts over the rows of any split.
-        noise = self.pipe.transformer(
-            hidden_states=hidden, timestep=torch.cat(timesteps).to(hidden.dtype) / 1000,
-            encoder_hidden_states=text, encoder_hidden_states_mask=None if bool(mask.all()) else mask,
-            img_shapes=[self.token_layout(states[0].request)], return_dict=False)[0]
+        lora_rows = [(st.request, len(st.latents) * (2 if st.do_cfg else 1)) for st in states]
+        with self.lora_rows("transformer", lora_rows):
+            noise = self.pipe.transformer(
+                hidden_states=hidden, timestep=torch.cat(timesteps).to(hidden.dtype) / 1000,
+                encoder_hidden_states=text, encoder_hidden_states_mask=None if bool(mask.all()) else mask,
+                img_shapes=[self.token_layout(states[0].request)], return_dict=False)[0]
         preds, row = [], 0
         for st in states:
             n, tokens = st.latents.shape[:2]

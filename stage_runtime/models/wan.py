@@ -224,7 +224,7 @@ class WanImageToVideoAdapter(WanAdapter):
     self-attention while the cross-attention's image and text tokens stay whole on every rank."""
 
     pipeline_classes = ("WanImageToVideoPipeline",)
-    tiny_kinds = ("wan-i2v",)
+    tiny_kinds = ("wan-i2v", "wan22-i2v")
 
     def __init__(self, pipeline, device: torch.device):
         super().__init__(pipeline, device)

@@ -37,6 +37,8 @@ ZIMAGE_TRANSFORMER_TARGETS = (r".*(attention\.(to_q|to_k|to_v|to_out\.0)|feed_fo
 DENOISER = {"StableDiffusionPipeline": ("unet", SD_UNET_TARGETS),
             "StableDiffusionXLPipeline": ("unet", SD_UNET_TARGETS),
             "QwenImagePipeline": ("transformer", QWEN_TRANSFORMER_TARGETS),
+            "QwenImageEditPipeline": ("transformer", QWEN_TRANSFORMER_TARGETS),
+            "QwenImageEditPlusPipeline": ("transformer", QWEN_TRANSFORMER_TARGETS),
             "FluxPipeline": ("transformer", FLUX_TRANSFORMER_TARGETS),
             "FluxKontextPipeline": ("transformer", FLUX_TRANSFORMER_TARGETS),
             "StableDiffusion3Pipeline": ("transformer", SD3_TRANSFORMER_TARGETS),
@@ -50,7 +52,13 @@ DENOISER = {"StableDiffusionPipeline": ("unet", SD_UNET_TARGETS),
 def load_pipe(model_path: str):
     """The folder as diffusers loads it, materialised as the family's adapter loads it (Wan: diffusers' choice)."""
     low_cpu_mem_usage = resolve_adapter_class(ModelConfig(path=model_path)).low_cpu_mem_usage
-    pipe = DiffusionPipeline.from_pretrained(model_path, local_files_only=True, low_cpu_mem_usage=low_cpu_mem_usage)
+    extra = {}
+    if (Path(model_path) / "processor").is_dir():   # Qwen-Image-Edit: transformers builds its processor only with
+        from stage_runtime.models.qwen_vl_processor import load_processor      # torchvision; the stage's own
+
+        extra["processor"] = load_processor(model_path)
+    pipe = DiffusionPipeline.from_pretrained(model_path, local_files_only=True, low_cpu_mem_usage=low_cpu_mem_usage,
+                                             **extra)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

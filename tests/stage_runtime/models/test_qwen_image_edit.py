@@ -100,7 +100,8 @@ def test_facts(edit_engine, plus_engine):
         info = engine.model_info
         assert (info.pipeline_class, info.adapter) == (name, adapter)
         assert info.edit_tasks == ("instruct",) and info.edits_only and info.max_edit_images == most
-        assert info.guidance == "true_cfg" and info.parallel_kinds == ("cfg",) and info.lora_components == ()
+        assert info.guidance == "true_cfg" and info.parallel_kinds == ("cfg",)
+        assert info.lora_components == ("transformer",)                # as QwenImageLoraLoaderMixin
         assert (info.default_height, info.default_width, info.size_multiple) == (1024, 1024, 32)   # tiny VAE: 16x
         assert info.step_key == ("height", "width", "edit_shapes")
         warmup = warmup_request(info)              # the stage's warmup edits a grey picture of the default size

@@ -28,6 +28,7 @@ KINDS = {
     "wan22": ("WanPipeline", 16, 650_000),
     "wan-ti2v": ("WanPipeline", 32, 600_000),
     "wan-i2v": ("WanImageToVideoPipeline", 16, 550_000),
+    "wan22-i2v": ("WanImageToVideoPipeline", 16, 700_000),
     "ltx2": ("LTX2Pipeline", 64, 1_000_000),
     "hunyuan-video15": ("HunyuanVideo15Pipeline", 16, 19_000_000),   # a fixed 2048-wide ByT5 projection
 }
@@ -64,7 +65,7 @@ def folder(tmp_path_factory):
 
 
 def _run(pipe, kind: str, size: int, frames: int = FRAMES, **call):
-    if kind == "wan-i2v":
+    if kind in ("wan-i2v", "wan22-i2v"):
         call["image"] = Image.fromarray(np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8))
     return pipe(prompt="a photo of a cat", negative_prompt="blurry", height=size, width=size, num_frames=frames,
                 num_inference_steps=2, output_type="np", generator=torch.Generator().manual_seed(0), **call)
@@ -123,6 +124,7 @@ FACTS = {
     "wan22": (8, 4, 16, 512),
     "wan-ti2v": (16, 4, 48, 512),
     "wan-i2v": (8, 4, 16, 512),
+    "wan22-i2v": (8, 4, 16, 512),
     "ltx2": (32, 8, 8, 1024),
     "hunyuan-video15": (4, 4, 4, 1000),
 }
@@ -182,6 +184,17 @@ def test_wan_i2v_sends_the_clip_penultimate_tokens_to_the_transformer(folder):
     tokens = pipe.encode_image(image, torch.device("cpu"))
     assert tokens.shape == (1, 17, pipe.transformer.config.image_dim)
     assert pipe.transformer.config.in_channels == 2 * pipe.vae.config.z_dim + 4
+
+
+def test_wan22_i2v_has_two_experts_no_image_encoder_and_runs_both_from_the_image(folder):
+    pipe = _load(folder("wan22-i2v"))
+    assert pipe.config.boundary_ratio == 0.9 and pipe.image_encoder is None and pipe.transformer.config.image_dim is None
+    assert pipe.transformer.config.in_channels == pipe.transformer_2.config.in_channels == 2 * pipe.vae.config.z_dim + 4
+    calls = {"transformer": 0, "transformer_2": 0}
+    for name in calls:
+        getattr(pipe, name).register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
+    _run(pipe, "wan22-i2v", 16, guidance_scale=5.0, guidance_scale_2=3.0)
+    assert calls == {"transformer": 2, "transformer_2": 2}          # step 1 (t=999) high noise, step 2 low
 
 
 def test_ltx2_makes_sound_as_long_as_the_video(folder):

@@ -1,4 +1,5 @@
-"""WanPipeline (Wan 2.1, Wan 2.2 A14B's two experts, TI2V-5B): its facts, the frame rule at admission, both experts
+"""WanPipeline (Wan 2.1, Wan 2.2 A14B's two experts, TI2V-5B) and WanImageToVideoPipeline (Wan 2.1 I2V with CLIP
+image tokens, Wan 2.2 I2V A14B's two experts without them): its facts, the frame rule at admission, both experts
 running with their own guidance (equal to the bare call, step batching of different step counts and guidance
 scales, abort and progress: its ``FAMILIES`` rows in the checklist, test_families.py)."""
 
@@ -17,7 +18,8 @@ torch.set_num_threads(1)
 FAMILIES = (Family("wan", guidances=(6.0, 3.0), size=16, frames=9),
             Family("wan22", guidances=(6.0, 3.0), size=16, frames=9),
             Family("wan-ti2v", guidances=(5.0, 2.0), size=32, frames=9),
-            Family("wan-i2v", guidances=(5.0, 2.0), size=16, frames=9, reference=True))
+            Family("wan-i2v", guidances=(5.0, 2.0), size=16, frames=9, reference=True),
+            Family("wan22-i2v", guidances=(5.0, 2.0), size=16, frames=9, reference=True))
 WAN22 = FAMILIES[1]
 
 
