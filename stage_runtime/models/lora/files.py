@@ -25,16 +25,18 @@ from stage_runtime.errors import LoraLoadError
 from stage_runtime.models.lora.normalise import ModuleLora, Source, normalise
 
 DEFAULT_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
+EXPERT_PAIR = ("high_noise_model.safetensors", "low_noise_model.safetensors")   # Wan 2.2 LoRAs as published
 METADATA_KEY = "lora_adapter_metadata"          # diffusers' LoRA adapter metadata in the safetensors header
 
 
 @dataclass(frozen=True)
 class LoraFactors:
-    """One adapted module: delta(x) = B(A(x)) * scaling (conv: A with the base's kernel/stride/padding)."""
+    """One adapted module: delta(x) = (B(A(x)) + bias) * scaling (conv: A with the base's kernel/stride/padding)."""
 
     a: torch.Tensor
     b: torch.Tensor
     scaling: float
+    bias: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ class LoraWeights:
         ranks = [f.a.shape[0] for mods in self.modules.values() for f in mods.values()]
         return {"name": self.name, "path": self.path, "digest": self.digest, "rank": max(ranks),
                 "modules": {c: len(m) for c, m in self.modules.items()},
-                "bytes": sum(f.a.nbytes + f.b.nbytes for mods in self.modules.values() for f in mods.values())}
+                "bytes": sum(f.a.nbytes + f.b.nbytes + (0 if f.bias is None else f.bias.nbytes)
+                             for mods in self.modules.values() for f in mods.values())}
 
 
 def resolve_path(name: str, path: str, model_dir: str | None) -> str:
@@ -100,6 +103,8 @@ def _check_fit(source: Source, m: ModuleLora, module: torch.nn.Module) -> None:
         refuse(f"lora_A has shape {tuple(a.shape)}, the module needs {want_a}")
     if tuple(b.shape) != want_b:
         refuse(f"lora_B has shape {tuple(b.shape)}, the module needs {want_b}")
+    if m.bias is not None and tuple(m.bias.shape) != (want_b[0],):
+        refuse(f"lora_B.bias has shape {tuple(m.bias.shape)}, the module needs {(want_b[0],)}")
 
 
 def _within(module_path: str, prefix: str) -> bool:
@@ -130,31 +135,58 @@ def read_lora(name: str, path: str, components: dict[str, torch.nn.Module], pipe
     (prefix → module); LoraLoadError naming the adapter, the file and the first key that does not fit, or that
     targets one of ``flat_modules`` (component → module paths whose input is every row's tokens concatenated).
     A tensor-parallel layer's factors are cut to the rank's shard (its ``shard_low_rank``)."""
-    file = weight_file(name, path)
-    digest = hashlib.sha256(file.read_bytes()).hexdigest()[:16]
-    tensors, metadata = _read(name, file)
-    source = Source(name, str(file), pipeline_class, frozenset(tensors))
-    modules: dict[str, dict[str, LoraFactors]] = {}
-    for component, parts in normalise(source, tensors, metadata, components).items():
-        for module_path, m in parts.items():
-            try:
-                module = components[component].get_submodule(module_path)
-            except AttributeError:
-                raise source.refuse_key(m.key, "matches no module of the served model",
-                                        f" (no module {module_path!r} in {component})") from None
-            flat = next((p for p in (flat_modules or {}).get(component, ()) if _within(module_path, p)), None)
-            if flat is not None:
-                raise source.refuse_key(m.key, "targets a module this stage cannot adapt per request", (
-                    f": {component}.{flat} runs on the tokens of every image of a forward concatenated into one "
-                    "sequence, so one image's adapters cannot be told from another's (adapt the blocks instead)"))
-            _check_fit(source, m, module)
-            a, b = m.a, m.b
-            if hasattr(module, "shard_low_rank"):
-                a, b = module.shard_low_rank(a, b)
-            device, dtype = module.weight.device, compute_dtype(module)
-            modules.setdefault(component, {})[module_path] = LoraFactors(
-                a.to(device, dtype).contiguous(), b.to(device, dtype).contiguous(), m.scaling)
-    return LoraWeights(name, path, digest, modules)
+    digest, modules = hashlib.sha256(), {}
+    for file, into in expert_files(name, path, components):
+        digest.update(file.read_bytes())
+        tensors, metadata = _read(name, file)
+        source = Source(name, str(file), pipeline_class, frozenset(tensors))
+        served = components if into is None else {"transformer": components[into]}
+        for component, parts in normalise(source, tensors, metadata, served).items():
+            _check_modules(source, component if into is None else into, parts, components, flat_modules, modules)
+    return LoraWeights(name, path, digest.hexdigest()[:16], modules)
+
+
+def expert_files(name: str, path: str, components: dict[str, torch.nn.Module]) -> list[tuple[Path, str | None]]:
+    """The adapter's files, each with the component its ``transformer.`` keys adapt (None: as the keys say). A folder
+    holding Wan 2.2's published pair (``high_noise_model.safetensors``, ``low_noise_model.safetensors``, as lightx2v
+    ships them) is one adapter of both experts: the high-noise file into ``transformer``, the low-noise one into
+    ``transformer_2`` (diffusers: ``load_lora_weights(low, load_into_transformer_2=True)``)."""
+    folder = Path(path)
+    if folder.is_dir() and all((folder / f).is_file() for f in EXPERT_PAIR):
+        if "transformer_2" not in components:
+            raise LoraLoadError(f"LoRA adapter {name!r}: folder {path!r} holds a Wan 2.2 pair "
+                                f"({', '.join(EXPERT_PAIR)}) for two experts, and this model has one (its LoRA "
+                                f"components are {', '.join(components)}); give one of the files")
+        return [(folder / EXPERT_PAIR[0], "transformer"), (folder / EXPERT_PAIR[1], "transformer_2")]
+    return [(weight_file(name, path), None)]
+
+
+def _check_modules(source: Source, component: str, parts: dict[str, ModuleLora], components, flat_modules,
+                   modules: dict[str, dict[str, LoraFactors]]) -> None:
+    """Each converted module of one component checked against the served model and put on its device."""
+    for module_path, m in parts.items():
+        try:
+            module = components[component].get_submodule(module_path)
+        except AttributeError:
+            raise source.refuse_key(m.key, "matches no module of the served model",
+                                    f" (no module {module_path!r} in {component})") from None
+        flat = next((p for p in (flat_modules or {}).get(component, ()) if _within(module_path, p)), None)
+        if flat is not None:
+            raise source.refuse_key(m.key, "targets a module this stage cannot adapt per request", (
+                f": {component}.{flat} runs on the tokens of every image of a forward concatenated into one "
+                "sequence, so one image's adapters cannot be told from another's (adapt the blocks instead)"))
+        _check_fit(source, m, module)
+        a, b, bias = m.a, m.b, m.bias
+        if hasattr(module, "shard_low_rank"):
+            if bias is not None:
+                raise source.refuse_key(m.key, "cannot be served under tensor parallel", (
+                    f": it carries a LoRA bias ({component}.{module_path}.lora_B.bias, a diff_b), and a bias "
+                    "on a tensor-parallel shard is not served; use Ulysses, ring or CFG parallel"))
+            a, b = module.shard_low_rank(a, b)
+        device, dtype = module.weight.device, compute_dtype(module)
+        modules.setdefault(component, {})[module_path] = LoraFactors(
+            a.to(device, dtype).contiguous(), b.to(device, dtype).contiguous(), m.scaling,
+            None if bias is None else bias.to(device, dtype).contiguous())
 
 
 def compute_dtype(module: torch.nn.Module) -> torch.dtype:

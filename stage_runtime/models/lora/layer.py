@@ -1,7 +1,8 @@
 """The unfused per-row LoRA layer: a forward hook on each adapted Linear / Conv2d.
 
     y = base(x)                                   the module's own forward, weights never touched
-    y[rows of set S] += Σ_{(i, s_i) in S} s_i · scaling_i · B_i(A_i x[rows of S])    in S's order
+    y[rows of set S] += Σ_{(i, s_i) in S} s_i · scaling_i · (B_i(A_i x[rows of S]) + b_i)    in S's order
+                                                  (b_i: the adapter's lora_B.bias, zero when it has none)
 
 Which rows carry which adapters is plain data — a :class:`RowPlan` — that the family's code sets on the
 component's :class:`LoraSlot` right before one fused call and clears right after (``LoraManager.rows``).
@@ -101,5 +102,5 @@ class LoraHook:
     @staticmethod
     def _delta(module: torch.nn.Module, x: torch.Tensor, f: LoraFactors) -> torch.Tensor:
         if isinstance(module, torch.nn.Conv2d):
-            return F.conv2d(F.conv2d(x, f.a, stride=module.stride, padding=module.padding), f.b)
-        return F.linear(F.linear(x, f.a), f.b)
+            return F.conv2d(F.conv2d(x, f.a, stride=module.stride, padding=module.padding), f.b, f.bias)
+        return F.linear(F.linear(x, f.a), f.b, f.bias)

@@ -29,17 +29,19 @@ import torch
 from stage_runtime.errors import LoraLoadError
 
 FACTOR_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
+BIAS_SUFFIX = ".lora_B.bias"     # PEFT's lora_bias: diffusers turns a Wan file's ``diff_b`` into it
 MAX_REASON = 400          # characters of diffusers' own message kept in a refusal (it may list every key)
 
 
 @dataclass(frozen=True)
 class ModuleLora:
-    """One adapted module as diffusers would load it: delta(x) = scaling · B(A(x))."""
+    """One adapted module as diffusers would load it: delta(x) = scaling · (B(A(x)) + bias)."""
 
     key: str            # its lora_A key, "<component>.<module>.lora_A.weight" (as the conversion names it)
     a: torch.Tensor
     b: torch.Tensor
     scaling: float
+    bias: torch.Tensor | None = None    # lora_B.bias: diffusers' reading of a ``diff_b`` (CausVid, lightx2v)
 
 
 @dataclass(frozen=True)
@@ -150,15 +152,15 @@ def component_modules(source: Source, component: str, module: torch.nn.Module, p
                             f"{first!r}): {_reason(exc)}") from None
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key in sorted(peft):
-        suffix = next((s for s in FACTOR_SUFFIXES if key.endswith(s)), None)
+        suffix = next((s for s in (*FACTOR_SUFFIXES, BIAS_SUFFIX) if key.endswith(s)), None)
         if suffix is None:
             raise source.refuse_key(f"{component}.{key}", "has a tensor that is not a LoRA factor",
-                                    " (lora_A.weight / lora_B.weight; DoRA magnitudes and LoRA biases are not served)")
+                                    " (lora_A.weight / lora_B.weight / lora_B.bias; DoRA magnitudes are not served)")
         pairs.setdefault(key[:-len(suffix)], {})[suffix] = peft[key]
     modules = {}
     for path, factors in pairs.items():
         key = f"{component}.{path}{FACTOR_SUFFIXES[0]}"
-        if len(factors) != 2:
+        if any(s not in factors for s in FACTOR_SUFFIXES):
             missing = next(s for s in FACTOR_SUFFIXES if s not in factors)
             raise source.refuse(f"has module {component}.{path} without its {missing[1:]}")
         a, b = factors[FACTOR_SUFFIXES[0]], factors[FACTOR_SUFFIXES[1]]
@@ -166,7 +168,7 @@ def component_modules(source: Source, component: str, module: torch.nn.Module, p
         if a.ndim < 2 or r != a.shape[0]:
             raise source.refuse_key(key, "does not fit its own config", f": lora_A has shape {tuple(a.shape)}, the "
                                                                         f"adapter's r for the module is {r}")
-        modules[path] = ModuleLora(key, a, b, float(scaling))
+        modules[path] = ModuleLora(key, a, b, float(scaling), factors.get(BIAS_SUFFIX))
     if getattr(config, "use_dora", False):
         raise source.refuse(f"is a DoRA adapter ({component}'s config has use_dora); DoRA is not served")
     return modules

@@ -164,23 +164,31 @@ def test_a_transformer_2_key_on_wan21_is_refused_naming_it(tiny_model, files):
     assert [a["name"] for a in engine.collective_rpc("list_loras")] == ["wan"]
 
 
-def original_layout_file(path: str, out: Path, seed: int) -> Path:
+def original_layout_file(path: str, out: Path, seed: int, biases: bool = False,
+                         name: str = "original.safetensors") -> Path:
     """A random Wan LoRA in the layout its authors publish (lightx2v, CausVid): ``diffusion_model.blocks.N.self_attn.q``
-    …, kohya-style ``lora_down`` / ``lora_up`` with an ``alpha`` per module."""
+    …, kohya-style ``lora_down`` / ``lora_up`` with an ``alpha`` per module; ``biases``: also each module's bias
+    difference (``diff_b``) and the norms' zeroed ``diff`` keys, as CausVid and the lightx2v step-distill files carry."""
     from safetensors.torch import save_file
 
-    blocks = len(load_pipe(path).transformer.blocks)
+    transformer = load_pipe(path).transformer
     generator, tensors = torch.Generator().manual_seed(seed), {}
-    for i in range(blocks):
+    for i in range(len(transformer.blocks)):
         for module in ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.o",
                        "ffn.0", "ffn.2"):
             key = f"diffusion_model.blocks.{i}.{module}"
-            tensors[f"{key}.lora_down.weight"] = torch.randn(4, 32, generator=generator) / 32 ** 0.5
-            tensors[f"{key}.lora_up.weight"] = torch.randn(32, 4, generator=generator)
+            width = 32
+            tensors[f"{key}.lora_down.weight"] = torch.randn(4, width, generator=generator) / width ** 0.5
+            tensors[f"{key}.lora_up.weight"] = torch.randn(width, 4, generator=generator)
             tensors[f"{key}.alpha"] = torch.tensor(2.0)
+            if biases:
+                tensors[f"{key}.diff_b"] = torch.randn(width, generator=generator) * 0.5
+        if biases:
+            for norm in ("self_attn.norm_q", "self_attn.norm_k", "cross_attn.norm_q", "cross_attn.norm_k"):
+                tensors[f"diffusion_model.blocks.{i}.{norm}.diff"] = torch.zeros(32)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / "original.safetensors"))
-    return out / "original.safetensors"
+    save_file(tensors, str(out / name))
+    return out / name
 
 
 def test_a_published_layout_is_served_as_diffusers_converts_it(tiny_model, files, tmp_path):
@@ -199,3 +207,48 @@ def test_a_published_layout_is_served_as_diffusers_converts_it(tiny_model, files
     assert max_diff(ours, bare("wan", path, {"published": str(original)})) <= 2
     assert max_diff(ours, bare("wan", path, {})) > 5
     assert (before == after).all()
+
+
+def test_a_step_distill_file_with_bias_differences_is_served_per_row_beside_a_plain_request(tiny_model, files,
+                                                                                           tmp_path):
+    """CausVid / lightx2v as downloaded: ``diff_b`` bias differences (diffusers: ``lora_B.bias``) and zeroed norm
+    ``diff`` keys (diffusers drops them). In one step batch beside a request without it, each equals diffusers
+    loading the same file, and the bias does change the video."""
+    engine, path = engine_for(tiny_model, files, "wan", "step"), tiny_model("wan")
+    distill = original_layout_file(path, tmp_path / "distill", seed=8, biases=True)
+    plain = original_layout_file(path, tmp_path / "nobias", seed=8)
+    engine.collective_rpc("load_lora", ("distill", str(distill)))
+    try:
+        listed = {a["name"]: a for a in engine.collective_rpc("list_loras")}
+        together = run_together(engine, [request("wan", "plain"), request("wan", "distilled", "distill")])
+    finally:
+        engine.collective_rpc("unload_lora", ("distill",))
+    assert listed["distill"]["modules"] == {"transformer": 16}
+    assert max_diff(together["distilled"].images, bare("wan", path, {"distill": str(distill)})) <= 2
+    assert max_diff(together["plain"].images, bare("wan", path, {})) <= 2
+    assert max_diff(bare("wan", path, {"distill": str(distill)}), bare("wan", path, {"nobias": str(plain)})) > 2, \
+        "the biases change the video"
+
+
+def test_wan22s_published_pair_folder_is_one_adapter_of_both_experts(tiny_model, files, tmp_path):
+    """Wan 2.2 LoRAs are published as a folder of two files (lightx2v: ``high_noise_model.safetensors``,
+    ``low_noise_model.safetensors``): served as one adapter, the high-noise file on ``transformer`` and the low-noise
+    one on ``transformer_2``, equal to diffusers' ``load_lora_weights(high)`` + ``load_lora_weights(low,
+    load_into_transformer_2=True)``, beside a plain request in one tick; on a one-expert model the folder is refused."""
+    engine, path = engine_for(tiny_model, files, "wan22", "step"), tiny_model("wan22")
+    pair = tmp_path / "Wan2.2-T2V-A14B-4steps-lora"
+    high = original_layout_file(path, pair, seed=9, biases=True, name="high_noise_model.safetensors")
+    low = original_layout_file(path, pair, seed=10, biases=True, name="low_noise_model.safetensors")
+    engine.collective_rpc("load_lora", ("lightning", str(pair)))
+    try:
+        listed = {a["name"]: a for a in engine.collective_rpc("list_loras")}
+        together = run_together(engine, [request("wan22", "plain"), request("wan22", "fast", "lightning")])
+    finally:
+        engine.collective_rpc("unload_lora", ("lightning",))
+    assert listed["lightning"]["modules"] == {"transformer": 16, "transformer_2": 16}
+    reference = bare("wan22", path, {"high": str(high), "low": str(low)}, into_transformer_2=("low",))
+    assert max_diff(together["fast"].images, reference) <= 2
+    assert max_diff(together["plain"].images, bare("wan22", path, {})) <= 2
+    one_expert = engine_for(tiny_model, files, "wan", "step")
+    with pytest.raises(LoraLoadError, match=r"holds a Wan 2\.2 pair .* for two experts, and this model has one"):
+        one_expert.collective_rpc("load_lora", ("lightning", str(pair)))

@@ -116,8 +116,8 @@ def bad(tensors):
      "'lora_unet_block_to_q'"),
     ({"unet.block.to_q.lora_magnitude_vector": torch.randn(6)},
      "has a tensor that is not a LoRA factor: key 'unet.block.to_q.lora_magnitude_vector' (lora_A.weight / "
-     "lora_B.weight; DoRA magnitudes and LoRA biases are not served)"),
-    ({"unet.block.to_q.lora_B.bias": torch.randn(6)}, "key 'unet.block.to_q.lora_B.bias'"),
+     "lora_B.weight / lora_B.bias; DoRA magnitudes are not served)"),
+    ({"unet.block.to_q.lora_B.bias": torch.randn(5)}, "lora_B.bias has shape (5,), the module needs (6,)"),
 ])
 def test_refusals_name_the_adapter_the_file_and_the_first_key_that_does_not_fit(tmp_path, tensors, message):
     path = write(tmp_path, bad(tensors))

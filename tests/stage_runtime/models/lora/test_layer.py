@@ -53,6 +53,25 @@ def test_each_row_gets_its_own_delta_and_plain_rows_are_the_base(module, x):
     assert manager.forward_calls() == 1
 
 
+@pytest.mark.parametrize("module, x", [(torch.nn.Linear(8, 6), torch.randn(1, 3, 8)),
+                                       (torch.nn.Conv2d(3, 5, 3, padding=1), torch.randn(1, 3, 6, 6))])
+def test_a_lora_bias_is_added_with_the_factors_and_scaled_like_them(module, x):
+    """PEFT's lora_bias (diffusers' reading of a Wan file's diff_b): result + (lora_B(lora_A(x)) + bias) · scaling.
+    Three identical rows: the same factors without and with the bias, and none."""
+    torch.manual_seed(1)
+    conv = isinstance(module, torch.nn.Conv2d)
+    x = x.expand(3, *x.shape[1:]).contiguous()
+    plain = LoraFactors(torch.randn(2, 3, 3, 3) if conv else torch.randn(2, 8),
+                        torch.randn(5, 2, 1, 1) if conv else torch.randn(6, 2), 2.0)
+    bias = torch.randn(5 if conv else 6)
+    manager = manager_with(module, {"plain": plain, "biased": LoraFactors(plain.a, plain.b, 2.0, bias)})
+    base = module(x)
+    with manager.rows("unet", [(("plain", 0.7),), (("biased", 0.7),), ()]):
+        out = module(x)
+    torch.testing.assert_close(out[1] - out[0], (bias.view(-1, 1, 1) if conv else bias).expand_as(out[0]) * 1.4)
+    assert not torch.equal(out[0], base[0]) and torch.equal(out[2], base[2])
+
+
 def test_a_wrong_row_count_or_a_missing_plan_under_the_guard_is_an_error():
     module = torch.nn.Linear(8, 6)
     manager = manager_with(module, {"a": LoraFactors(torch.randn(2, 8), torch.randn(6, 2), 1.0)})
