@@ -47,6 +47,9 @@ Frames are ``8k + 1`` (the VAE's temporal factor: diffusers decodes ``(F - 1) //
 other count); height and width are multiples of 32 (``ValueError`` in diffusers). CFG parallel splits a forward's
 rows like any denoiser's (every input of ``LTX2Rows`` is per row; the STG and isolation masks too); Ulysses and
 ring have no installer for its two token streams (video and audio, with cross-modal attention between them).
+LoRA adapts the transformer and the text connectors, as ``LTX2LoraLoaderMixin``: every forward runs inside
+``lora_rows("transformer")`` with each request's pass rows, the connectors inside ``lora_rows("connectors")`` with
+its [negative; prompt] rows.
 """
 
 from __future__ import annotations
@@ -145,6 +148,7 @@ class LTX2Adapter(LTX2Refusals, StepContract, PipelineAdapter):
     default_steps = 30
     default_guidance = 3.0
     parallel_kinds = frozenset({"cfg"})
+    lora_components = ("transformer", "connectors")          # as LTX2LoraLoaderMixin
     request_key_fields = ("height", "width", "num_frames", "fps", "num_inference_steps", "guidance_scale")
     step_key_fields = ("height", "width", "num_frames", "fps")    # timesteps and guidance are per row
 
@@ -213,8 +217,9 @@ class LTX2Adapter(LTX2Refusals, StepContract, PipelineAdapter):
             num_videos_per_prompt=1, max_sequence_length=self.max_sequence_length(), device=self.device)
         if do_cfg:
             embeds, mask = torch.cat([negative, embeds]), torch.cat([negative_mask, mask])
-        video_embeds, audio_embeds, mask = pipe.connectors(embeds, mask, padding_side=getattr(pipe.tokenizer,
-                                                                                              "padding_side", "left"))
+        with self.lora_rows("connectors", [(request, len(embeds))]):       # [negative; prompt] rows of one request
+            video_embeds, audio_embeds, mask = pipe.connectors(embeds, mask, padding_side=getattr(
+                pipe.tokenizer, "padding_side", "left"))
         generators = self.generators([request])
         noisy = None
         if request.reference is None:
@@ -317,11 +322,12 @@ class LTX2Adapter(LTX2Refusals, StepContract, PipelineAdapter):
             fused["audio_timestep"] = fused["sigma"]
         s0 = states[0].request.sampling
         frames, height, width = self.latent_grid(s0.num_frames, s0.height, s0.width)
-        video_out, audio_out = self.rows(
-            stg_blocks=self.defaults["spatio_temporal_guidance_blocks"], num_frames=frames, height=height, width=width,
-            fps=float(s0.fps), audio_num_frames=states[0].audio_latents.shape[1],
-            use_cross_timestep=self.defaults["use_cross_timestep"], **fused)
         sizes = [len(st.passes) * st.request.sampling.num_outputs for st in states]
+        with self.lora_rows("transformer", [(st.request, size) for st, size in zip(states, sizes, strict=True)]):
+            video_out, audio_out = self.rows(
+                stg_blocks=self.defaults["spatio_temporal_guidance_blocks"], num_frames=frames, height=height,
+                width=width, fps=float(s0.fps), audio_num_frames=states[0].audio_latents.shape[1],
+                use_cross_timestep=self.defaults["use_cross_timestep"], **fused)
         return [self.guide(st, v, a) for st, v, a in zip(states, video_out.float().split(sizes),
                                                           audio_out.float().split(sizes), strict=True)]
 
