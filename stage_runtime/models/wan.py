@@ -1,4 +1,5 @@
-"""Wan text-to-video (WanPipeline): Wan 2.1, Wan 2.2 A14B (two experts) and Wan 2.2 TI2V-5B.
+"""Wan (WanPipeline): Wan 2.1, Wan 2.2 A14B (two experts) and Wan 2.2 TI2V-5B — text to video, and TI2V-5B image to
+video with a first frame; WanImageToVideoPipeline below (Wan 2.1 I2V, Wan 2.2 I2V A14B).
 
 A 3-D DiT over patchified video latents, a T5 prompt (padded to ``max_sequence_length`` with zeros), flow
 matching, classifier-free guidance. diffusers calls the transformer twice per step (prompt, then negative
@@ -6,7 +7,8 @@ prompt); here one step is ONE denoiser forward over every scheduled request's ro
 when guided, so request mode runs the step loop to the end for its wave (as Qwen-Image) and both modes make one
 denoiser call per step (the runner's step clock). Per row:
 
-    timestep    t (Wan 2.1/2.2), or t per latent token (TI2V-5B: ``expand_timesteps``)
+    timestep    t (Wan 2.1/2.2), or t per latent token (TI2V-5B: ``expand_timesteps``; 0 on a first frame's)
+    input       the noisy latents; TI2V-5B with a picture: its first latent frame in place of the noise's
     expert      Wan 2.2 A14B: ``transformer`` while t >= boundary_ratio x num_train_timesteps (high noise,
                 guidance_scale), then ``transformer_2`` (low noise, guidance_scale_2); ``WanExperts`` splits
                 one forward's rows between them, so requests on either side of the boundary share ticks
@@ -29,7 +31,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-from stage_runtime.errors import ModelLoadError
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.models.routed import RoutedDenoiser
 from stage_runtime.models.step_contract import StepContract
@@ -125,8 +126,9 @@ class WanAdapter(StepContract, PipelineAdapter):
 
     def family_facts(self) -> dict:
         frames = inspect.signature(type(self.pipe).__call__).parameters["num_frames"].default
+        first_frame = {"reference": "optional"} if self.pipe.config.expand_timesteps else {}     # TI2V-5B
         return {"frame_rule": (int(self.pipe.vae_scale_factor_temporal), 1), "default_frames": int(frames),
-                "default_fps": DEFAULT_FPS, "takes_guidance_2": self.experts.boundary is not None}
+                "default_fps": DEFAULT_FPS, "takes_guidance_2": self.experts.boundary is not None, **first_frame}
 
     # -- request mode: the step loop, to the end, for the whole wave -------------------------------------
     def run_batch(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
@@ -147,14 +149,38 @@ class WanAdapter(StepContract, PipelineAdapter):
         return StepRequestState(request, scheduler, latents, do_cfg, cond={"embeds": embeds, **cond})
 
     def prepare_video_latents(self, request: DiffusionRequest) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The initial noise from the request's generators, and what else conditions its forwards (none here)."""
+        """The initial noise from the request's generators, and what else conditions its forwards: nothing for text to
+        video; TI2V-5B with a picture, its first frame (:meth:`first_frame_latents`)."""
         s = request.sampling
+        if request.reference is not None:
+            return self.first_frame_latents(request)
         return self.pipe.prepare_latents(s.num_outputs, self.pipe.transformer.config.in_channels, s.height, s.width,
                                          s.num_frames, torch.float32, self.device, self.generators([request])), {}
 
+    def first_frame_latents(self, request: DiffusionRequest) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """TI2V-5B image-to-video, as ``WanImageToVideoPipeline`` runs it over the same modules with
+        ``expand_timesteps``: the picture resized to the request's size and VAE-encoded (the first latent frame),
+        the same noise as text to video, and a mask that is 0 on the first latent frame. Every forward sees the
+        first frame in place of its noise, at timestep 0 on its tokens; the decoded latents keep it."""
+        from diffusers import WanImageToVideoPipeline
+
+        s, pipe = request.sampling, self.pipe
+        i2v = WanImageToVideoPipeline(**{k: v for k, v in pipe.components.items() if k != "image_processor"},
+                                      boundary_ratio=pipe.config.boundary_ratio, expand_timesteps=True)
+        image = Image.fromarray(request.reference, mode="RGB")
+        pixels = i2v.video_processor.preprocess(image, height=s.height, width=s.width).to(self.device, torch.float32)
+        latents, condition, mask = i2v.prepare_latents(
+            pixels, s.num_outputs, pipe.vae.config.z_dim, s.height, s.width, s.num_frames, torch.float32,
+            self.device, self.generators([request]))
+        return latents, {"condition": condition, "first_frame_mask": mask}
+
+    def with_first_frame(self, state: StepRequestState, latents: torch.Tensor) -> torch.Tensor:
+        mask = state.cond.get("first_frame_mask")
+        return latents if mask is None else (1 - mask) * state.cond["condition"] + mask * latents
+
     def model_input(self, state: StepRequestState) -> torch.Tensor:
         """One state's rows of the transformer's ``hidden_states`` (before the CFG doubling)."""
-        return state.latents
+        return self.with_first_frame(state, state.latents)
 
     def extra_rows(self, states: list[StepRequestState], rows: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """More per-row inputs of the forward (image-to-video: the reference image's CLIP tokens)."""
@@ -166,6 +192,9 @@ class WanAdapter(StepContract, PipelineAdapter):
         t = state.timestep
         if not self.pipe.config.expand_timesteps:
             return t.expand(rows)
+        mask = state.cond.get("first_frame_mask")
+        if mask is not None:                         # a first frame: its tokens at 0 (the pipeline's own product)
+            return (mask[0][0][:, ::2, ::2] * t).flatten().unsqueeze(0).expand(rows, -1)
         frames, height, width = state.latents.shape[2:]
         tokens = frames * ((height + 1) // 2) * ((width + 1) // 2)
         return torch.full((rows, tokens), float(t), dtype=torch.float32, device=state.latents.device)
@@ -206,7 +235,7 @@ class WanAdapter(StepContract, PipelineAdapter):
         """uint8 (num_outputs, F, H, W, 3): un-normalised by the VAE's latent mean and std, decoded, as the
         pipeline's video processor gives them."""
         vae = self.pipe.vae
-        latents = state.latents.to(vae.dtype)
+        latents = self.with_first_frame(state, state.latents).to(vae.dtype)
         shape = (1, vae.config.z_dim, 1, 1, 1)
         mean = torch.tensor(vae.config.latents_mean, device=latents.device, dtype=latents.dtype).view(shape)
         std = torch.tensor(vae.config.latents_std, device=latents.device, dtype=latents.dtype).view(shape)
@@ -228,14 +257,14 @@ class WanImageToVideoAdapter(WanAdapter):
 
     def __init__(self, pipeline, device: torch.device):
         super().__init__(pipeline, device)
-        if pipeline.config.expand_timesteps:
-            raise ModelLoadError("WanImageToVideoPipeline with expand_timesteps (Wan 2.2 TI2V-5B image-to-video) "
-                                 "is not served yet; its text-to-video (WanPipeline) is")
+        self.first_frame = bool(pipeline.config.expand_timesteps)     # TI2V-5B saved as this class: WanAdapter's path
 
     def family_facts(self) -> dict:
         return {**super().family_facts(), "reference": "required"}
 
     def prepare_video_latents(self, request: DiffusionRequest) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        if self.first_frame:
+            return self.first_frame_latents(request)
         s, pipe = request.sampling, self.pipe
         image = Image.fromarray(request.reference, mode="RGB")
         cond = {}
@@ -248,6 +277,8 @@ class WanImageToVideoAdapter(WanAdapter):
         return latents, cond
 
     def model_input(self, state: StepRequestState) -> torch.Tensor:
+        if self.first_frame:
+            return self.with_first_frame(state, state.latents)
         return torch.cat([state.latents, state.cond["condition"]], dim=1)
 
     def extra_rows(self, states: list[StepRequestState], rows: list[torch.Tensor]) -> dict[str, torch.Tensor]:

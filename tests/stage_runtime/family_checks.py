@@ -102,10 +102,20 @@ def bare_pipeline(path: str, pipeline_class: str | None = None, **pretrained) ->
     key = path if pipeline_class is None else f"{path}#{pipeline_class}"
     if key not in _PIPES:
         pipe = DiffusionPipeline.from_pretrained(path, local_files_only=True, **pretrained) if pipeline_class is None \
-            else getattr(diffusers, pipeline_class)(**bare_pipeline(path, **pretrained).components)
+            else _over_components(getattr(diffusers, pipeline_class), bare_pipeline(path, **pretrained))
         pipe.set_progress_bar_config(disable=True)
         _PIPES[key] = pipe
     return _PIPES[key]
+
+
+def _over_components(cls, base: DiffusionPipeline) -> DiffusionPipeline:
+    """``cls`` built over ``base``'s modules and the registered config it takes (e.g. TI2V-5B's ``expand_timesteps``
+    and a ``boundary_ratio``, as ``cls.from_pretrained`` of the folder would read them)."""
+    import inspect
+
+    takes = inspect.signature(cls.__init__).parameters
+    config = {k: v for k, v in base.config.items() if k in takes and k not in base.components and not k.startswith("_")}
+    return cls(**{k: v for k, v in base.components.items() if k in takes}, **config)
 
 
 def to_uint8(images) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""WanPipeline (Wan 2.1, Wan 2.2 A14B's two experts, TI2V-5B) and WanImageToVideoPipeline (Wan 2.1 I2V with CLIP
+"""WanPipeline (Wan 2.1, Wan 2.2 A14B's two experts, TI2V-5B: text to video, and image to video with a first
+frame, as WanImageToVideoPipeline runs that folder) and WanImageToVideoPipeline (Wan 2.1 I2V with CLIP
 image tokens, Wan 2.2 I2V A14B's two experts without them): its facts, the frame rule at admission, both experts
 running with their own guidance (equal to the bare call, step batching of different step counts and guidance
 scales, abort and progress: its ``FAMILIES`` rows in the checklist, test_families.py)."""
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_probes import assert_no_state, max_diff, runner_of
+from engine_probes import assert_no_state, count_denoiser_calls, max_diff, runner_of
 from family_checks import Family, bare_call, make_engine
 
 from stage_runtime.config import ModelConfig
@@ -18,6 +19,8 @@ torch.set_num_threads(1)
 FAMILIES = (Family("wan", guidances=(6.0, 3.0), size=16, frames=9),
             Family("wan22", guidances=(6.0, 3.0), size=16, frames=9),
             Family("wan-ti2v", guidances=(5.0, 2.0), size=32, frames=9),
+            Family("wan-ti2v", guidances=(5.0, 2.0), size=32, frames=9, reference=True,
+                   pipeline_class="WanImageToVideoPipeline", label="wan-ti2v-i2v"),
             Family("wan-i2v", guidances=(5.0, 2.0), size=16, frames=9, reference=True),
             Family("wan22-i2v", guidances=(5.0, 2.0), size=16, frames=9, reference=True))
 WAN22 = FAMILIES[1]
@@ -80,3 +83,43 @@ def test_a_low_noise_step_is_guided_by_guidance_scale_2_on_transformer_2(tiny_wa
                     for embeds in state.cond["embeds"])
     torch.testing.assert_close(pred, uncond + 40.0 * (cond - uncond), rtol=1e-3, atol=1e-4)
     assert (pred - (uncond + 6.0 * (cond - uncond))).abs().max() > 1e-2
+
+
+def test_ti2v_text_and_image_requests_share_one_forward_per_step(tiny_wan_ti2v_path):
+    """TI2V-5B: a text-to-video and an image-to-video request in the same ticks (the reference is in neither key:
+    every row takes a timestep per token, 0 on a first frame's), each equal to its own bare call, and the picture
+    is the first frame."""
+    t2v, i2v = (f for f in FAMILIES if f.kind == "wan-ti2v")
+    engine = make_engine(tiny_wan_ti2v_path, "step", warmup=False, max_num_seqs=2)
+    calls = count_denoiser_calls(engine)
+    try:
+        with engine._lock:                                   # admitted together: they share every tick
+            text = engine.add_request(t2v.request("text", "a red car", 3, 1, guidance_scale=5.0))
+            image = engine.add_request(i2v.request("image", "a red car", 3, 2, guidance_scale=5.0))
+        got = {"text": text.result(timeout=120).images, "image": image.result(timeout=120).images}
+        assert_no_state(engine)
+    finally:
+        engine.close()
+    assert calls[0] == 3, f"{calls[0]} forwards for two 3-step requests admitted together"
+    assert max_diff(got["text"], bare_call(t2v, tiny_wan_ti2v_path, "a red car", 3, 1, 5.0)) <= 2
+    assert max_diff(got["image"], bare_call(i2v, tiny_wan_ti2v_path, "a red car", 3, 2, 5.0)) <= 2
+    assert max_diff(got["image"], bare_call(t2v, tiny_wan_ti2v_path, "a red car", 3, 2, 5.0)) > 10, \
+        "the picture conditions the video"
+
+
+def test_a_ti2v_folder_saved_as_the_image_to_video_class_is_served_too(tiny_wan_ti2v_path, tmp_path):
+    """TI2V-5B saved as ``WanImageToVideoPipeline`` (``expand_timesteps`` in its config): the image is required, and
+    the video equals that class's own call."""
+    from diffusers import DiffusionPipeline, WanImageToVideoPipeline
+
+    folder = tmp_path / "ti2v-as-i2v"
+    base = DiffusionPipeline.from_pretrained(tiny_wan_ti2v_path, local_files_only=True)
+    WanImageToVideoPipeline(**base.components, expand_timesteps=True).save_pretrained(folder)
+    row = Family("wan-ti2v", size=32, frames=9, reference=True)
+    engine = make_engine(str(folder), "request", warmup=False)
+    try:
+        assert runner_of(engine).adapter.info().reference == "required"
+        out = engine.add_request(row.request("r", "a red car", 3, 4, guidance_scale=5.0)).result(timeout=120).images
+    finally:
+        engine.close()
+    assert max_diff(out, bare_call(row, str(folder), "a red car", 3, 4, 5.0)) <= 1
