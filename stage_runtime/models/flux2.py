@@ -25,8 +25,12 @@ refused (``distributed/tensor_parallel.py`` does not shard the single-stream blo
 block cache skips the blocks after the first double-stream block per request (``models/block_cache.py`` reads the
 last single-stream block's image tokens out of its joint output).
 
-Reference images (the pipeline's ``image``: multi-reference editing) are not served: a request with an image is a
-400 (``edit_tasks`` is empty). LoRA adapts the transformer, as ``Flux2LoraLoaderMixin`` (the text encoders never):
+Reference images (the pipeline's ``image``: multi-reference editing) come through ``/v1/images/edits`` (``image[]``
+repeated, at most ``MAX_REFERENCES``): each is resized, cropped and VAE-encoded as ``__call__`` does, and every
+forward's rows carry [image tokens ‖ each reference's tokens] with the references' position ids (time coordinate
+10·(i + 1)); the output keeps the image tokens. The references' sizes are in both compatibility keys (they set the
+sequence), so a forward never mixes sizes; without a size the image takes the first reference's (rounded down to
+16), as ``__call__`` does for references up to 1024² pixels. LoRA adapts the transformer, as ``Flux2LoraLoaderMixin`` (the text encoders never):
 every forward runs inside ``lora_rows("transformer")`` with its rows (a guided Klein request's twice), in both modes.
 """
 
@@ -37,13 +41,17 @@ import copy
 import numpy as np
 import torch
 from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu
+from PIL import Image
 
 from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.refusals import Flux2Refusals
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
 
 MAX_SEQUENCE_LENGTH = 512          # both pipelines' max_sequence_length default (prompts padded to it)
+MAX_REFERENCES = 10                # reference images one request may give (BFL: up to 10 for FLUX.2 [dev])
+REFERENCE_AREA = 1024 * 1024       # __call__ resizes a larger reference image to this many pixels
 
 
 def flux2_scheduler(scheduler, num_steps: int, device: torch.device, image_seq_len: int):
@@ -58,7 +66,7 @@ def flux2_scheduler(scheduler, num_steps: int, device: torch.device, image_seq_l
     return own
 
 
-class Flux2Base(StepContract, PipelineAdapter):
+class Flux2Base(Flux2Refusals, StepContract, PipelineAdapter):
     """What Flux2Pipeline and Flux2KleinPipeline share: encode, latents, schedule, the forward, the decode."""
 
     default_steps = 50
@@ -66,9 +74,16 @@ class Flux2Base(StepContract, PipelineAdapter):
     sequence_attention = "flux2"                                    # distributed/ulysses_flux2.py
     block_lists = ("transformer_blocks", "single_transformer_blocks")
     supports_block_cache = True
-    request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale")
-    step_key_fields = ("height", "width")                           # timesteps and guidance are per row
+    # the reference images' sizes give the sequence ([image tokens ‖ each reference's tokens]): in both keys
+    request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale", "edit_shapes")
+    step_key_fields = ("height", "width", "edit_shapes")            # timesteps and guidance are per row
     lora_components = ("transformer",)                              # as Flux2LoraLoaderMixin (no text encoder)
+
+    def edit_tasks(self) -> tuple[str, ...]:
+        return ("instruct",)                   # reference images: the prompt says what to make of them
+
+    def max_edit_images(self) -> int:
+        return MAX_REFERENCES
 
     @property
     def vae_scale_factor(self) -> int:
@@ -110,21 +125,47 @@ class Flux2Base(StepContract, PipelineAdapter):
                                                   embeds.dtype, self.device, self.generators([request]))
         scheduler = flux2_scheduler(pipe.scheduler, s.num_inference_steps, self.device, latents.shape[1])
         cond = {"embeds": embeds, "text_ids": text_ids, "image_ids": image_ids}
+        if request.edit is not None:
+            cond["ref_latents"], cond["ref_ids"] = self.references(request, n)
         return StepRequestState(request, scheduler, latents, do_cfg=False, cond=cond)
+
+    def references(self, request: DiffusionRequest, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The request's reference images as ``__call__`` conditions on them: each above 1024² pixels resized to that
+        area, cropped to a multiple of 16, VAE-encoded (the mode), patchified, batch-norm normalised and packed; every
+        reference's tokens one after the other, at time coordinate 10·(i + 1) of the position ids; (n, R, C), (n, R,
+        4)."""
+        pipe, processor, multiple = self.pipe, self.pipe.image_processor, self.vae_scale_factor * 2
+        images = []
+        for picture in request.edit.images:
+            image = Image.fromarray(picture, mode="RGB")
+            if image.width * image.height > REFERENCE_AREA:
+                image = processor._resize_to_target_area(image, REFERENCE_AREA)
+            width, height = image.width // multiple * multiple, image.height // multiple * multiple
+            images.append(processor.preprocess(image, height=height, width=width, resize_mode="crop"))
+        latents, ids = pipe.prepare_image_latents(images=images, batch_size=n, generator=None, device=self.device,
+                                                  dtype=pipe.vae.dtype)
+        return latents, ids
+
+    @staticmethod
+    def with_references(state: StepRequestState, latents: torch.Tensor) -> torch.Tensor:
+        """A row group's transformer input: its latents, then its references' tokens (a generation: the latents)."""
+        refs = state.cond.get("ref_latents")
+        return latents if refs is None else torch.cat([latents, refs[:len(latents)].to(latents.dtype)], dim=1)
 
     def forward(self, states: list[StepRequestState], rows: list[tuple[StepRequestState, torch.Tensor, torch.Tensor]],
                 guidance: torch.Tensor | None = None) -> torch.Tensor:
         """ONE transformer forward over ``rows`` ((state, latents, text embeddings) in row order), each at its
         state's timestep; the position ids are the first state's (one size, one text length per forward)."""
-        hidden = torch.cat([latents for _, latents, _ in rows])
+        hidden = torch.cat([self.with_references(st, latents) for st, latents, _ in rows])
         timesteps = torch.cat([st.timestep.expand(len(latents)).to(latents.dtype) for st, latents, _ in rows])
-        first = states[0].cond
+        first = states[0].cond                   # one size and one set of reference sizes per forward (the keys)
+        ids = first["image_ids"] if "ref_ids" not in first else torch.cat([first["image_ids"], first["ref_ids"]], 1)
         with self.lora_rows("transformer", [(st.request, len(latents)) for st, latents, _ in rows]):
-            return self.pipe.transformer(
+            out = self.pipe.transformer(
                 hidden_states=hidden.to(self.pipe.transformer.dtype), timestep=timesteps / 1000, guidance=guidance,
                 encoder_hidden_states=torch.cat([embeds for _, _, embeds in rows]),
-                txt_ids=first["text_ids"][0], img_ids=first["image_ids"][0], joint_attention_kwargs=None,
-                return_dict=False)[0]
+                txt_ids=first["text_ids"][0], img_ids=ids[0], joint_attention_kwargs=None, return_dict=False)[0]
+        return out[:, :states[0].latents.shape[1]]                # the image tokens; the references' are dropped
 
     def post_decode(self, state: StepRequestState) -> np.ndarray:
         """Tokens back to (n, 4C, h/2, w/2) by their ids, the batch-norm undone, un-patchified, decoded."""

@@ -50,6 +50,25 @@ class Refusals:
                                       f"it unset (or {info.default_guidance:g})")
 
 
+class Flux2Refusals(Refusals):
+    """FLUX.2's reference images as ``Flux2ImageProcessor.check_image_input`` takes them: each at least
+    ``REFERENCE_MIN_SIDE`` pixels a side and at most ``REFERENCE_MAX_RATIO``:1 (larger ones are resized, not refused)."""
+
+    REFERENCE_MIN_SIDE, REFERENCE_MAX_RATIO = 64, 8
+
+    @classmethod
+    def check_request(cls, request: DiffusionRequest, info: ModelInfo) -> None:
+        super().check_request(request, info)
+        for i, picture in enumerate(() if request.edit is None else request.edit.images):
+            height, width = picture.shape[:2]
+            if min(height, width) < cls.REFERENCE_MIN_SIDE:
+                raise InvalidRequestError(f"image[{i}]", f"{width}x{height}", f"{info.pipeline_class} takes reference "
+                                          f"images of at least {cls.REFERENCE_MIN_SIDE} pixels a side")
+            if max(width / height, height / width) > cls.REFERENCE_MAX_RATIO:
+                raise InvalidRequestError(f"image[{i}]", f"{width}x{height}", f"{info.pipeline_class} takes reference "
+                                          f"images of at most {cls.REFERENCE_MAX_RATIO}:1")
+
+
 def class_id(prompt: str, labels: dict[str, int], num_classes: int) -> int:
     """The class a DiT prompt asks for: a decimal number as it is (it may be out of range: the check says so), a
     label of the model's table as its id, any other text as CRC32 of the text modulo ``num_classes``."""

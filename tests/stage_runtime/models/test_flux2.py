@@ -39,9 +39,10 @@ def test_model_info(adapter):
         default_height=256, default_width=256, default_steps=50, default_guidance=4.0, size_multiple=4,
         fixed_size=False, supports_request_batch=True, supports_step_execution=True, num_attention_heads=4,
         max_steps=1000, parallel_kinds=("ring", "ulysses"), guidance="distilled", max_sequence_length=512,
-        refusals="stage_runtime.models.refusals:Refusals",
-        request_key=("height", "width", "num_inference_steps", "guidance_scale"), step_key=("height", "width"),
-        lora_components=("transformer",))
+        refusals="stage_runtime.models.refusals:Flux2Refusals",
+        request_key=("height", "width", "num_inference_steps", "guidance_scale", "edit_shapes"),
+        step_key=("height", "width", "edit_shapes"), lora_components=("transformer",), edit_tasks=("instruct",),
+        max_edit_images=10)
 
 
 @pytest.mark.parametrize("steps, side", [(3, 64), (6, 64), (4, 32)])
@@ -88,11 +89,24 @@ def test_negative_prompt_is_refused_and_a_guidance_scale_is_served(adapter):
     type(adapter).check_request(DiffusionRequest("g", "x", SamplingParams(guidance_scale=9.0)).resolve(info), info)
 
 
-def test_an_edit_is_refused_naming_the_image(adapter):
-    edit = EditInput(image=np.zeros((64, 64, 3), dtype=np.uint8))
+def test_a_masked_edit_and_one_reference_too_many_are_refused_naming_the_field(adapter):
+    picture = np.zeros((64, 64, 3), dtype=np.uint8)
     with pytest.raises(InvalidRequestError) as refused:
-        DiffusionRequest("e", "x", SamplingParams(height=64, width=64), edit=edit).resolve(adapter.info())
-    assert refused.value.field == "image" and "Flux2Pipeline does not serve img2img edits" in str(refused.value)
+        DiffusionRequest("e", "x", SamplingParams(height=64, width=64),
+                         edit=EditInput(image=picture, mask=np.ones((64, 64), dtype=np.uint8))).resolve(adapter.info())
+    assert "Flux2Pipeline does not serve inpaint edits (it serves: instruct)" in str(refused.value)
+    with pytest.raises(InvalidRequestError) as refused:
+        DiffusionRequest("e", "x", SamplingParams(height=64, width=64),
+                         edit=EditInput(image=picture, more_images=(picture,) * 10)).resolve(adapter.info())
+    assert refused.value.field == "image[10]" and "at most 10" in str(refused.value), str(refused.value)
+    small = np.zeros((48, 64, 3), dtype=np.uint8)
+    for pictures, field, words in (((picture, small), "image[1]", "at least 64 pixels a side"),
+                                   ((np.zeros((64, 640, 3), dtype=np.uint8),), "image[0]", "at most 8:1")):
+        request = DiffusionRequest("e", "x", SamplingParams(height=64, width=64), edit=EditInput(
+            image=pictures[0], more_images=pictures[1:])).resolve(adapter.info())
+        with pytest.raises(InvalidRequestError) as refused:
+            type(adapter).check_request(request, adapter.info())         # what the engine calls at admission
+        assert refused.value.field == field and words in str(refused.value), str(refused.value)
 
 
 def test_sizes_off_the_packing_multiple_are_refused(adapter):
