@@ -43,6 +43,7 @@ CALLS: dict[str, Call] = {
     "ltx2": Call(3.0, size=64, frames=9),
     "wan": Call(6.0, size=16, frames=9), "wan22": Call(6.0, size=16, frames=9),
     "wan-ti2v": Call(5.0, size=32, frames=9), "wan-i2v": Call(5.0, size=16, frames=9, reference=True),
+    "wan22-i2v": Call(5.0, size=16, frames=9, reference=True),
 }
 
 
