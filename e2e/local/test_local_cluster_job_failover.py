@@ -152,8 +152,9 @@ def gone_while_busy(cluster, store, client: openai.OpenAI, pod: str, ids: list[s
     if not any(record(store, i).get('status') == 'queued' for i in ids):
         try:
             ids.extend(create_jobs(client, 1, next(seeds)))
-        except openai.APIStatusError as exc:           # the pod began draining between the two looks: it is going
-            assert exc.status_code == 503, exc
+        except (openai.APIStatusError, openai.APIConnectionError) as exc:   # draining (503) or its listener closed
+            assert not isinstance(exc, openai.APIStatusError) or exc.status_code == 503, exc   # between the looks:
+            return True                                                                      # it is going
     return False
 
 

@@ -67,9 +67,10 @@ def test_model_info(tiny_flux2_klein_path):
         default_height=256, default_width=256, default_steps=50, default_guidance=4.0, size_multiple=4,
         fixed_size=False, supports_request_batch=True, supports_step_execution=True, num_attention_heads=4,
         max_steps=1000, parallel_kinds=("cfg", "ring", "ulysses"), guidance="cfg", max_sequence_length=512,
-        refusals="stage_runtime.models.refusals:Refusals",
-        request_key=("height", "width", "num_inference_steps", "guidance_scale"), step_key=("height", "width"),
-        lora_components=("transformer",))
+        refusals="stage_runtime.models.refusals:Flux2Refusals",
+        request_key=("height", "width", "num_inference_steps", "guidance_scale", "edit_shapes"),
+        step_key=("height", "width", "edit_shapes"), lora_components=("transformer",), edit_tasks=("instruct",),
+        max_edit_images=10)
 
 
 @pytest.mark.parametrize("mode, tolerance", [("request", 1), ("step", 2)])
