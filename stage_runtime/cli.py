@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from stage_runtime.cli_serve import add_serve_flags
+from stage_runtime.cli_output import write_output
 from stage_runtime.config import StageConfig, load_config, load_config_file, merge_overrides
 from stage_runtime.errors import ConfigError, InvalidRequestError, ModelLoadError
 from stage_runtime.fetch.command import add_parser as add_fetch_parser
@@ -267,33 +268,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     t2 = time.perf_counter()
-    what = write_output(output.images[0], out, args.out, fps)
+    sound = None if output.audio is None else output.audio.track(0)
+    what = write_output(output.images[0], out, args.out, fps, sound)
     t3 = time.perf_counter()
     print(f"wrote {out.resolve()} ({what})")
     print(json.dumps({"engine_start_s": round(t1 - t0, 3), "generate_s": round(t2 - t1, 3),
                       "queue_ms": round(output.metrics["queue_ms"], 2), "exec_ms": round(output.metrics["exec_ms"], 2),
                       "save_s": round(t3 - t2, 3)}))
     return 0
-
-
-def write_output(result, out: Path, asked: str | None, fps: int | None) -> str:
-    """An image as PNG; a video (F, H, W, 3) as an MP4, or, when ``--out`` ends in ``/``, as its exact frames
-    ``frame_0000.png …`` (lossless). Returns what was written, for the summary line."""
-    from stage_runtime.imageio import encode_png
-
-    if result.ndim == 3:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(encode_png(result))
-        return f"{result.shape[1]}x{result.shape[0]} PNG, {out.stat().st_size} bytes"
-    from stage_runtime.videoio import encode_mp4, write_frames_png
-
-    frames, height, width = result.shape[:3]
-    if (asked or "").endswith("/"):
-        write_frames_png(result, out)
-        return f"{frames} PNG frames of {width}x{height}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(encode_mp4(result, fps))
-    return f"{frames} frames of {width}x{height} at {fps} fps, H.264 MP4, {out.stat().st_size} bytes"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

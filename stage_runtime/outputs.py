@@ -1,6 +1,7 @@
 """Outputs as plain data: what the runner returns per request and what a request's stream delivers.
 
-Nothing here holds a tensor or a callable: images are numpy uint8 arrays, shape (num_outputs, H, W, 3).
+Nothing here holds a tensor or a callable: images are numpy uint8 arrays, shape (num_outputs, H, W, 3) (a video's
+(num_outputs, F, H, W, 3)); a family with sound (LTX-2) adds its waveform as float32 samples (``Audio``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,42 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+
+@dataclass
+class Audio:
+    """A request's sound, as the pipeline's ``.audio``: float32 samples (num_outputs, channels, samples) in [-1, 1]
+    at ``sample_rate`` Hz, one track per output video. Small beside the frames (about 0.4 MB a second of 48 kHz
+    stereo), so it always travels inline with its output, never through shared memory."""
+
+    samples: np.ndarray
+    sample_rate: int
+
+    def track(self, index: int) -> "Audio":
+        """Output ``index``'s track alone: (1, channels, samples)."""
+        return Audio(self.samples[index:index + 1], self.sample_rate)
+
+    @property
+    def seconds(self) -> float:
+        return self.samples.shape[-1] / self.sample_rate
+
+
+@dataclass
+class Decoded:
+    """A decode that yields more than pixels: the frames and the sound decoded with them (``StepContract.decode``)."""
+
+    images: np.ndarray | None
+    audio: Audio | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return (0 if self.images is None else int(self.images.nbytes)) + \
+            (0 if self.audio is None else int(self.audio.samples.nbytes))
+
+    @classmethod
+    def of(cls, value: "np.ndarray | Decoded") -> "Decoded":
+        """An adapter's decode as (images, audio): a bare array is pixels alone."""
+        return value if isinstance(value, Decoded) else cls(value)
 
 
 @dataclass
@@ -25,6 +62,7 @@ class RunnerOutput:
     async_output_id: str | None = None       # mp request mode: images follow as OUTPUT_READY under this id
     compute_ms: float | None = None          # request mode: wall time of the pipeline call that produced it
     cache: dict[str, int] | None = None      # block cache on: {"steps_computed", "steps_skipped"} so far
+    audio: Audio | None = None               # finished with sound (LTX-2): inline, even when the images go by shm
 
     @classmethod
     def failed(cls, request_id: str, exc: BaseException) -> "RunnerOutput":
@@ -88,6 +126,7 @@ class DiffusionOutput:
     num_steps: int | None = None
     phase: str | None = None                 # progress items: PHASES (None on the final item)
     metrics: dict[str, float] = field(default_factory=dict)   # queue_ms, exec_ms, e2e_ms (+ compute_ms)
+    audio: Audio | None = None               # the final item of a family with sound (LTX-2)
 
     @property
     def ok(self) -> bool:

@@ -1,6 +1,7 @@
 """Video bytes at the edges: MP4 (H.264) encoding and decoding, lossless PNG frames, PSNR, a thumbnail.
 
-A clip is a uint8 (F, H, W, 3) RGB array, as the engine returns it. The MP4 is what people play: H.264
+A clip is a uint8 (F, H, W, 3) RGB array, as the engine returns it (with, for a family with sound, an
+``outputs.Audio`` track muxed as AAC: ``audioio``). The MP4 is what people play: H.264
 (``libx264`` from PyAV's wheel, no system ffmpeg), ``yuv420p``, BT.709 limited range and tagged so (players
 pick the right matrix), ``+faststart`` (the index before the data: it plays while it downloads), written in
 memory. The PNG frames are the exact pixels (``frame_0000.png`` …).
@@ -28,7 +29,9 @@ import numpy as np
 from av.video.reformatter import ColorPrimaries, ColorRange, Colorspace, ColorTrc, Interpolation, VideoReformatter
 from PIL import Image
 
+from stage_runtime.audioio import add_aac_track, check_track, mux_aac
 from stage_runtime.imageio import encode_png
+from stage_runtime.outputs import Audio
 
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow",
                 "placebo")
@@ -86,9 +89,11 @@ class _ReadBack:
         return self._pos
 
 
-def encode_mp4(frames: np.ndarray, fps: int, *, crf: int = 18, preset: str = "veryfast") -> bytes:
+def encode_mp4(frames: np.ndarray, fps: int, *, crf: int = 18, preset: str = "veryfast",
+               audio: Audio | None = None) -> bytes:
     """The clip as MP4 bytes: H.264 ``yuv420p`` (BT.709, limited range), ``fps`` frames a second, ``crf``
-    quality (0–51, lower is better and larger), an x264 ``preset`` (speed against size), ``+faststart``."""
+    quality (0–51, lower is better and larger), an x264 ``preset`` (speed against size), ``+faststart``; with
+    ``audio`` (one track) an AAC stream beside it (``audioio``)."""
     count, height, width = check_frames(frames)
     if height % 2 or width % 2:
         raise ValueError(f"frames: {width}x{height} (width x height) has an odd side; H.264 yuv420p needs an even "
@@ -98,6 +103,8 @@ def encode_mp4(frames: np.ndarray, fps: int, *, crf: int = 18, preset: str = "ve
     crf = _check_int("crf", crf, CRF_MIN, CRF_MAX)
     if preset not in X264_PRESETS:
         raise ValueError(f"preset={preset!r}: expected one of {', '.join(X264_PRESETS)}")
+    if audio is not None:
+        check_track(audio)                           # refused before anything is encoded
     buffer = io.BytesIO()
 
     def read_back(url: str, flags: int, options: dict) -> _ReadBack:
@@ -116,6 +123,7 @@ def encode_mp4(frames: np.ndarray, fps: int, *, crf: int = 18, preset: str = "ve
         codec.time_base = Fraction(1, fps)
         codec.colorspace, codec.color_range = Colorspace.ITU709, ColorRange.MPEG
         codec.color_primaries, codec.color_trc = ColorPrimaries.BT709, ColorTrc.BT709
+        track = None if audio is None else add_aac_track(out, audio)
         to_yuv = VideoReformatter()
         for index in range(count):
             rgb = av.VideoFrame.from_ndarray(np.ascontiguousarray(frames[index]), format="rgb24")
@@ -125,6 +133,8 @@ def encode_mp4(frames: np.ndarray, fps: int, *, crf: int = 18, preset: str = "ve
             yuv.pts = index
             out.mux(stream.encode(yuv))
         out.mux(stream.encode(None))                 # flush the frames x264 still holds (lookahead, B-frames)
+        if track is not None:
+            mux_aac(out, track)                      # the muxer interleaves the two streams by time
     return buffer.getvalue()
 
 

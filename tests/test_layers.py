@@ -1,6 +1,6 @@
 """The layer rules of the tree, held as a table and checked by walking every import (``ast``, no dependency).
 
-    edge      cli, cli_serve, client, demo, __main__   may import anything of the runtime
+    edge      cli, cli_serve, cli_output, client, demo, __main__   may import anything of the runtime
     serve     HTTP + ZMQ stage process               core, engine, fetch (the cache's in-use lock), jobs, jobs.service,
                                                      playground
     playground  the page at / and its static files   core                 (never torch / diffusers)
@@ -18,8 +18,8 @@
     sched     scheduling policy                      core                 (never torch / diffusers)
     distributed  groups, collectives, CFG/Ulysses    core
     core      config, errors, request, outputs, scheduler_output, model_info, plugins, imageio, control,
-              lora_spec, model_catalog, video_request, true_cfg, videoio, checkpoint, atomic_file, process_tree,
-              weight_layout
+              lora_spec, model_catalog, video_request, true_cfg, videoio, audioio, checkpoint, atomic_file,
+              process_tree, weight_layout
                                                      core only            (never torch / diffusers)
 
 The operator imports nothing of the runtime but ``stage_runtime.config`` (one source of truth for the
@@ -39,10 +39,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = {"config", "errors", "request", "outputs", "scheduler_output", "model_info", "plugins", "imageio", "control",
-        "lora_spec", "model_catalog", "video_request", "true_cfg", "videoio", "checkpoint", "atomic_file",
+        "lora_spec", "model_catalog", "video_request", "true_cfg", "videoio", "audioio", "checkpoint", "atomic_file",
         "process_tree", "weight_layout"}
 OPERATOR_MAY_IMPORT = ("stage_runtime.config", "stage_runtime.model_catalog")
-EDGE = {"cli", "cli_serve", "client", "demo", "__main__", "__init__"}
+EDGE = {"cli", "cli_serve", "cli_output", "client", "demo", "__main__", "__init__"}
 # the modules of the jobs package that run jobs on the stage's engine and answer /v1/videos: the stage process wires
 # them in (serve imports them) and they use its service (they import serve's), module by module without a loop
 JOB_SERVICE = {"run", "run_checkpoints", "runner", "routes", "form", "content", "checkpoint_writer"}

@@ -35,7 +35,7 @@ def terminal_output(state: RequestState) -> DiffusionOutput:
         metrics.update(state.result.cache)                    # steps_computed, steps_skipped (block cache)
     out = DiffusionOutput(rid, step_index=state.step_index, num_steps=state.request.num_steps, metrics=metrics)
     if state.status == RequestStatus.FINISHED_COMPLETED:
-        out.images = state.result.images
+        out.images, out.audio = state.result.images, state.result.audio
     elif state.status == RequestStatus.FINISHED_ABORTED:
         out.error, out.error_type = f"Request {rid} aborted.", RequestAbortedError.error_type
     else:

@@ -92,6 +92,7 @@ class OutputTable:
                 output.images = images
             else:
                 output.error, output.error_type = f"Output lost: {error}", RequestFailedError.error_type
+                output.audio = None
             self._deliver(output)
 
     def abort(self, request_ids: list[str]) -> None:

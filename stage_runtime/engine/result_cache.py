@@ -24,7 +24,7 @@ import numpy as np
 
 from stage_runtime.config import StageConfig
 from stage_runtime.engine.stream import RequestStream
-from stage_runtime.outputs import DiffusionOutput
+from stage_runtime.outputs import Audio, Decoded, DiffusionOutput
 from stage_runtime.request import DiffusionRequest, adapter_identity
 
 PIXEL_FIELDS = ("negative_prompt", "true_cfg_scale", "seed", "height", "width", "num_inference_steps", "guidance_scale",
@@ -69,7 +69,7 @@ class ResultCache:
     def __init__(self, max_bytes: int, revision: str = ""):
         self.max_bytes = max_bytes
         self.revision = revision
-        self._entries: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._entries: OrderedDict[str, Decoded] = OrderedDict()      # key → images (and a video's sound)
         self._expected: dict[str, str] = {}          # request id in flight → its key
         self._lock = threading.Lock()
         self.nbytes = 0
@@ -96,15 +96,17 @@ class ResultCache:
         if key is None:
             return None, None
         with self._lock:
-            images = self._entries.get(key)
-            if images is None:
+            entry = self._entries.get(key)
+            if entry is None:
                 self.misses += 1
                 return key, None
             self._entries.move_to_end(key)
             self.hits += 1
         stream = RequestStream(request.request_id)
         e2e_ms = (time.monotonic() - started) * 1e3
-        stream.put(DiffusionOutput(request.request_id, images=images.copy(), step_index=request.num_steps,
+        audio = None if entry.audio is None else Audio(entry.audio.samples.copy(), entry.audio.sample_rate)
+        stream.put(DiffusionOutput(request.request_id, images=entry.images.copy(), audio=audio,
+                                   step_index=request.num_steps,
                                    num_steps=request.num_steps,
                                    metrics={"queue_ms": 0.0, "exec_ms": 0.0, "e2e_ms": e2e_ms, "result_cache_hit": 1}))
         return key, stream
@@ -122,15 +124,17 @@ class ResultCache:
         with self._lock:
             key = self._expected.pop(output.request_id, None)
         if key is not None and output.ok:
-            self.put(key, output.images)
+            self.put(key, output.images, output.audio)
 
     def num_expected(self) -> int:
         return len(self._expected)
 
     # -- the LRU ------------------------------------------------------------------------------------------
-    def put(self, key: str, images: np.ndarray) -> bool:
-        """Store a copy; evict least recently used entries until the bound holds (False: too big to keep)."""
-        size = int(images.nbytes)
+    def put(self, key: str, images: np.ndarray, audio: Audio | None = None) -> bool:
+        """Store a copy (with the sound, for a family that makes it); evict least recently used entries until
+        the bound holds (False: too big to keep)."""
+        entry = Decoded(images.copy(), None if audio is None else Audio(audio.samples.copy(), audio.sample_rate))
+        size = entry.nbytes
         if size > self.max_bytes:
             return False
         with self._lock:
@@ -141,7 +145,7 @@ class ResultCache:
                 _, evicted = self._entries.popitem(last=False)
                 self.nbytes -= evicted.nbytes
                 self.evictions += 1
-            self._entries[key] = images.copy()
+            self._entries[key] = entry
             self.nbytes += size
         return True
 

@@ -18,7 +18,7 @@ from aiohttp import web
 from stage_runtime.errors import JobNotFoundError
 from stage_runtime.jobs.store import OUTPUTS, JobStore
 
-CONTENT_TYPES = {"video": "video/mp4", "thumbnail": "image/png", "frames": "application/zip"}
+CONTENT_TYPES = {"video": "video/mp4", "thumbnail": "image/png", "frames": "application/zip", "audio": "audio/wav"}
 CHUNK = 1 << 20
 BYTE_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 

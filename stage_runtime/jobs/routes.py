@@ -5,6 +5,7 @@
     GET    /v1/videos?after&limit&order    a page of Videos in creation order (``desc`` by default)
     DELETE /v1/videos/{id}                 gone at once; a run stops at its next step
     GET    /v1/videos/{id}/content         ?variant=video (MP4) | thumbnail (PNG) | frames (zip of exact PNGs)
+                                           | audio (WAV: the sound track alone, for a model that makes one)
 
 Any replica answers every route for every job of the store (records and files are in the shared folder); a
 create is checked as the engine would admit it (the model's frame rule, size, prompt length, reference, cost)
@@ -163,6 +164,9 @@ async def job_content(request: web.Request) -> web.StreamResponse:
         why = f": {record.error.message}" if record.error is not None else f" ({record.progress} %)"
         raise JobNotReadyError(f"video job {video_id} is {record.status}{why}; its content exists once it "
                                "is completed")
+    if variant == "audio" and OUTPUTS[variant] not in record.outputs:      # a model without sound
+        raise InvalidRequestError("variant", variant, f"video job {video_id} has no {variant} track: its model "
+                                                      f"({record.model}) makes none")
     return await send_content(request, runner.store, video_id, variant,
                               {"openai-poll-after-ms": str(runner.config.poll_after_ms)},
                               runner.config.presigned_content, runner.config.presign_expiry_s)

@@ -47,6 +47,7 @@ from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import DiffusionRequest
 from stage_runtime.serve.service import StageService
 from stage_runtime.serve.videos import frames_zip
+from stage_runtime.audioio import encode_wav
 from stage_runtime.videoio import encode_mp4, thumbnail_png
 
 if TYPE_CHECKING:
@@ -279,13 +280,15 @@ class JobRun(RunCheckpoints):
 
     async def _complete(self, final: DiffusionOutput) -> None:
         frames, record = final.images[0], self.record
+        audio = None if final.audio is None else final.audio.track(0)
         await self._write(phase="mux", step=final.step_index or record.num_steps,
                           progress=progress_of("mux", record.num_steps, record.num_steps))
         if self.deleted:
             return
-        files = await asyncio.to_thread(lambda: {OUTPUTS["video"]: encode_mp4(frames, record.fps),
+        files = await asyncio.to_thread(lambda: {OUTPUTS["video"]: encode_mp4(frames, record.fps, audio=audio),
                                                  OUTPUTS["thumbnail"]: thumbnail_png(frames),
-                                                 OUTPUTS["frames"]: frames_zip(frames)})
+                                                 OUTPUTS["frames"]: frames_zip(frames),
+                                                 **({} if audio is None else {OUTPUTS["audio"]: encode_wav(audio)})})
         for name, data in files.items():
             if not await self._store(self.store.write_file, record.id, name, data, what=name):
                 return                           # deleted meanwhile, or the lease ran out: another run finishes it

@@ -25,11 +25,9 @@ the audio length (``round(frames / fps x 25)`` latent frames here), so it is in 
 Audio: LTX2Pipeline has no switch to skip it, and the video depends on it (every block's audio-to-video
 attention reads the audio states), so the audio latents are always denoised with the video, equal to diffusers.
 The waveform (audio VAE, then vocoder: ``.audio`` of the bare call, ``(n, 2, samples)`` at
-``vocoder.config.output_sampling_rate``) is what ``decode_audio`` returns, equal to diffusers; it is not run on
-the serving path because a result carries uint8 frames only (``RunnerOutput.images``) and ``videoio`` writes
-video only. Carrying it needs an audio field on the runner output and an AAC stream muxed next to the H.264 one
-(PyAV: ``container.add_stream("aac", rate=sample_rate, layout="stereo")``, ``AudioFrame.from_ndarray`` of the
-``fltp`` samples, as diffusers' ``ltx2/export_utils.py`` does).
+``vocoder.config.output_sampling_rate``) is decoded with the frames when a request finishes (``decode``: an
+``Audio`` on its output, float32 on the host, equal to diffusers') and muxed by the server as an AAC track next to
+the H.264 one (``videoio.encode_mp4``), or served alone as WAV (``variant=audio``). A preview is frames only.
 
 Image-to-video (``LTX2ImageToVideoPipeline``, the same components): a request with a reference image
 (``input_reference``) starts from it, one without is text-to-video, on the same model (``ModelInfo.reference``
@@ -70,6 +68,7 @@ from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.models.refusals import LTX2Refusals
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.models.step_state import StepRequestState
+from stage_runtime.outputs import Audio, Decoded
 from stage_runtime.request import DiffusionRequest
 
 DEFAULT_FRAMES = 121        # LTX2Pipeline.__call__'s count when num_frames is None and there is no duration head
@@ -365,9 +364,18 @@ class LTX2Adapter(LTX2Refusals, StepContract, PipelineAdapter):
         video = vae.decode(latents.to(vae.dtype), timestep, return_dict=False)[0]
         return self.to_uint8(pipe.video_processor.postprocess_video(video, output_type="np"))
 
+    def decode(self, state: LTX2State) -> Decoded:
+        """A finished request's frames and, decoded beside them, its sound (float32 on the host)."""
+        waveform = self.decode_audio(state)
+        return Decoded(self.post_decode(state), Audio(waveform.float().cpu().numpy(), self.sample_rate))
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.pipe.vocoder.config.output_sampling_rate)
+
     def decode_audio(self, state: LTX2State) -> torch.Tensor:
         """The waveform of the state's audio latents: ``(num_outputs, channels, samples)`` at
-        ``vocoder.config.output_sampling_rate``, as the bare call's ``.audio`` (not on the serving path)."""
+        ``vocoder.config.output_sampling_rate``, as the bare call's ``.audio``."""
         pipe, audio_vae = self.pipe, self.pipe.audio_vae
         latents = pipe._denormalize_audio_latents(state.audio_latents, audio_vae.latents_mean, audio_vae.latents_std)
         latents = pipe._unpack_audio_latents(latents, state.audio_latents.shape[1],

@@ -8,6 +8,8 @@
                                          only place step_index advances
     post_decode(state) -> uint8 images   VAE decode (on completion, or for a preview); the default decodes
                                          ``decode_latents(state)`` with the pipeline's VAE and image processor
+    decode(state) -> images | Decoded    the finished request's output: ``post_decode``'s pixels, with the sound
+                                         decoded beside them for a family that makes it (LTX-2)
 
 Each request keeps its own generator, scheduler copy and progress, so its image equals what the
 pipeline's ``__call__`` gives it alone, whatever it is batched with and whenever it joined.
@@ -22,6 +24,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from stage_runtime.outputs import Decoded
 from stage_runtime.request import DiffusionRequest
 from stage_runtime.models.step_state import StepRequestState
 
@@ -46,6 +49,10 @@ class StepContract:
         image = vae.decode(latents if shift is None else latents + shift, return_dict=False)[0]
         return self.to_uint8(self.pipe.image_processor.postprocess(image, output_type="np"))
 
+    def decode(self, state: StepRequestState) -> np.ndarray | Decoded:
+        """A finished state's output (a preview is ``post_decode`` alone): pixels, or pixels and sound."""
+        return self.post_decode(state)
+
     def decode_latents(self, state: StepRequestState) -> torch.Tensor:
         """The latents the VAE decodes (a family with packed latents unpacks them here)."""
         return state.latents
@@ -55,7 +62,7 @@ class StepContract:
                                                    return_dict=False)[0]
         state.step_index += 1
 
-    def run_step_loop(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray]:
+    def run_step_loop(self, requests: list[DiffusionRequest]) -> dict[str, np.ndarray | Decoded]:
         """Request mode as the step loop, to the end, for a whole wave (its requests share their step count):
         for a family whose pipeline calls its denoiser more than once per step (a pass per CFG branch), so
         that both modes make ONE denoiser call per step over every row."""
@@ -63,7 +70,7 @@ class StepContract:
         while not states[0].finished:
             for state, pred in zip(states, self.denoise_step(states), strict=True):
                 self.noise_step(state, pred)
-        return {st.request_id: self.post_decode(st) for st in states}
+        return {st.request_id: self.decode(st) for st in states}
 
     # -- shared helpers --------------------------------------------------------------------------------
     def noise_scheduler_for(self, num_steps: int):

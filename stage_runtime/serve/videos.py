@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field
 
 from stage_runtime.errors import InvalidRequestError, RequestFailedError, RequestTooLargeError
 from stage_runtime.imageio import decode_image, encode_image
+from stage_runtime.outputs import Audio
 from stage_runtime.request import (MAX_LORAS_PER_REQUEST, MAX_PROMPT_CHARS, MAX_SIDE, CachePolicyField,
                                    DiffusionRequest, Guidance, LoraRef, NegativePrompt, Priority, SamplingParams, Seed,
                                    Steps, TimeoutS)
@@ -148,15 +149,17 @@ async def create_video_sync(request: web.Request) -> web.Response:
     if "steps_computed" in final.metrics:          # the block cache ran for it
         headers.update({"X-Cache-Steps-Computed": str(int(final.metrics["steps_computed"])),
                         "X-Cache-Steps-Skipped": str(int(final.metrics["steps_skipped"]))})
-    content, content_type = await _answer(frames, fps, body.response_format)
+    content, content_type = await _answer(frames, fps, body.response_format, final.audio)
     return web.Response(body=content, content_type=content_type, headers=headers)
 
 
-async def _answer(frames: np.ndarray, fps: int, response_format: str) -> tuple[bytes, str]:
-    """The video's bytes as asked: the MP4, or the exact frames zipped (off the event loop)."""
+async def _answer(frames: np.ndarray, fps: int, response_format: str, audio: Audio | None) -> tuple[bytes, str]:
+    """The video's bytes as asked: the MP4 (with its sound track, for a model that makes one), or the exact
+    frames zipped (off the event loop)."""
     if response_format == "frames":
         return await asyncio.to_thread(frames_zip, frames), "application/zip"
-    return await asyncio.to_thread(encode_mp4, frames, fps), "video/mp4"
+    track = None if audio is None else audio.track(0)
+    return await asyncio.to_thread(lambda: encode_mp4(frames, fps, audio=track)), "video/mp4"
 
 
 async def _stream_video(request: web.Request, service, stream, response_format: str, fps: int) -> web.StreamResponse:
@@ -176,7 +179,7 @@ async def _stream_video(request: web.Request, service, stream, response_format: 
                 frames = item.images[0]
                 await send(response, "video.progress", {"id": rid, "phase": "mux", "step": item.step_index,
                                                         "num_steps": item.num_steps})
-                content, content_type = await _answer(frames, fps, response_format)
+                content, content_type = await _answer(frames, fps, response_format, item.audio)
                 height, width = frames.shape[1:3]
                 await send(response, "video.completed", {
                     "id": rid, "content_type": content_type, "b64_json": base64.b64encode(content).decode("ascii"),

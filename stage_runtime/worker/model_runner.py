@@ -42,7 +42,7 @@ from stage_runtime.model_info import ModelInfo
 from stage_runtime.models.lora.manager import build_lora_manager
 from stage_runtime.models.registry import resolve_adapter_class
 from stage_runtime.offload import build_offloader, load_device, place_unsharded
-from stage_runtime.outputs import BatchRunnerOutput, ProgressHook, RunnerOutput
+from stage_runtime.outputs import BatchRunnerOutput, Decoded, ProgressHook, RunnerOutput
 from stage_runtime.request import DiffusionRequest, adapter_identity
 from stage_runtime.scheduler_output import SchedulerOutput
 from stage_runtime.worker.step_tracker import Interrupted, StepTracker, report_phase
@@ -170,8 +170,9 @@ class DiffusionModelRunner:
             if rid in tracker.cancelled:
                 outputs[rid] = RunnerOutput(rid, aborted=True, step_index=tracker.step_index)
             elif rid in images:
-                outputs[rid] = RunnerOutput(rid, images=images[rid], step_index=tracker.step_index,
-                                            compute_ms=compute_ms,
+                decoded = Decoded.of(images[rid])
+                outputs[rid] = RunnerOutput(rid, images=decoded.images, audio=decoded.audio,
+                                            step_index=tracker.step_index, compute_ms=compute_ms,
                                             cache=caches[rid].counts() if rid in caches else None)
             # A missing id is left out on purpose: the scheduler ends it FINISHED_ERROR ("No output result").
         return outputs
@@ -284,13 +285,13 @@ class DiffusionModelRunner:
         try:
             if state.finished:
                 report_phase(self.progress_hook, [rid], state.step_index, state.request.num_steps, "decode")
-                images = self.adapter.post_decode(state)
+                decoded = Decoded.of(self.adapter.decode(state))
             elif state.request.preview_at(state.step_index):
-                images = self.adapter.post_decode(state)          # a preview (preview_every, partial_images)
+                decoded = Decoded(self.adapter.post_decode(state))   # a preview (preview_every, partial_images)
             else:
-                images = None
-            result = RunnerOutput(rid, images=images, step_index=state.step_index, finished=state.finished,
-                                  cache=None if state.cache is None else state.cache.counts())
+                decoded = Decoded(None)
+            result = RunnerOutput(rid, images=decoded.images, audio=decoded.audio, step_index=state.step_index,
+                                  finished=state.finished, cache=None if state.cache is None else state.cache.counts())
             if state.finished:
                 del self.step_states[rid]
             return result

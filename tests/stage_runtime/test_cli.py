@@ -228,12 +228,14 @@ def test_generate_image_to_video_starts_from_the_given_picture(tiny_wan_i2v_path
     assert rc == 2 and "input_reference=None: WanImageToVideoPipeline makes a video from an image: give one" in err
 
 
-def test_generate_with_an_image_on_ltx2_runs_its_image_to_video(tiny_ltx2_path, tmp_path, capsys):
-    """LTX-2 takes a picture optionally: ``--image`` gives LTX2ImageToVideoPipeline's frames (the same model)."""
+def test_generate_with_an_image_on_ltx2_runs_its_image_to_video_and_writes_its_sound(tiny_ltx2_path, tmp_path, capsys):
+    """LTX-2 takes a picture optionally: ``--image`` gives LTX2ImageToVideoPipeline's frames (the same model); its
+    sound goes beside exact frames as ``audio.wav`` and into ``--out clip.mp4`` as an AAC track."""
     from family_checks import Family, bare_call, reference_image
 
+    from stage_runtime.audioio import decode_audio
     from stage_runtime.imageio import encode_png
-    from stage_runtime.videoio import read_frames_png
+    from stage_runtime.videoio import decode_mp4, read_frames_png
 
     (tmp_path / "first.png").write_bytes(encode_png(reference_image(64)))
     rc, _, err = run_cli(capsys, "generate", "--model", tiny_ltx2_path, "--prompt", "a kite", "--steps", "2",
@@ -243,6 +245,15 @@ def test_generate_with_an_image_on_ltx2_runs_its_image_to_video(tiny_ltx2_path, 
     image_row = Family("ltx2", size=64, frames=9, reference=True, pipeline_class="LTX2ImageToVideoPipeline")
     reference = bare_call(image_row, tiny_ltx2_path, "a kite", 2, 3, 3.0)
     assert int(np.abs(read_frames_png(tmp_path / "frames").astype(int) - reference[0]).max()) <= 1
+    assert decode_audio((tmp_path / "frames" / "audio.wav").read_bytes()).samples.shape == (1, 2, 5312)
+    rc, out, err = run_cli(capsys, "generate", "--model", tiny_ltx2_path, "--prompt", "a kite", "--steps", "1",
+                           "--size", "64x64", "--seed", "3", "--frames", "9", "--out", str(tmp_path / "clip.mp4"),
+                           "--device", "cpu")
+    assert rc == 0 and "0.33 s of 16000 Hz sound, H.264 + AAC MP4" in out, (out, err)
+    mp4 = (tmp_path / "clip.mp4").read_bytes()
+    track = decode_audio(mp4)
+    assert decode_mp4(mp4)[0].shape == (9, 64, 64, 3) and track.sample_rate == 16000
+    assert 5312 <= track.samples.shape[-1] <= 5312 + 16 and track.samples.shape[:2] == (1, 2)
 
 
 def test_generate_a_frame_count_off_the_rule_exits_2_naming_it(tiny_wan_path, tmp_path, capsys):

@@ -72,6 +72,9 @@ def test_create_and_poll_then_each_replica_answers_and_downloads_the_same_job(cl
     with pytest.raises(openai.BadRequestError) as spritesheet:
         a.videos.download_content(video.id, variant="spritesheet")
     assert spritesheet.value.body["param"] == "variant"
+    with pytest.raises(openai.BadRequestError) as silent:           # Wan makes no sound: no WAV, and no AAC in the MP4
+        a.videos.download_content(video.id, variant="audio")
+    assert silent.value.body["param"] == "variant" and "has no audio track" in silent.value.body["message"]
 
 
 def test_content_answers_one_byte_range_as_a_player_seeks(clients, stages):

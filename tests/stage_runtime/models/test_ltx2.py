@@ -13,11 +13,15 @@ import pytest
 import torch
 from diffusers import DiffusionPipeline, LTX2VideoTransformer3DModel
 from engine_probes import assert_no_state, count_denoiser_calls, max_diff
+from executors_for_tests import ComputeDoneFirst
 from family_checks import Family, bare_call, bare_pipeline, generators, make_engine, to_uint8
+from mp_probes import segments
+from support.waiting import wait_until
 
-from stage_runtime.config import ModelConfig, ParallelConfig
+from stage_runtime.config import ModelConfig, ParallelConfig, load_config
 from stage_runtime.distributed.apply import apply_parallelism
 from stage_runtime.distributed.groups import single_rank_groups
+from stage_runtime.engine import DiffusionEngine
 from stage_runtime.errors import ConfigError, InvalidRequestError
 from stage_runtime.models.ltx2 import LTX2Adapter
 from stage_runtime.models.registry import resolve_adapter_class
@@ -92,6 +96,28 @@ def test_audio_is_denoised_with_the_video_and_decodes_to_diffusers_waveform(adap
     assert max_diff(frames, to_uint8(bare.frames)) <= 1
     assert audio.shape == bare.audio.shape == (2, 2, 5312) and bare.audio.abs().max() > 0.01
     torch.testing.assert_close(audio, bare.audio, rtol=0, atol=1e-5)
+
+
+def test_the_sound_reaches_the_output_beside_frames_that_come_later_and_a_cached_repeat_keeps_it(tiny_ltx2_path):
+    """Request mode on a worker process whose frames go through shared memory after COMPUTE_DONE (the sound rides
+    inline on COMPUTE_DONE): the output's ``audio`` is the bare call's ``.audio`` within 1e-4, one track per video,
+    at the vocoder's rate; an exact repeat answered by the result cache has the same sound; nothing is left."""
+    config = load_config({"model": {"path": tiny_ltx2_path}, "device": "cpu", "executor": "mp", "warmup": False,
+                          "cache": {"result_max_bytes": 1 << 24}})
+    engine = DiffusionEngine.make_engine(config, executor_class=ComputeDoneFirst)
+    try:
+        first = engine.add_request(FAMILY.request("r", "waves on a beach", 2, 7, num_outputs=2)).result(timeout=300)
+        again = engine.add_request(FAMILY.request("r2", "waves on a beach", 2, 7, num_outputs=2)).result(timeout=60)
+        wait_until(lambda: engine.executor.num_pending() == 0, timeout=30)
+        assert engine.num_request_states() == 0 and segments(engine.executor.shm_prefix) == []
+    finally:
+        engine.close()
+    bare = bare_pipeline(tiny_ltx2_path)(prompt=["waves on a beach"] * 2, height=64, width=64, num_frames=9,
+                                         num_inference_steps=2, generator=generators(7, 2), output_type="np")
+    assert max_diff(first.images, to_uint8(bare.frames)) <= 1
+    assert first.audio.sample_rate == 16000 and first.audio.samples.shape == (2, 2, 5312)
+    np.testing.assert_allclose(first.audio.samples, bare.audio.float().numpy(), rtol=0, atol=1e-4)
+    assert again.metrics.get("result_cache_hit") == 1 and np.array_equal(again.audio.samples, first.audio.samples)
 
 
 def test_fps_is_the_frame_rate_diffusers_conditions_on(tiny_ltx2_path):

@@ -3,7 +3,7 @@ bare diffusers call; the MP4 plays (F frames of H×W at the asked fps) within a 
 off the family's rule is a 400 naming it; images and videos each ask the family that makes them; a request's LoRA
 adapters equal diffusers' and its block-cache policy is applied and reported; a streamed video reports its phases;
 the stage drains to exit 0 and leaves nothing behind. A stage serving the tiny LTX-2 makes image-to-video from
-``input_reference`` and text-to-video without it."""
+``input_reference`` and text-to-video without it, and its sound goes into the MP4 (AAC) and out as WAV."""
 
 from __future__ import annotations
 
@@ -18,13 +18,14 @@ import openai
 import pytest
 import torch
 from engine_probes import phased
-from family_checks import Family, bare_call, reference_image
+from family_checks import Family, bare_call, bare_pipeline, generators, reference_image
 from lora_probes import bare_with_loras, write_adapter
 from PIL import Image
 from serve_probes import sse_events
 from stage_process import StageProcess
 
 from stage_runtime.imageio import encode_png
+from stage_runtime.audioio import decode_audio
 from stage_runtime.videoio import decode_mp4, psnr
 
 torch.set_num_threads(1)
@@ -156,7 +157,15 @@ def test_a_streamed_video_that_fails_ends_with_one_error_event(wan_stage):
     assert [kind for kind, _ in events].count("video.completed") == 0
 
 
-def test_ltx2_makes_image_to_video_from_input_reference_and_text_to_video_without(tiny_ltx2_path, tmp_path_factory):
+@pytest.fixture(scope="module")
+def ltx2_stage(tiny_ltx2_path, tmp_path_factory):
+    """A stage serving the tiny LTX-2 in step mode on a worker process, with a job store."""
+    folder = tmp_path_factory.mktemp("ltx2-stage")
+    with video_stage(tiny_ltx2_path, folder, "--job-store", str(folder / "jobs"), "--executor", "mp") as stage:
+        yield stage
+
+
+def test_ltx2_makes_image_to_video_from_input_reference_and_text_to_video_without(tiny_ltx2_path, ltx2_stage):
     """One LTX-2 stage: with ``input_reference`` the frames equal LTX2ImageToVideoPipeline's (the same components),
     without it LTX2Pipeline's, and so do a video job's whose reference the SDK uploads (``/v1/videos``); a one-pixel
     picture is a 400 naming ``input_reference`` on both routes."""
@@ -165,20 +174,18 @@ def test_ltx2_makes_image_to_video_from_input_reference_and_text_to_video_withou
             "response_format": "frames"}
     picture = base64.b64encode(encode_png(reference_image(64))).decode()
     thin = base64.b64encode(encode_png(np.zeros((1, 8, 3), np.uint8))).decode()
-    folder = tmp_path_factory.mktemp("ltx2-stage")
     job_fields = {k: body[k] for k in ("num_frames", "num_inference_steps", "seed")}
-    with video_stage(tiny_ltx2_path, folder, "--job-store", str(folder / "jobs")) as stage:
-        with httpx.Client(base_url=stage.http_url, timeout=120) as http:
-            image = http.post("/v1/videos/sync", json={**body, "input_reference": picture})
-            text = http.post("/v1/videos/sync", json=body)
-            refused = http.post("/v1/videos/sync", json={**body, "input_reference": thin})
-        with openai.OpenAI(base_url=f"{stage.http_url}/v1", api_key="none", max_retries=0, timeout=120) as client:
-            job = client.videos.create_and_poll(prompt="a kite", size="64x64", extra_body=job_fields,
-                                                input_reference=("kite.png", base64.b64decode(picture), "image/png"))
-            job_frames = zip_frames(client.videos.download_content(job.id, variant="frames").read())
-            with pytest.raises(openai.BadRequestError) as thin_job:
-                client.videos.create(prompt="a kite", size="64x64", extra_body=job_fields,
-                                     input_reference=("thin.png", base64.b64decode(thin), "image/png"))
+    with httpx.Client(base_url=ltx2_stage.http_url, timeout=120) as http:
+        image = http.post("/v1/videos/sync", json={**body, "input_reference": picture})
+        text = http.post("/v1/videos/sync", json=body)
+        refused = http.post("/v1/videos/sync", json={**body, "input_reference": thin})
+    with openai.OpenAI(base_url=f"{ltx2_stage.http_url}/v1", api_key="none", max_retries=0, timeout=120) as client:
+        job = client.videos.create_and_poll(prompt="a kite", size="64x64", extra_body=job_fields,
+                                            input_reference=("kite.png", base64.b64decode(picture), "image/png"))
+        job_frames = zip_frames(client.videos.download_content(job.id, variant="frames").read())
+        with pytest.raises(openai.BadRequestError) as thin_job:
+            client.videos.create(prompt="a kite", size="64x64", extra_body=job_fields,
+                                 input_reference=("thin.png", base64.b64decode(thin), "image/png"))
     assert job.status == "completed" and thin_job.value.body["param"] == "input_reference", (job, thin_job.value.body)
     assert image.status_code == text.status_code == 200, (image.text[:300], text.text[:300])
     image_frames, text_frames = zip_frames(image.content), zip_frames(text.content)
@@ -190,3 +197,35 @@ def test_ltx2_makes_image_to_video_from_input_reference_and_text_to_video_withou
     assert int(np.abs(image_frames.astype(int) - text_frames).max()) > 20
     error = refused.json()["error"]
     assert refused.status_code == 400 and error["param"] == "input_reference" and "2x2 pixels" in error["message"]
+
+
+def test_ltx2_sound_is_muxed_as_aac_on_both_routes_and_served_alone_as_wav(tiny_ltx2_path, ltx2_stage):
+    """LTX-2 makes sound with its video: the sync MP4 and the job's MP4 each hold an AAC track of the clip's length
+    (5312 samples of 16 kHz stereo for 9 frames at 24 fps) beside the H.264 frames; the job's ``variant=audio`` is
+    that track alone as WAV, equal to the bare call's ``.audio`` within one 16-bit step (step mode, a worker
+    process); a streamed video's MP4 has it too."""
+    body = {"prompt": "rain on a tin roof", "size": "64x64", "num_frames": 9, "num_inference_steps": 2, "seed": 8}
+    with httpx.Client(base_url=ltx2_stage.http_url, timeout=120) as http:
+        sync = http.post("/v1/videos/sync", json=body)
+        events = sse_events(http.post("/v1/videos/sync", json={**body, "stream": True}).text)
+    with openai.OpenAI(base_url=f"{ltx2_stage.http_url}/v1", api_key="none", max_retries=0, timeout=120) as client:
+        job = client.videos.create_and_poll(prompt=body["prompt"], size="64x64",
+                                            extra_body={k: body[k] for k in ("num_frames", "num_inference_steps",
+                                                                             "seed")})
+        job_mp4 = client.videos.download_content(job.id).read()
+        wav = client.videos.download_content(job.id, variant="audio")
+    bare = bare_pipeline(tiny_ltx2_path)(prompt=body["prompt"], height=64, width=64, num_frames=9,
+                                         num_inference_steps=2, generator=generators(8, 1), output_type="np")
+    expected = bare.audio[0].float().numpy()
+    assert sync.status_code == 200 and sync.headers["Content-Type"] == "video/mp4", sync.text[:300]
+    streamed = base64.b64decode(events[-1][1]["b64_json"])
+    for mp4 in (sync.content, job_mp4, streamed):
+        frames, fps = decode_mp4(mp4)
+        track = decode_audio(mp4)
+        assert frames.shape == (9, 64, 64, 3) and fps == 24.0
+        assert track.sample_rate == 16000 and track.samples.shape[:2] == (1, 2)
+        assert 5312 <= track.samples.shape[-1] <= 5312 + 16                 # the container counts milliseconds
+    assert wav.response.headers["Content-Type"] == "audio/wav"
+    alone = decode_audio(wav.read())
+    assert alone.sample_rate == 16000 and alone.samples.shape == (1, 2, 5312)
+    np.testing.assert_allclose(alone.samples[0], np.clip(expected, -1, 1), rtol=0, atol=1 / 32767 + 1e-4)
