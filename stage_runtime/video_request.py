@@ -8,6 +8,7 @@ refuses every video field. No torch: the engine and the HTTP edge import this mo
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -66,6 +67,20 @@ class VideoInput:
         """What changes the denoised sequence beyond the request's size and frames: the reference count (each one
         more latent frame; 0, as without any video input)."""
         return len(self.references)
+
+    def to_bytes(self) -> bytes:
+        """The arrays in one ``.npz`` (lossless: a video job's stored input, read back on any replica)."""
+        out = io.BytesIO()
+        np.savez_compressed(out, **{name: array for name, array in self.arrays()})
+        return out.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> VideoInput:
+        with np.load(io.BytesIO(data), allow_pickle=False) as stored:
+            names = sorted((n for n in stored.files if n.startswith("reference_image[")), key=lambda n: int(n[16:-1]))
+            return cls(stored["input_video"] if "input_video" in stored.files else None,
+                       stored["mask_video"] if "mask_video" in stored.files else None,
+                       tuple(stored[name] for name in names))
 
     def arrays(self) -> list[tuple[str, np.ndarray]]:
         """Every array with its name (digests: the result cache, step checkpoints)."""
