@@ -200,6 +200,20 @@ def decode_upload(data: bytes, field: str, max_pixels: int, *, max_bytes: int = 
     return np.stack(frames)
 
 
+def video_input_from_files(video: str | None, mask: str | None, references: list[str], max_pixels: int):
+    """The CLI's video-to-video files (``--video``, ``--mask-video``, ``--reference-image`` …) decoded as the HTTP edge
+    decodes its uploads (same bounds, the refusals naming the flag's field); None when none is given."""
+    from stage_runtime.imageio import decode_image
+    from stage_runtime.video_request import VideoInput
+
+    if video is None and mask is None and not references:
+        return None
+    frames = None if video is None else decode_upload(Path(video).read_bytes(), "input_video", max_pixels)
+    masks = None if mask is None else decode_upload(Path(mask).read_bytes(), "mask_video", max_pixels)
+    return VideoInput(frames, masks, tuple(decode_image(Path(path).read_bytes(), f"reference_image[{k}]", max_pixels)
+                                           for k, path in enumerate(references)))
+
+
 def write_frames_png(frames: np.ndarray, directory: str | Path) -> list[Path]:
     """Every frame as a lossless PNG ``frame_0000.png`` … in ``directory`` (made if missing); the paths in
     order. A directory that already holds frame files is refused (a shorter clip would mix with their rest)."""
