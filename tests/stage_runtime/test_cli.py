@@ -382,4 +382,3 @@ def test_lora_flags_become_pinned_startup_adapters_and_a_bad_one_names_the_flag(
     assert config.max_loras == 3
     with pytest.raises(ConfigError, match=r"--lora='pixel': give NAME=PATH"):
         config_from_args(parser.parse_args(["validate", "--model", "/m", "--lora", "pixel"]))
-
