@@ -56,6 +56,9 @@ def request_identity(request: DiffusionRequest) -> dict[str, Any]:
         # several uploaded images (Edit-Plus): the others too (a one-image identity is as it always was)
         **({"more_images": [_digest(image) for image in edit.more_images]} if edit is not None and edit.more_images
            else {}),
+        # video-to-video (Wan VACE): the source video, its mask and the reference images (none: as it always was)
+        **({"video_input": {name: _digest(array) for name, array in request.video_input.arrays()}}
+           if request.video_input is not None else {}),
     }
 
 

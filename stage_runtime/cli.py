@@ -246,6 +246,7 @@ def cmd_make_tiny_model(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from stage_runtime.engine import DiffusionEngine
     from stage_runtime.imageio import decode_image
+    from stage_runtime.videoio import video_input_from_files
 
     config = config_from_args(args)
     sampling = {"num_inference_steps": args.steps, "seed": args.seed, "guidance_scale": args.guidance,
@@ -262,7 +263,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if not video and (args.out or "").endswith(("/", ".mp4")):
             raise InvalidRequestError("out", args.out, f"{engine.model_info.pipeline_class} makes images: a .png file")
         reference = None if args.image is None else decode_image(Path(args.image).read_bytes(), "image", 1 << 26)
-        output = engine.generate(args.prompt, reference=reference,
+        video_input = video_input_from_files(args.video, args.mask_video, args.reference_image, 1 << 26)
+        output = engine.generate(args.prompt, reference=reference, video_input=video_input,
                                  **{k: v for k, v in sampling.items() if v is not None})
         fps = args.fps or engine.model_info.default_fps
     finally:
@@ -335,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--frames", type=int, help="a video model's frame count (its rule, e.g. Wan 4k+1)")
     gen.add_argument("--fps", type=int, help="a video's frame rate (default: the model's)")
     gen.add_argument("--image", help="image-to-video: the picture the video starts from (PNG, JPEG, WebP…)")
+    gen.add_argument("--video", help="video-to-video (Wan VACE): the source/control video (MP4, WebM…)")
+    gen.add_argument("--mask-video", help="video-to-video: the mask video (white: generated, black: kept)")
+    gen.add_argument("--reference-image", action="append", default=[], help="video-to-video: a reference picture")
     gen.add_argument("--out", help="a .png (image); a .mp4, or a folder ending in / for the exact PNG frames "
                                     "(video); default out.png / out.mp4")
     gen.set_defaults(func=cmd_generate)

@@ -63,6 +63,11 @@ class ModelInfo:
     # An image-to-video family's reference image (``input_reference``): "required", "optional" (with one the
     # video starts from it, without one it is text-to-video: LTX-2), or None (a reference is a 400).
     reference: str | None = None
+    # A video-to-video family (Wan VACE): takes a source video, a mask video and reference images
+    # (``input_video``, ``mask_video``, ``reference_image[k]``; stage_runtime.video_request.VideoInput), at most
+    # this many reference images; 0: none of them (a source video is a 400).
+    max_reference_images: int = 0
+    video_input: bool = False
     # The loaded model's identity (classes, configs, a sample of the denoiser's weights; set by the model runner):
     # a step checkpoint resumes only on a model of the same fingerprint (stage_runtime.checkpoint).
     fingerprint: str | None = None

@@ -25,7 +25,7 @@ from stage_runtime.config import LORA_NAME_PATTERN, MAX_CACHE_THRESHOLD
 from stage_runtime.errors import InvalidRequestError
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.true_cfg import check_true_cfg
-from stage_runtime.video_request import Fps, Frames, resolve_video
+from stage_runtime.video_request import Fps, Frames, VideoInput, resolve_video, resolve_video_input
 
 MAX_PROMPT_CHARS = 2000
 DEFAULT_STRENGTH = 0.8         # an img2img / inpaint edit's strength when the request gives none
@@ -252,6 +252,7 @@ class DiffusionRequest:
     edit: EditInput | None = None                 # set for POST /v1/images/edits
     video: bool = False                           # asks for a video (a video route): the family must make videos
     reference: np.ndarray | None = None           # uint8 (H, W, 3): the image a video starts from (image-to-video)
+    video_input: VideoInput | None = None         # video-to-video: source video, mask video, reference images
     seed_given: bool | None = None                # the client chose the seed (None: decided at creation)
     # The SHA-256 (16 hex) of each adapter in sampling.loras, recorded at admission (engine.lora_table)
     lora_digests: tuple[str, ...] = ()
@@ -281,13 +282,15 @@ class DiffusionRequest:
             self.sampling = self.sampling.model_copy(update={"seed": secrets.randbits(63)})
 
     def key_value(self, name: str) -> object:
-        """One field of a family's compatibility key: a SamplingParams field, or one of the two names that are not:
-        "task" (the edit task: instruction edits lengthen the sequence) and "edit_shapes" (each uploaded image's
-        (height, width): the conditioning tokens of an instruction edit follow from them; () for a generation)."""
+        """One field of a family's compatibility key: a SamplingParams field, or a name that is not: "task" (the edit
+        task: instruction edits lengthen the sequence), "edit_shapes" (each uploaded image's (height, width): an
+        instruction edit's conditioning tokens follow from them; ()) or "video_input" (VideoInput.key; 0)."""
         if name == "task":
             return self.task
         if name == "edit_shapes":
             return () if self.edit is None else self.edit.shapes
+        if name == "video_input":
+            return 0 if self.video_input is None else self.video_input.key
         return getattr(self.sampling, name)
 
     @property
@@ -337,7 +340,8 @@ class DiffusionRequest:
 
     def resolve(self, info: ModelInfo) -> "DiffusionRequest":
         """Fill model defaults and check the request against what the model can serve (once, at admission)."""
-        s, edit = self.sampling, None if self.edit is None else self.edit.resolve(info)
+        s, edit = resolve_video_input(self.video_input, self.sampling, info), None if self.edit is None else \
+            self.edit.resolve(info)
         if self.video != info.video:
             raise InvalidRequestError("model", info.pipeline_class, (
                 "makes videos: ask for one on a video route (POST /v1/videos/sync)" if info.video else

@@ -30,6 +30,7 @@ from av.video.reformatter import ColorPrimaries, ColorRange, Colorspace, ColorTr
 from PIL import Image
 
 from stage_runtime.audioio import add_aac_track, check_track, mux_aac
+from stage_runtime.errors import InvalidRequestError
 from stage_runtime.imageio import encode_png
 from stage_runtime.outputs import Audio
 
@@ -162,6 +163,65 @@ def decode_mp4(data: bytes) -> tuple[np.ndarray, float]:
     if not decoded:
         raise ValueError(f"data: <{len(data)} bytes> has a video stream without frames")
     return np.stack(decoded), float(rate) if rate else 0.0
+
+
+MAX_UPLOAD_BYTES = 8 * 1024 * 1024     # one uploaded video (input_video, mask_video)
+MAX_UPLOAD_FRAMES = 1025               # frames of one uploaded video (the engine's MAX_FRAMES)
+MAX_UPLOAD_SECONDS = 120.0             # its duration, as the container says or as its frames' times run
+
+
+def decode_upload(data: bytes, field: str, max_pixels: int, *, max_bytes: int = MAX_UPLOAD_BYTES,
+                  max_frames: int = MAX_UPLOAD_FRAMES, max_seconds: float = MAX_UPLOAD_SECONDS) -> np.ndarray:
+    """An uploaded video (MP4, WebM, … any container PyAV reads) → uint8 (F, H, W, 3) RGB frames of its first video
+    stream, decoded at the edge and bounded before and while decoding: its bytes, the duration the container
+    declares, then each frame as it comes (its count, its time, its pixels), so a file over a bound is never decoded
+    to its end. Every refusal is an InvalidRequestError (400) naming ``field`` and the value over the bound."""
+    if len(data) > max_bytes:
+        raise InvalidRequestError(field, f"<{len(data)} bytes>", f"an uploaded video is at most {max_bytes} bytes")
+    if not data:
+        raise InvalidRequestError(field, "<0 bytes>", "must be a video file (MP4, WebM, …)")
+    to_rgb, frames = VideoReformatter(), []
+    try:
+        with av.open(io.BytesIO(bytes(data)), mode="r") as container:
+            if not container.streams.video:
+                raise InvalidRequestError(field, f"<{len(data)} bytes>", "holds no video stream")
+            stream = container.streams.video[0]
+            seconds = float(stream.duration * stream.time_base) if stream.duration and stream.time_base else 0.0
+            if seconds > max_seconds:
+                raise InvalidRequestError(field, f"{seconds:.1f} s", f"an uploaded video is at most {max_seconds:g} s")
+            for frame in container.decode(stream):
+                if len(frames) == max_frames:
+                    raise InvalidRequestError(field, f"more than {max_frames} frames",
+                                              f"an uploaded video has at most {max_frames} frames")
+                at = float(frame.time or 0.0)
+                if at > max_seconds:
+                    raise InvalidRequestError(field, f"a frame at {at:.1f} s",
+                                              f"an uploaded video is at most {max_seconds:g} s")
+                if frame.width * frame.height > max_pixels:
+                    raise InvalidRequestError(field, f"{frame.width}x{frame.height}",
+                                              f"a frame is at most {max_pixels} pixels")
+                frames.append(to_rgb.reformat(frame, format="rgb24", interpolation=_TO_RGB,
+                                              src_color_range=frame.color_range or ColorRange.MPEG).to_ndarray())
+    except av.error.FFmpegError as exc:
+        raise InvalidRequestError(field, f"<{len(data)} bytes>", f"not a decodable video ({type(exc).__name__})") \
+            from None
+    if not frames:
+        raise InvalidRequestError(field, f"<{len(data)} bytes>", "a video stream without frames")
+    return np.stack(frames)
+
+
+def video_input_from_files(video: str | None, mask: str | None, references: list[str], max_pixels: int):
+    """The CLI's video-to-video files (``--video``, ``--mask-video``, ``--reference-image`` …) decoded as the HTTP edge
+    decodes its uploads (same bounds, the refusals naming the flag's field); None when none is given."""
+    from stage_runtime.imageio import decode_image
+    from stage_runtime.video_request import VideoInput
+
+    if video is None and mask is None and not references:
+        return None
+    frames = None if video is None else decode_upload(Path(video).read_bytes(), "input_video", max_pixels)
+    masks = None if mask is None else decode_upload(Path(mask).read_bytes(), "mask_video", max_pixels)
+    return VideoInput(frames, masks, tuple(decode_image(Path(path).read_bytes(), f"reference_image[{k}]", max_pixels)
+                                           for k, path in enumerate(references)))
 
 
 def write_frames_png(frames: np.ndarray, directory: str | Path) -> list[Path]:

@@ -24,6 +24,7 @@ class Call:
     size: int = 64
     frames: int | None = None          # a video family: its frame count
     style: str = "cfg"                 # cfg | class (DiT's labels) | kontext | true_cfg (Qwen) | guider (HunyuanVideo-1.5)
+                                       # | vace (Wan VACE: a source video, its mask and a reference picture)
     sized: bool = True                 # its __call__ takes height and width (DiT's size is fixed)
     reference: bool = False            # image-to-video: the request carries a picture
     pictures: tuple[int, ...] = ()     # an instruction-edit family: the sides of the pictures it edits
@@ -44,6 +45,7 @@ CALLS: dict[str, Call] = {
     "wan": Call(6.0, size=16, frames=9), "wan22": Call(6.0, size=16, frames=9),
     "wan-ti2v": Call(5.0, size=32, frames=9), "wan-i2v": Call(5.0, size=16, frames=9, reference=True),
     "wan22-i2v": Call(5.0, size=16, frames=9, reference=True),
+    "wan-vace": Call(5.0, size=16, frames=9, style="vace"),
 }
 
 
@@ -66,6 +68,17 @@ def picture(side: int, mirrored: bool = False) -> np.ndarray:
 
 def pictures(call: Call) -> list[np.ndarray]:
     return [picture(side, mirrored=i % 2 == 1) for i, side in enumerate(call.pictures)]
+
+
+def vace_input(call: Call):
+    """Wan VACE's conditioning: the picture drifting a pixel a frame, a mask white (generated) on its left half, and
+    one portrait reference picture (as tests/stage_runtime/family_checks.source_video)."""
+    from stage_runtime.video_request import VideoInput
+
+    clip = np.stack([np.roll(picture(call.size), k, axis=1) for k in range(call.frames)])
+    mask = np.zeros_like(clip)
+    mask[:, :, : call.size // 2] = 255
+    return VideoInput(clip, mask, (np.ascontiguousarray(picture(call.size * 3 // 2)[:, : call.size][:, ::-1]),))
 
 
 def to_uint8(images) -> np.ndarray:
@@ -94,7 +107,8 @@ def request(call: Call, rid: str, seed: int, steps: int = STEPS, **sampling):
     return DiffusionRequest(rid, call.prompt, SamplingParams(num_inference_steps=steps, seed=seed,
                                                              guidance_scale=call.guidance, **shape),
                             video=call.frames is not None, edit=edit,
-                            reference=picture(shape.get("height", call.size)) if call.reference else None)
+                            reference=picture(shape.get("height", call.size)) if call.reference else None,
+                            video_input=vace_input(call) if call.style == "vace" else None)
 
 
 def bare_call(pipe, call: Call, seed: int, steps: int = STEPS, **size) -> np.ndarray:
@@ -121,14 +135,20 @@ def bare_call(pipe, call: Call, seed: int, steps: int = STEPS, **size) -> np.nda
     elif call.style == "guider":                       # the scale is the guider component's
         pipe.guider = pipe.guider.new(guidance_scale=call.guidance)
         kw = {"prompt": [call.prompt]}
+    generator = [torch.Generator("cpu").manual_seed(seed)]
+    if call.style == "vace":                           # one prompt and one generator (lists raise), the uploads
+        given = vace_input(call)
+        kw = {"prompt": call.prompt, "guidance_scale": call.guidance,
+              "video": [Image.fromarray(f) for f in given.frames], "mask": [Image.fromarray(f) for f in given.mask],
+              "reference_images": [Image.fromarray(r) for r in given.references]}
+        generator = generator[0]
     if call.reference:
         kw["image"] = Image.fromarray(picture(shape["height"]), mode="RGB")
     if call.pictures:
         images = [Image.fromarray(p, mode="RGB") for p in pictures(call)]
         kw["image"] = images[0] if len(images) == 1 else images
     with torch.inference_mode():
-        out = pipe(**kw, **shape, num_inference_steps=steps, generator=[torch.Generator("cpu").manual_seed(seed)],
-                   output_type="np")
+        out = pipe(**kw, **shape, num_inference_steps=steps, generator=generator, output_type="np")
     return to_uint8(out.images if call.frames is None else out.frames)
 
 

@@ -145,11 +145,13 @@ class DiffusionEngine(EngineWarmup, EngineAborts, EngineControlRpc, EngineIntros
         return resolved
 
     def generate(self, prompt: str, request_id: str | None = None, timeout: float | None = None,
-                 reference: Any = None, **sampling: Any) -> DiffusionOutput:
+                 reference: Any = None, video_input: Any = None, **sampling: Any) -> DiffusionOutput:
         """Sync convenience: one request (a video when the model makes videos, from ``reference``, a uint8 image,
-        for image-to-video), wait for its final output (raises on abort / failure)."""
+        for image-to-video, or ``video_input``, a VideoInput, for video-to-video), wait for its final output (raises
+        on abort / failure)."""
         return self.add_request(DiffusionRequest(request_id or uuid.uuid4().hex, prompt, SamplingParams.parse(sampling),
-                                                 video=self.model_info.video, reference=reference)).result(timeout)
+                                                 video=self.model_info.video, reference=reference,
+                                                 video_input=video_input)).result(timeout)
 
     def _check_open(self) -> None:
         if self.dead_reason is not None:

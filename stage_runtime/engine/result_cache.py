@@ -60,6 +60,10 @@ def result_key(request: DiffusionRequest, revision: str) -> str | None:
     if request.reference is not None:        # image-to-video (LTX-2 serves both: with and without a picture)
         h.update(f"|reference|{request.reference.shape}".encode())
         h.update(np.ascontiguousarray(request.reference).tobytes())
+    if request.video_input is not None:      # video-to-video: the source video, its mask, each reference image
+        for name, array in request.video_input.arrays():
+            h.update(f"|{name}|{array.shape}".encode())
+            h.update(np.ascontiguousarray(array).tobytes())
     return h.hexdigest()
 
 

@@ -9,6 +9,7 @@ twice, a file where a text field belongs and an unknown field are 400s naming th
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,8 @@ from stage_runtime.request import DiffusionRequest
 from stage_runtime.serve.bodies import file_bytes, read_form, read_json
 from stage_runtime.serve.schemas import parse_body
 from stage_runtime.serve.videos import VideoOptions
+from stage_runtime.video_request import MAX_REFERENCE_IMAGES, VideoInput
+from stage_runtime.videoio import decode_upload
 
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 
@@ -38,28 +41,44 @@ class VideoJobRequest(VideoOptions):
         return {**self.model_dump(exclude={"input_reference"}, exclude_none=True), "seed": seed}
 
 
+VIDEO_FIELDS = ("input_video", "mask_video")                 # video-to-video uploads (Wan VACE), one file each
+REFERENCE_FIELDS = ("reference_image", "reference_image[]")   # its reference images, repeated
+
+
 async def read_job_body(request: web.Request, max_bytes: int, max_pixels: int
-                        ) -> tuple[VideoJobRequest, np.ndarray | None]:
-    """The validated fields and the decoded reference image (None without one)."""
+                        ) -> tuple[VideoJobRequest, np.ndarray | None, VideoInput | None]:
+    """The validated fields, the decoded reference image (None without one) and the video-to-video uploads (None
+    without any), each video decoded here with its bounds (``videoio.decode_upload``: bytes, duration, frames)."""
     if not request.content_type.startswith(FORM_TYPES):
         body = parse_body(VideoJobRequest, await read_json(request))
-        return body, body.reference(max_pixels)
+        return body, body.reference(max_pixels), None
     form = await read_form(request, max_bytes)
     fields: dict[str, Any] = {}
-    reference = None
+    reference, videos, references = None, {}, []
     for name in form.keys():
         values = form.getall(name)
+        if name in REFERENCE_FIELDS:
+            references += [(f"reference_image[{len(references) + i}]", v) for i, v in enumerate(values)]
+            continue
         if len(values) > 1:
             raise InvalidRequestError(name, str(values[0])[:64], "given more than once")
         value = values[0]
         if name == "input_reference" and isinstance(value, web.FileField):
             reference = decode_image(file_bytes(value, name), name, max_pixels)
+        elif name in VIDEO_FIELDS:
+            videos[name] = await asyncio.to_thread(decode_upload, file_bytes(value, name), name, max_pixels)
         elif isinstance(value, web.FileField):
             raise InvalidRequestError(name, value.filename, "must be a text field, not a file")
         else:
             fields[name] = value
     body = parse_body(VideoJobRequest, fields, strict=False)
-    return body, reference if reference is not None else body.reference(max_pixels)
+    if len(references) > MAX_REFERENCE_IMAGES:
+        raise InvalidRequestError(references[MAX_REFERENCE_IMAGES][0], "<file>",
+                                  f"a video takes at most {MAX_REFERENCE_IMAGES} reference images")
+    pictures = tuple(decode_image(file_bytes(upload, field), field, max_pixels) for field, upload in references)
+    video = VideoInput(videos.get("input_video"), videos.get("mask_video"), pictures) \
+        if videos or pictures else None
+    return body, reference if reference is not None else body.reference(max_pixels), video
 
 
 def new_record(body: VideoJobRequest, resolved: DiffusionRequest, model: str, now: float) -> JobRecord:
@@ -67,4 +86,5 @@ def new_record(body: VideoJobRequest, resolved: DiffusionRequest, model: str, no
     s = resolved.sampling
     return JobRecord(id=new_job_id(now), model=model, prompt=body.prompt, params=body.params(s.seed),
                      size=f"{s.width}x{s.height}", num_frames=s.num_frames, fps=s.fps, num_steps=resolved.num_steps,
-                     reference=resolved.reference is not None, created_at=now)
+                     reference=resolved.reference is not None, video_input=resolved.video_input is not None,
+                     created_at=now)

@@ -96,6 +96,7 @@ class JobRecord(BaseModel):
     fps: int
     num_steps: int
     reference: bool = False                        # the job's folder holds reference.png (image-to-video)
+    video_input: bool = False                      # … video_input.npz (video-to-video: VideoInput.to_bytes)
     status: Status = "queued"
     phase: str | None = None                       # encode | denoise | decode | mux while in progress
     step: int = 0                                  # denoising steps done, as the owner last reported

@@ -28,7 +28,7 @@ from stage_runtime.errors import (DiffStageError, InvalidRequestError, JobNotFou
 from stage_runtime.imageio import encode_png
 from stage_runtime.jobs.content import CONTENT_TYPES, send_content
 from stage_runtime.jobs.record import JOB_ID, JobError, JobRecord
-from stage_runtime.jobs.store import OUTPUTS, REFERENCE
+from stage_runtime.jobs.store import OUTPUTS, REFERENCE, VIDEO_INPUT
 from stage_runtime.serve.images import SERVICE, check_model
 from stage_runtime.jobs.form import VideoJobRequest, new_record, read_job_body
 from stage_runtime.jobs.runner import JobRunner
@@ -65,17 +65,20 @@ async def create_job(request: web.Request) -> web.Response:
     runner, service = _runner(request), request.app[SERVICE]
     server = service.config.server
     try:
-        body, reference = await read_job_body(request, server.max_upload_bytes, server.max_image_pixels)
+        body, reference, video = await read_job_body(request, server.max_upload_bytes, server.max_image_pixels)
         check_model(body, service)
     except (InvalidRequestError, RequestTooLargeError) as exc:
         service.metrics.count(exc.outcome)
         raise
     if service.model_info is None:
         raise StageUnavailableError("the stage is starting; the model is not loaded yet")
-    checked = service.check(body.video_request("video-create", service.model_info.default_fps, reference))
+    checked = service.check(body.video_request("video-create", service.model_info.default_fps, reference,
+                                               video_input=video))
     record = new_record(body, checked, model_id(service), time.time())
-    await asyncio.to_thread(lambda: runner.store.create(
-        record, {} if reference is None else {REFERENCE: encode_png(reference)}))
+    files = {} if reference is None else {REFERENCE: encode_png(reference)}
+    if video is not None:
+        files[VIDEO_INPUT] = await asyncio.to_thread(video.to_bytes)
+    await asyncio.to_thread(lambda: runner.store.create(record, files))
     runner.wake()
     return _answer(runner, record.video())
 
@@ -250,4 +253,7 @@ def form_schema() -> dict[str, Any]:
     """``POST /v1/videos``'s multipart form: the JSON body's fields, ``input_reference`` an uploaded file."""
     schema = VideoJobRequest.model_json_schema()
     schema["properties"]["input_reference"] = {"type": "string", "format": "binary"}
+    for name in ("input_video", "mask_video"):                    # video-to-video (Wan VACE)
+        schema["properties"][name] = {"type": "string", "format": "binary"}
+    schema["properties"]["reference_image"] = {"type": "array", "items": {"type": "string", "format": "binary"}}
     return schema

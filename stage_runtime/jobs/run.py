@@ -32,6 +32,7 @@ from collections.abc import Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
+from stage_runtime.audioio import encode_wav
 from stage_runtime.checkpoint import read_manifest
 from stage_runtime.config import JobsConfig
 from stage_runtime.errors import (DiffStageError, EngineDeadError, InvalidRequestError, JobNotFoundError, JobStoreError,
@@ -42,12 +43,12 @@ from stage_runtime.jobs.form import VideoJobRequest
 from stage_runtime.jobs.lease import Lease, Leases, usable
 from stage_runtime.jobs.record import JobError, JobRecord, progress_of
 from stage_runtime.jobs.run_checkpoints import REQUEUE_ERRORS, RunCheckpoints
-from stage_runtime.jobs.store import CHECKPOINT, OUTPUTS, REFERENCE, JobStore
+from stage_runtime.jobs.store import CHECKPOINT, OUTPUTS, REFERENCE, VIDEO_INPUT, JobStore
 from stage_runtime.outputs import DiffusionOutput
 from stage_runtime.request import DiffusionRequest
 from stage_runtime.serve.service import StageService
 from stage_runtime.serve.videos import frames_zip
-from stage_runtime.audioio import encode_wav
+from stage_runtime.video_request import VideoInput
 from stage_runtime.videoio import encode_mp4, thumbnail_png
 
 if TYPE_CHECKING:
@@ -239,8 +240,10 @@ class JobRun(RunCheckpoints):
         if record.reference:
             reference = decode_image(self.store.read_file(record.id, REFERENCE), "input_reference",
                                      self.service.config.server.max_image_pixels)
+        video = VideoInput.from_bytes(self.store.read_file(record.id, VIDEO_INPUT)) if record.video_input else None
         request = dataclasses.replace(
-            VideoJobRequest.stored(record.params).video_request(record.id, record.fps, reference, stream=True),
+            VideoJobRequest.stored(record.params).video_request(record.id, record.fps, reference, stream=True,
+                                                                video_input=video),
             save_denoised_to=self.checkpoint_path)
         self.resumed_from = self.checkpoint_step = None
         if not os.path.exists(self.checkpoint_path):

@@ -126,7 +126,7 @@ class WanAdapter(StepContract, PipelineAdapter):
 
     def family_facts(self) -> dict:
         frames = inspect.signature(type(self.pipe).__call__).parameters["num_frames"].default
-        first_frame = {"reference": "optional"} if self.pipe.config.expand_timesteps else {}     # TI2V-5B
+        first_frame = {"reference": "optional"} if self.pipe.config.get("expand_timesteps") else {}     # TI2V-5B
         return {"frame_rule": (int(self.pipe.vae_scale_factor_temporal), 1), "default_frames": int(frames),
                 "default_fps": DEFAULT_FPS, "takes_guidance_2": self.experts.boundary is not None, **first_frame}
 
@@ -190,7 +190,7 @@ class WanAdapter(StepContract, PipelineAdapter):
         """The transformer's timestep input for ``rows`` rows of this state: t per row, or t per latent token
         (TI2V-5B's ``expand_timesteps``; every token of a text-to-video latent is at t)."""
         t = state.timestep
-        if not self.pipe.config.expand_timesteps:
+        if not self.pipe.config.get("expand_timesteps"):
             return t.expand(rows)
         mask = state.cond.get("first_frame_mask")
         if mask is not None:                         # a first frame: its tokens at 0 (the pipeline's own product)

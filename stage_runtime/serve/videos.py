@@ -43,7 +43,7 @@ from stage_runtime.serve.events import send
 from stage_runtime.serve.images import SERVICE, check_model, final_output
 from stage_runtime.serve.schemas import _EDGE, _SIZE, error_body, parse_body
 from stage_runtime.serve.wake import ensure_awake
-from stage_runtime.video_request import Fps, Frames
+from stage_runtime.video_request import Fps, Frames, VideoInput
 from stage_runtime.videoio import encode_mp4
 
 
@@ -80,7 +80,7 @@ class VideoOptions(BaseModel):
         return decode_image(data, "input_reference", max_pixels)
 
     def video_request(self, request_id: str, default_fps: int | None, reference: np.ndarray | None,
-                      **sampling: object) -> DiffusionRequest:
+                      video_input: VideoInput | None = None, **sampling: object) -> DiffusionRequest:
         """The engine's request (``sampling``: the route's own knobs, e.g. ``stream``, ``timeout_s``)."""
         width = height = None
         if self.size is not None:
@@ -99,7 +99,8 @@ class VideoOptions(BaseModel):
             "num_inference_steps": self.num_inference_steps, "guidance_scale": self.guidance_scale,
             "guidance_scale_2": self.guidance_scale_2, "negative_prompt": self.negative_prompt, "seed": self.seed,
             "priority": self.priority, "cache": self.cache, "loras": tuple(self.loras), **sampling})
-        return DiffusionRequest(request_id, self.prompt, params, video=True, reference=reference)
+        return DiffusionRequest(request_id, self.prompt, params, video=True, reference=reference,
+                                video_input=video_input)
 
 
 class VideoGenerationRequest(VideoOptions):

@@ -23,6 +23,7 @@ from stage_runtime.config import load_config
 from stage_runtime.engine import DiffusionEngine
 from stage_runtime.errors import RequestAbortedError
 from stage_runtime.request import DiffusionRequest, EditInput, SamplingParams
+from stage_runtime.video_request import VideoInput
 
 SIZE = 64
 RESULT_TIMEOUT = 300          # an upper bound only (a hang fails): a loaded 2-core machine runs a tiny edit for a minute
@@ -50,6 +51,8 @@ class Family:
     label: str | None = None                         # its id in the checklist (default: its kind)
     pictures: tuple[int, ...] = ()                   # an edit family: the sides of the pictures each request edits
     pretrained: Callable[[str], dict] | None = None  # (folder) → more from_pretrained keywords of the bare pipeline
+    video_input: bool = False                        # video-to-video: requests carry source_video(size, frames)
+    one_generator: bool = False                      # the bare call takes one generator, not a list (Wan VACE)
 
     @property
     def name(self) -> str:
@@ -64,7 +67,8 @@ class Family:
             edit = EditInput(first, more_images=tuple(more))
         return DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed, **{**fields, **kw}),
                                 video=self.frames is not None,
-                                reference=reference_image(self.size) if self.reference else None, edit=edit)
+                                reference=reference_image(self.size) if self.reference else None, edit=edit,
+                                video_input=source_video(self.size, self.frames) if self.video_input else None)
 
 
 def reference_image(size: int) -> np.ndarray:
@@ -74,6 +78,25 @@ def reference_image(size: int) -> np.ndarray:
                       np.full((size, size), 96.0)], axis=-1)
     image[size // 4:size // 2, size // 4:size // 2] = 240
     return image.round().astype(np.uint8)
+
+
+def source_video(size: int, frames: int) -> VideoInput:
+    """A deterministic video-to-video input: a gradient picture drifting one pixel a frame, a mask video whose left
+    half is white (generate) and right half black (keep), and one portrait reference picture (letterboxed)."""
+    base = reference_image(size)
+    clip = np.stack([np.roll(base, k, axis=1) for k in range(frames)])
+    mask = np.zeros_like(clip)
+    mask[:, :, : size // 2] = 255
+    portrait = np.ascontiguousarray(reference_image(size * 3 // 2)[:, : size][:, ::-1])
+    return VideoInput(clip, mask, (portrait,))
+
+
+def video_keywords(video: VideoInput) -> dict:
+    """The bare WanVACEPipeline call's conditioning keywords for ``video`` (PIL frames and pictures)."""
+    def pictures(frames) -> list[Image.Image]:
+        return [Image.fromarray(np.asarray(f), mode="RGB") for f in frames]
+    given = {"video": video.frames, "mask": video.mask, "reference_images": video.references or None}
+    return {name: pictures(value) for name, value in given.items() if value is not None}
 
 
 def edit_pictures(sides: tuple[int, ...]) -> list[np.ndarray]:
@@ -141,8 +164,11 @@ def bare_call(family: Family, path: str, prompt: str, steps: int, seed: int, gui
     if family.pictures:                  # an edit: one picture as it is, several as a list
         images = [Image.fromarray(picture, mode="RGB") for picture in edit_pictures(family.pictures)]
         size["image"] = images[0] if len(images) == 1 else images
+    if family.video_input:
+        size.update(video_keywords(source_video(family.size, family.frames)))
+    gens = generators(seed, n)
     out = pipe(**family.call(pipe, prompt, n, guidance), **size, num_inference_steps=steps,
-               generator=generators(seed, n), output_type="np", **extra)
+               generator=gens[0] if family.one_generator else gens, output_type="np", **extra)
     return to_uint8(out.images if family.frames is None else out.frames)
 
 

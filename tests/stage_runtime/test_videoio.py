@@ -11,6 +11,7 @@ over the frames), as generated video is; pure noise is not what a codec is for. 
 from __future__ import annotations
 
 import io
+import re
 
 import av
 import numpy as np
@@ -177,3 +178,23 @@ GOOD = smooth_clip(2, 8, 8, seed=11)
 def test_bad_input_names_the_argument_and_value(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_an_upload_is_decoded_within_its_bounds_each_refusal_naming_the_field_and_value():
+    """decode_upload (the edge's video decode): the frames as decode_mp4 gives them; over the bytes, the declared
+    duration, the frame count or the pixels of a frame → a 400 naming the part and the value, without decoding on."""
+    from stage_runtime.errors import InvalidRequestError
+    from stage_runtime.videoio import decode_upload
+
+    clip = np.random.default_rng(0).integers(0, 256, (9, 16, 16, 3), dtype=np.uint8)
+    data = encode_mp4(clip, 8)
+    assert np.array_equal(decode_upload(data, "input_video", 10_000), decode_mp4(data)[0])
+    for bounds, message in (({"max_bytes": 100}, f"input_video='<{len(data)} bytes>': an uploaded video is at most "
+                                                 "100 bytes"),
+                            ({"max_seconds": 0.5}, "input_video='1.1 s': an uploaded video is at most 0.5 s"),
+                            ({"max_frames": 4}, "input_video='more than 4 frames': an uploaded video has at most 4"),
+                            ({}, "input_video='16x16': a frame is at most 100 pixels")):
+        with pytest.raises(InvalidRequestError, match=re.escape(message)):
+            decode_upload(data, "input_video", 100 if not bounds else 10_000, **bounds)
+    with pytest.raises(InvalidRequestError, match=r"^mask_video='<5 bytes>': not a decodable video"):
+        decode_upload(b"hello", "mask_video", 10_000)

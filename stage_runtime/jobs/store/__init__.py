@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stage_runtime.jobs.store.base import CHECKPOINT, OUTPUTS, RECORD, REFERENCE, S3_SCHEME, JobStore
+from stage_runtime.jobs.store.base import CHECKPOINT, OUTPUTS, RECORD, REFERENCE, S3_SCHEME, VIDEO_INPUT, JobStore
 
-__all__ = ["CHECKPOINT", "OUTPUTS", "RECORD", "REFERENCE", "JobStore", "open_job_store"]
+__all__ = ["CHECKPOINT", "OUTPUTS", "RECORD", "REFERENCE", "VIDEO_INPUT", "JobStore", "open_job_store"]
 
 
 def open_job_store(location: str, endpoint: str | None = None, region: str | None = None,

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 RECORD, REFERENCE, CHECKPOINT = "job.json", "reference.png", "checkpoint.safetensors"
+VIDEO_INPUT = "video_input.npz"                          # a video-to-video job's uploads (VideoInput.to_bytes)
 # variant → file; "audio" only for a model that makes sound (LTX-2): the MP4's track alone, as WAV
 OUTPUTS = {"video": "video.mp4", "thumbnail": "thumbnail.png", "frames": "frames.zip", "audio": "audio.wav"}
 S3_SCHEME = "s3://"

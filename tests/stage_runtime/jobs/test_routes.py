@@ -23,7 +23,7 @@ from support.waiting import wait_until
 from stage_runtime.imageio import encode_png
 from stage_runtime.jobs.record import progress_of
 from stage_runtime.jobs.store.filesystem import FileJobStore
-from stage_runtime.videoio import decode_mp4
+from stage_runtime.videoio import decode_mp4, encode_mp4
 
 WAN = Family("wan", size=16, frames=9)
 FIELDS = {"num_frames": 9, "num_inference_steps": 3, "seed": 5, "guidance_scale": 6.0, "fps": 8}
@@ -236,6 +236,17 @@ def test_a_bad_field_is_a_400_at_create_naming_it_and_nothing_is_stored(clients,
     error = refused.value.body
     assert error["param"] == param and message in error["message"], error
     assert job_folders(store) == before
+
+
+def test_a_source_video_to_a_family_without_video_input_is_a_400_naming_it(stages, store):
+    """Video-to-video uploads (``input_video``) are Wan VACE's: tiny Wan refuses one before anything is stored."""
+    before = job_folders(store)
+    clip = np.zeros((9, 16, 16, 3), np.uint8)
+    answer = httpx.post(f"{stages[0].http_url}/v1/videos", data={"prompt": "a fox", "num_inference_steps": "2"},
+                        files={"input_video": ("v.mp4", encode_mp4(clip, 8), "video/mp4")}, timeout=60)
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and error["param"] == "input_video", answer.text
+    assert "WanPipeline takes no source video" in error["message"] and job_folders(store) == before
 
 
 def test_a_json_create_is_typed_strictly(stages, store):

@@ -29,6 +29,7 @@ KINDS = {
     "wan-ti2v": ("WanPipeline", 32, 600_000),
     "wan-i2v": ("WanImageToVideoPipeline", 16, 550_000),
     "wan22-i2v": ("WanImageToVideoPipeline", 16, 700_000),
+    "wan-vace": ("WanVACEPipeline", 16, 700_000),
     "ltx2": ("LTX2Pipeline", 64, 1_000_000),
     "hunyuan-video15": ("HunyuanVideo15Pipeline", 16, 19_000_000),   # a fixed 2048-wide ByT5 projection
 }
@@ -67,6 +68,8 @@ def folder(tmp_path_factory):
 def _run(pipe, kind: str, size: int, frames: int = FRAMES, **call):
     if kind in ("wan-i2v", "wan22-i2v"):
         call["image"] = Image.fromarray(np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8))
+    if kind == "wan-vace" and "video" not in call:
+        call["video"] = _clip(frames, size, size)
     return pipe(prompt="a photo of a cat", negative_prompt="blurry", height=size, width=size, num_frames=frames,
                 num_inference_steps=2, output_type="np", generator=torch.Generator().manual_seed(0), **call)
 
@@ -125,6 +128,7 @@ FACTS = {
     "wan-ti2v": (16, 4, 48, 512),
     "wan-i2v": (8, 4, 16, 512),
     "wan22-i2v": (8, 4, 16, 512),
+    "wan-vace": (8, 4, 16, 512),
     "ltx2": (32, 8, 8, 1024),
     "hunyuan-video15": (4, 4, 4, 1000),
 }
@@ -195,6 +199,33 @@ def test_wan22_i2v_has_two_experts_no_image_encoder_and_runs_both_from_the_image
         getattr(pipe, name).register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
     _run(pipe, "wan22-i2v", 16, guidance_scale=5.0, guidance_scale_2=3.0)
     assert calls == {"transformer": 2, "transformer_2": 2}          # step 1 (t=999) high noise, step 2 low
+
+
+def _clip(frames: int, height: int, width: int, seed: int = 0) -> list[Image.Image]:
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)) for _ in range(frames)]
+
+
+def test_wan_vace_control_channels_references_and_one_video_per_call(folder):
+    """The VACE facts of tiny/wan_vace.py: 96 control channels (32 video latents + the mask folded 8 x 8), a VACE
+    block beside each layer; a reference image adds one latent frame to the control and the noise (dropped when
+    decoding); a list prompt or a list of generators raises."""
+    pipe = _load(folder("wan-vace"))
+    config = pipe.transformer.config
+    assert (config.vace_in_channels, list(config.vace_layers), config.num_layers) == (96, [0, 1], 2)
+    shapes = []
+    pipe.transformer.register_forward_pre_hook(
+        lambda _m, _a, kw: shapes.append((kw["hidden_states"].shape, kw["control_hidden_states"].shape)),
+        with_kwargs=True)
+    mask = [Image.new("RGB", (16, 16), "white")] * FRAMES
+    out = _run(pipe, "wan-vace", 16, mask=mask, reference_images=[_clip(1, 24, 16)[0]], guidance_scale=1.0)
+    assert out.frames.shape == (1, FRAMES, 16, 16, 3)
+    assert shapes[0] == ((1, 16, 4, 2, 2), (1, 96, 4, 2, 2))          # 3 video latent frames + 1 reference
+    for call, refusal in (({"generator": [torch.Generator().manual_seed(0)]}, "list of generators"),
+                          ({"prompt": ["a", "b"]}, "list of prompts")):
+        with pytest.raises(ValueError, match=refusal):
+            pipe(**{"prompt": "a", **call}, video=_clip(FRAMES, 16, 16), height=16, width=16, num_frames=FRAMES,
+                 num_inference_steps=1)
 
 
 def test_ltx2_makes_sound_as_long_as_the_video(folder):
