@@ -63,6 +63,9 @@ class ModelInfo:
     # An image-to-video family's reference image (``input_reference``): "required", "optional" (with one the
     # video starts from it, without one it is text-to-video: LTX-2), or None (a reference is a 400).
     reference: str | None = None
+    # A family whose pipeline sizes the video from its picture (HunyuanVideo-1.5 I2V): the (height, width) buckets
+    # it picks the nearest aspect ratio from, which a request without a size gets (video_request.reference_size).
+    reference_buckets: tuple[tuple[int, int], ...] = ()
     # The loaded model's identity (classes, configs, a sample of the denoiser's weights; set by the model runner):
     # a step checkpoint resumes only on a model of the same fingerprint (stage_runtime.checkpoint).
     fingerprint: str | None = None
