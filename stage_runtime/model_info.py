@@ -68,6 +68,9 @@ class ModelInfo:
     # this many reference images; 0: none of them (a source video is a 400).
     max_reference_images: int = 0
     video_input: bool = False
+    # A family whose pipeline sizes the video from its picture (HunyuanVideo-1.5 I2V): the (height, width) buckets
+    # it picks the nearest aspect ratio from, which a request without a size gets (video_request.reference_size).
+    reference_buckets: tuple[tuple[int, int], ...] = ()
     # The loaded model's identity (classes, configs, a sample of the denoiser's weights; set by the model runner):
     # a step checkpoint resumes only on a model of the same fingerprint (stage_runtime.checkpoint).
     fingerprint: str | None = None

@@ -25,7 +25,7 @@ from stage_runtime.config import LORA_NAME_PATTERN, MAX_CACHE_THRESHOLD
 from stage_runtime.errors import InvalidRequestError
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.true_cfg import check_true_cfg
-from stage_runtime.video_request import Fps, Frames, VideoInput, resolve_video, resolve_video_input
+from stage_runtime.video_request import Fps, Frames, VideoInput, reference_size, resolve_video, resolve_video_input
 
 MAX_PROMPT_CHARS = 2000
 DEFAULT_STRENGTH = 0.8         # an img2img / inpaint edit's strength when the request gives none
@@ -357,7 +357,7 @@ class DiffusionRequest:
         if edit is not None and edit.mask is not None and edit.mask.shape != edit.image.shape[:2]:
             raise InvalidRequestError("mask", f"{edit.mask.shape[1]}x{edit.mask.shape[0]}",
                                       f"must be the image's size {edit.image.shape[1]}x{edit.image.shape[0]}")
-        auto = (None, None) if edit is None else (
+        auto = reference_size(self.reference, info) if edit is None else (
             edit.image.shape[0] // info.size_multiple * info.size_multiple,
             edit.image.shape[1] // info.size_multiple * info.size_multiple)
         height = s.height or auto[0] or info.default_height

@@ -3,7 +3,8 @@
 A video family says in its ``ModelInfo`` which frame counts it takes (``frame_rule``: Wan ``4k+1``, LTX
 ``8k+1``), its defaults, and whether it has Wan 2.2's second expert (``guidance_scale_2``). A frame count off
 the rule is a 400 naming the nearest counts it takes (diffusers rounds it down with a warning); an image family
-refuses every video field. No torch: the engine and the HTTP edge import this module.
+refuses every video field. A family whose pipeline sizes the video from its picture (``reference_buckets``) gives a
+request without a size the picture's bucket. No torch: the engine and the HTTP edge import this module.
 """
 
 from __future__ import annotations
@@ -137,3 +138,17 @@ def resolve_video_input(video: VideoInput | None, s: BaseModel, info: ModelInfo)
             f"rounded down to multiples of {step}), not the {width}x{height} generated: give a video of that "
             "aspect ratio or leave size out"))
     return s.model_copy(update={"height": height, "width": width, "num_frames": count})
+
+
+def reference_size(reference, info: ModelInfo) -> tuple[int | None, int | None]:
+    """(height, width) a request without a size gets from its reference picture (an array (h, w, 3)): the bucket of
+    ``info.reference_buckets`` whose aspect ratio (height / width, rounded to 5 places) is nearest the picture's on
+    the picture's side of square (the first such on a tie), as HunyuanVideo-1.5 I2V's ``__call__`` sizes its video
+    (``calculate_default_height_width``); (None, None) without a picture or buckets (the model's default applies)."""
+    if reference is None or not info.reference_buckets:
+        return None, None
+    height, width = reference.shape[:2]
+    aspect = height / width
+    ratios = [(round(h / w, 5) - aspect, (h, w)) for h, w in info.reference_buckets]
+    side = [(abs(d), bucket) for d, bucket in ratios if (d <= 0 if aspect >= 1 else d >= 0)]
+    return min(side, key=lambda pair: pair[0])[1]

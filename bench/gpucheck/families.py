@@ -41,6 +41,8 @@ CALLS: dict[str, Call] = {
     "qwen-image-edit": Call(4.0, style="true_cfg", pictures=(64,)),
     "qwen-image-edit-plus": Call(4.0, style="true_cfg", pictures=(64, 48)),
     "hunyuan-video15": Call(6.0, size=16, frames=9, style="guider"),
+    # __call__ takes no size: the picture's bucket (16x16 for a 16x16 picture), the request none either
+    "hunyuan-video15-i2v": Call(6.0, size=16, frames=9, style="guider", sized=False, reference=True),
     "ltx2": Call(3.0, size=64, frames=9),
     "wan": Call(6.0, size=16, frames=9), "wan22": Call(6.0, size=16, frames=9),
     "wan-ti2v": Call(5.0, size=32, frames=9), "wan-i2v": Call(5.0, size=16, frames=9, reference=True),
@@ -143,7 +145,7 @@ def bare_call(pipe, call: Call, seed: int, steps: int = STEPS, **size) -> np.nda
               "reference_images": [Image.fromarray(r) for r in given.references]}
         generator = generator[0]
     if call.reference:
-        kw["image"] = Image.fromarray(picture(shape["height"]), mode="RGB")
+        kw["image"] = Image.fromarray(picture(shape.get("height", call.size)), mode="RGB")
     if call.pictures:
         images = [Image.fromarray(p, mode="RGB") for p in pictures(call)]
         kw["image"] = images[0] if len(images) == 1 else images

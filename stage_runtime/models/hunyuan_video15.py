@@ -48,6 +48,7 @@ from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
 
 DEFAULT_FPS = 24                   # HunyuanVideo-1.5 makes 24 fps video (121 frames: 5 s)
+DEFAULT_ASPECT = (16, 9)           # (width, height): HunyuanVideo15Pipeline's default_aspect_ratio
 DEFAULT_GUIDANCE = 6.0             # the real checkpoints' guider scale (a folder's own guider overrides it)
 
 
@@ -96,7 +97,7 @@ class HunyuanVideo15Adapter(StepContract, PipelineAdapter):
 
     def default_size(self) -> tuple[int, int]:
         """The pipeline's own default: the 16:9 bucket nearest the transformer's ``target_size``."""
-        width, height = self.pipe.default_aspect_ratio
+        width, height = getattr(self.pipe, "default_aspect_ratio", DEFAULT_ASPECT)   # I2V has none: T2V's
         h, w = self.pipe.video_processor.calculate_default_height_width(height, width, self.pipe.target_size)
         return int(h), int(w)
 
@@ -150,26 +151,37 @@ class HunyuanVideo15Adapter(StepContract, PipelineAdapter):
     def denoise_step(self, states: list[HunyuanStepState]) -> list[torch.Tensor]:
         dtype = self.pipe.transformer.dtype
         branches = [("cond", "uncond") if self.guided_now(st) else ("cond",) for st in states]
-        rows, timesteps, text = [], [], {}
+        rows, timesteps, images, text = [], [], [], {}
         for st, names in zip(states, branches, strict=True):
-            latents = st.latents.to(dtype)
-            zeros = torch.zeros_like(latents)
-            model_input = torch.cat([latents, zeros, zeros[:, :1]], dim=1)    # + conditioning latents + mask
-            row = torch.cat([model_input] * len(names))
+            row = torch.cat([self.model_input(st, st.latents.to(dtype))] * len(names))
             rows.append(row)
             timesteps.append(st.timestep.expand(len(row)).to(dtype))
+            images.append(torch.cat([self.image_tokens(st)] * len(names)))
             for key in ("encoder_hidden_states", "encoder_attention_mask", "encoder_hidden_states_2",
                         "encoder_attention_mask_2"):
                 text.setdefault(key, []).extend(st.cond[f"{name}_{key}"] for name in names)
-        hidden = torch.cat(rows)
-        image_embeds = torch.zeros(len(hidden), self.pipe.vision_num_semantic_tokens, self.pipe.vision_states_dim,
-                                   dtype=dtype, device=hidden.device)
-        noise = self.denoiser(hidden_states=hidden, image_embeds=image_embeds, timestep=torch.cat(timesteps),
+        noise = self.denoiser(hidden_states=torch.cat(rows), image_embeds=torch.cat(images),
+                              timestep=torch.cat(timesteps), **self.more_inputs(states, branches),
                               **{key: torch.cat(parts) for key, parts in text.items()}, return_dict=False)[0]
         preds = []
         for st, names, pred in zip(states, branches, self.split_rows(noise, rows), strict=True):
             preds.append(st.guider.forward(*pred.chunk(len(names))).pred)     # (pred_cond[, pred_uncond])
         return preds
+
+    def model_input(self, state: HunyuanStepState, latents: torch.Tensor) -> torch.Tensor:
+        """One state's rows of ``hidden_states``: [latents ‖ conditioning latents ‖ mask], both zero (T2V)."""
+        zeros = torch.zeros_like(latents)
+        return torch.cat([latents, zeros, zeros[:, :1]], dim=1)
+
+    def image_tokens(self, state: HunyuanStepState) -> torch.Tensor:
+        """One state's rows of ``image_embeds``: 729 zero tokens (T2V: the transformer masks them out)."""
+        n = len(state.latents)
+        return torch.zeros(n, self.pipe.vision_num_semantic_tokens, self.pipe.vision_states_dim,
+                           dtype=self.pipe.transformer.dtype, device=state.latents.device)
+
+    def more_inputs(self, states: list[HunyuanStepState], branches: list[tuple[str, ...]]) -> dict[str, torch.Tensor]:
+        """More keyword inputs of the forward, per row (none for T2V: its ``__call__`` passes no ``timestep_r``)."""
+        return {}
 
     def post_decode(self, state: StepRequestState) -> np.ndarray:
         """uint8 (num_outputs, F, H, W, 3): latents / scaling_factor, decoded one video at a time."""

@@ -35,6 +35,16 @@ def prompt_call(pipe, prompt: str, n: int, guidance: float) -> dict:
     return {"prompt": [prompt] * n, "guidance_scale": guidance}
 
 
+def guider_call(pipe, prompt: str, n: int, guidance: float) -> dict:
+    """The bare call's family keywords of a pipeline guided by its ``guider`` component (HunyuanVideo-1.5): its
+    ``__call__`` takes no guidance_scale, so the pipeline gets a copy of its folder's guider at this scale; and
+    diffusers 0.42.1's HunyuanVideo-1.5 VAE decodes one video at a time only (its causal attention mask does not
+    broadcast over a batch), so two videos need VAE slicing."""
+    pipe.guider = pipe.guider.new(guidance_scale=guidance)
+    pipe.vae.enable_slicing()
+    return {"prompt": [prompt] * n}
+
+
 @dataclass(frozen=True)
 class Family:
     """A family's row in the checklist (declared as ``FAMILY`` by its test module)."""

@@ -98,3 +98,31 @@ def test_a_reference_image_is_taken_where_the_family_requires_or_allows_one(refe
     with pytest.raises(InvalidRequestError, match=rf"^{re.escape(error)}$") as caught:
         request.resolve(info)
     assert caught.value.field == "input_reference"
+
+
+# generate_crop_size_list(640, 16) at 480p, as HunyuanVideo-1.5 I2V's __call__ picks from (a few of them, in order)
+BUCKETS_480P = ((1280, 320), (960, 400), (848, 480), (640, 640), (480, 848), (400, 960), (320, 1280))
+
+
+@pytest.mark.parametrize(("picture", "size"), [
+    ((720, 1280), (480, 848)),      # 16:9 landscape: the 16:9 bucket
+    ((1280, 720), (848, 480)),      # portrait
+    ((500, 500), (640, 640)),       # square
+    ((600, 1280), (480, 848)),      # 0.469 wide: the nearest at least as tall (0.566), not the nearer 0.417
+    ((1000, 200), (1280, 320))])    # taller than any: the tallest
+def test_a_family_sized_by_its_picture_gives_a_request_without_a_size_the_pictures_bucket(picture, size):
+    """``ModelInfo.reference_buckets`` (HunyuanVideo-1.5 I2V): the bucket of the nearest aspect ratio on the picture's
+    side of square, as ``calculate_default_height_width``; a request's own size wins; other families keep theirs."""
+    info = model_info(pipeline_class="I2VPipeline", default_height=480, default_width=848, size_multiple=16,
+                      frame_rule=(4, 1), default_frames=121, default_fps=24, reference="required",
+                      reference_buckets=BUCKETS_480P)
+    reference = np.zeros((*picture, 3), np.uint8)
+    s = DiffusionRequest("r", "a cat", video=True, reference=reference).resolve(info).sampling
+    assert (s.height, s.width) == size
+    s = DiffusionRequest("r", "a cat", SamplingParams(height=320, width=320), video=True,
+                         reference=reference).resolve(info).sampling
+    assert (s.height, s.width) == (320, 320)
+    unbucketed = model_info(pipeline_class="I2VPipeline", default_height=480, default_width=848, size_multiple=16,
+                            frame_rule=(4, 1), default_frames=121, default_fps=24, reference="required")
+    s = DiffusionRequest("r", "a cat", video=True, reference=reference).resolve(unbucketed).sampling
+    assert (s.height, s.width) == (480, 848)

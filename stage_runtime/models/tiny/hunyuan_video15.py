@@ -29,6 +29,7 @@ from stage_runtime.models.tiny.common import flow_match_euler, seeded
 from stage_runtime.models.tiny.t5_tokenizer import T5_HIDDEN, tiny_t5_encoder
 
 TEXT_HIDDEN = 16
+IMAGE_EMBED_DIM = 8          # the image tokens' width (SigLIP's hidden size in image-to-video)
 LATENT_CHANNELS = 4
 GUIDANCE_SCALE = 6.0
 SHIFT = 7.0
@@ -40,15 +41,17 @@ SYSTEM_WORDS = tuple("You helpful video following aspects The main content theme
 SPACE_RUNS = (" ", " " * 3, " " * 7)
 
 
-def _tiny_transformer():
-    """HunyuanVideo15Transformer3DModel: 1 block, 2 heads of 8, patch 1, RoPE axes 2/2/4, T2V."""
+def tiny_transformer(**config):
+    """HunyuanVideo15Transformer3DModel: 1 block, 2 heads of 8, patch 1, RoPE axes 2/2/4, T2V (``config`` overrides:
+    image-to-video's ``task_type``)."""
     from diffusers import HunyuanVideo15Transformer3DModel
 
-    return HunyuanVideo15Transformer3DModel(
+    layout = dict(
         in_channels=2 * LATENT_CHANNELS + 1, out_channels=LATENT_CHANNELS, num_attention_heads=2,
         attention_head_dim=8, num_layers=1, num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1,
-        text_embed_dim=TEXT_HIDDEN, text_embed_2_dim=T5_HIDDEN, image_embed_dim=8, rope_axes_dim=(2, 2, 4),
-        target_size=16, task_type="t2v")
+        text_embed_dim=TEXT_HIDDEN, text_embed_2_dim=T5_HIDDEN, image_embed_dim=IMAGE_EMBED_DIM,
+        rope_axes_dim=(2, 2, 4), target_size=16, task_type="t2v")
+    return HunyuanVideo15Transformer3DModel(**{**layout, **config})
 
 
 def _tiny_vae():
@@ -72,21 +75,22 @@ def _tiny_text_encoder(tokenizer):
         bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
 
 
-def build(seed: int):
-    from diffusers import HunyuanVideo15Pipeline
+def components(seed: int, **transformer_config) -> dict:
+    """The pipeline's components, each seeded (``transformer_config``: :func:`tiny_transformer`'s overrides)."""
     from diffusers.guiders import ClassifierFreeGuidance
     from transformers import ByT5Tokenizer
 
     from stage_runtime.models.tiny.qwen2_tokenizer import build_qwen2_tokenizer
 
     tokenizer, byt5_tokenizer = build_qwen2_tokenizer(SYSTEM_WORDS + SPACE_RUNS), ByT5Tokenizer()
-    return HunyuanVideo15Pipeline(
-        text_encoder=seeded(seed + 1, lambda: _tiny_text_encoder(tokenizer)),
-        tokenizer=tokenizer,
-        transformer=seeded(seed + 2, _tiny_transformer),
-        vae=seeded(seed, _tiny_vae),
-        scheduler=flow_match_euler(SHIFT),
-        text_encoder_2=seeded(seed + 3, lambda: tiny_t5_encoder(byt5_tokenizer)),
-        tokenizer_2=byt5_tokenizer,
-        guider=ClassifierFreeGuidance(guidance_scale=GUIDANCE_SCALE),
-    )
+    return {"text_encoder": seeded(seed + 1, lambda: _tiny_text_encoder(tokenizer)), "tokenizer": tokenizer,
+            "transformer": seeded(seed + 2, lambda: tiny_transformer(**transformer_config)),
+            "vae": seeded(seed, _tiny_vae), "scheduler": flow_match_euler(SHIFT),
+            "text_encoder_2": seeded(seed + 3, lambda: tiny_t5_encoder(byt5_tokenizer)), "tokenizer_2": byt5_tokenizer,
+            "guider": ClassifierFreeGuidance(guidance_scale=GUIDANCE_SCALE)}
+
+
+def build(seed: int):
+    from diffusers import HunyuanVideo15Pipeline
+
+    return HunyuanVideo15Pipeline(**components(seed))

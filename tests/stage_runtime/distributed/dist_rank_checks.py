@@ -18,7 +18,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 TIMEOUT_S = 30.0
 PEER_TIMEOUT_S = 2.0        # the lost-peer checks' collective timeout
 VIDEO_SIDE = {"LTX2Pipeline": 64,           # LTX-2's VAE needs two latent pixels a side (x32); others 32
-              "HunyuanVideo15Pipeline": 16}  # HunyuanVideo-1.5: its 1985 context tokens a row are what cost
+              "HunyuanVideo15Pipeline": 16,  # HunyuanVideo-1.5: its 1985 context tokens a row are what cost
+              "HunyuanVideo15ImageToVideoPipeline": 16}
 WITH_PICTURE = ("b", "s2")                   # where a picture is optional (LTX-2): these requests carry one
 
 
@@ -169,9 +170,9 @@ def wan_outputs(adapter) -> dict:
 def hunyuan_outputs(adapter) -> dict:
     """HunyuanVideo-1.5's transformer called directly, as float arrays (its tiny videos barely show guidance, so
     its parallel equality is checked here too): 3 rows (CFG 2: 2 + 1 padded) of different timesteps and context
-    masks (Qwen text 7, 4 and 2 tokens of 7; ByT5 glyphs 3, 5 and 0 of 5; 3 zero image tokens, masked out: T2V), so
-    15 context tokens a row (uneven chunks; row 3's second chunk is all padding), at 12 video tokens a row (even
-    chunks), 9 (uneven) and 1 (fewer than the ranks: unsharded)."""
+    masks (Qwen text 7, 4 and 2 tokens of 7; ByT5 glyphs 3, 5 and 0 of 5; 3 zero image tokens, masked out: T2V; I2V
+    3 random ones, valid), so 15 context tokens a row (uneven chunks; row 3's second chunk is all padding), at 12
+    video tokens a row (even chunks), 9 (uneven) and 1 (fewer than the ranks: unsharded)."""
     import torch
 
     config, out = adapter.denoiser.config, {}
@@ -183,7 +184,9 @@ def hunyuan_outputs(adapter) -> dict:
     context = {"encoder_hidden_states": torch.randn(3, 7, config.text_embed_dim, generator=gen),
                "encoder_attention_mask": valid([7, 4, 2], 7),
                "encoder_hidden_states_2": torch.randn(3, 5, config.text_embed_2_dim, generator=gen),
-               "encoder_attention_mask_2": valid([3, 5, 0], 5), "image_embeds": torch.zeros(3, 3, config.image_embed_dim)}
+               "encoder_attention_mask_2": valid([3, 5, 0], 5),
+               "image_embeds": torch.randn(3, 3, config.image_embed_dim, generator=gen) if config.task_type == "i2v"
+               else torch.zeros(3, 3, config.image_embed_dim)}
     with torch.inference_mode():
         for frames, height, width in ((3, 2, 2), (1, 3, 3), (1, 1, 1)):
             latents = torch.randn(3, config.in_channels, frames, height, width, generator=gen)

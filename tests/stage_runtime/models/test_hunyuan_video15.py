@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_probes import assert_no_state, max_diff, runner_of
-from family_checks import Family, bare_call, bare_pipeline, make_engine
+from family_checks import Family, bare_call, bare_pipeline, guider_call, make_engine
 
 from stage_runtime.config import ModelConfig
 from stage_runtime.errors import InvalidRequestError, ModelLoadError
@@ -27,16 +27,7 @@ LATENT_ATOL = 1e-4
 MOVED = 5e-3           # what a changed setting moves the bare call's latents by, at least (measured 0.015-0.04)
 
 
-def hunyuan_call(pipe, prompt: str, n: int, guidance: float) -> dict:
-    """The bare call's keywords. ``__call__`` takes no guidance_scale: the scale is the guider component's, so the
-    pipeline gets a copy of its folder's guider at this one; and diffusers 0.42.1's VAE decodes one video at a
-    time only (its causal attention mask does not broadcast over a batch), so two videos need VAE slicing."""
-    pipe.guider = pipe.guider.new(guidance_scale=guidance)
-    pipe.vae.enable_slicing()
-    return {"prompt": [prompt] * n}
-
-
-FAMILY = Family("hunyuan-video15", call=hunyuan_call, guidances=(6.0, 3.0), size=16, frames=9)
+FAMILY = Family("hunyuan-video15", call=guider_call, guidances=(6.0, 3.0), size=16, frames=9)
 
 
 class Taps:

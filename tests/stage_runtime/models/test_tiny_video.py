@@ -1,4 +1,4 @@
-"""The tiny video builders (Wan 2.1 / 2.2 A14B / TI2V-5B / I2V, LTX-2, HunyuanVideo-1.5): each writes a real
+"""The tiny video builders (Wan 2.1 / 2.2 A14B / TI2V-5B / I2V, LTX-2, HunyuanVideo-1.5 T2V / I2V): each writes a real
 pipeline folder in code (offline), that loads back with ``DiffusionPipeline.from_pretrained`` and makes a
 video; same seed, same weight files; small; every attention layer splits 2 ways; the facts the builders'
 module docstrings give the adapters (VAE factors, latent channels, token counts) hold."""
@@ -32,7 +32,10 @@ KINDS = {
     "wan-vace": ("WanVACEPipeline", 16, 700_000),
     "ltx2": ("LTX2Pipeline", 64, 1_000_000),
     "hunyuan-video15": ("HunyuanVideo15Pipeline", 16, 19_000_000),   # a fixed 2048-wide ByT5 projection
+    "hunyuan-video15-i2v": ("HunyuanVideo15ImageToVideoPipeline", 16, 19_000_000),
 }
+PICTURE_KINDS = ("wan-i2v", "wan22-i2v", "hunyuan-video15-i2v")
+SIZED_BY_PICTURE = ("hunyuan-video15-i2v",)       # __call__ takes no height and width: the picture's bucket
 FRAMES = 9
 
 
@@ -65,13 +68,18 @@ def folder(tmp_path_factory):
     return get
 
 
-def _run(pipe, kind: str, size: int, frames: int = FRAMES, **call):
-    if kind in ("wan-i2v", "wan22-i2v"):
-        call["image"] = Image.fromarray(np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8))
+def _run(pipe, kind: str, size: int, frames: int = FRAMES, picture: tuple[int, int] | None = None, **call):
+    """Two steps at ``size`` (a picture kind: from a random ``picture`` (height, width), ``size`` square by default;
+    a kind sized by its picture gets no height and width)."""
+    if kind in PICTURE_KINDS:
+        call["image"] = Image.fromarray(np.random.default_rng(0).integers(0, 256, (*(picture or (size, size)), 3),
+                                                                          dtype=np.uint8))
     if kind == "wan-vace" and "video" not in call:
         call["video"] = _clip(frames, size, size)
-    return pipe(prompt="a photo of a cat", negative_prompt="blurry", height=size, width=size, num_frames=frames,
-                num_inference_steps=2, output_type="np", generator=torch.Generator().manual_seed(0), **call)
+    if kind not in SIZED_BY_PICTURE:
+        call.update(height=size, width=size)
+    return pipe(prompt="a photo of a cat", negative_prompt="blurry", num_frames=frames, num_inference_steps=2,
+                output_type="np", generator=torch.Generator().manual_seed(0), **call)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -131,6 +139,7 @@ FACTS = {
     "wan-vace": (8, 4, 16, 512),
     "ltx2": (32, 8, 8, 1024),
     "hunyuan-video15": (4, 4, 4, 1000),
+    "hunyuan-video15-i2v": (4, 4, 4, 1000),
 }
 
 
@@ -145,7 +154,7 @@ def test_module_docstring_facts(folder, kind):
     """The numbers each builder's docstring gives the adapters: VAE factors, latent channels, text length."""
     spatial, temporal, channels, text_tokens = FACTS[kind]
     pipe = _load(folder(kind))
-    if kind == "hunyuan-video15":
+    if kind.startswith("hunyuan-video15"):
         factors = (pipe.vae_scale_factor_spatial, pipe.vae_scale_factor_temporal, pipe.num_channels_latents,
                    pipe.tokenizer_max_length)
     elif kind == "ltx2":
@@ -262,6 +271,18 @@ def test_hunyuan_video15_byt5_reads_only_quoted_text(folder):
     quoted, quoted_mask = pipe._get_byt5_prompt_embeds(pipe.tokenizer_2, pipe.text_encoder_2, 'a sign "OPEN"', "cpu")
     assert plain.shape == quoted.shape == (1, 256, pipe.text_encoder_2.config.d_model)
     assert plain_mask.sum() == 0 and quoted_mask.sum() > 0 and quoted.abs().sum() > 0
+
+
+def test_hunyuan_video15_i2v_encodes_the_picture_with_siglip_and_sizes_the_video_by_it(folder):
+    """SigLIP gives 16 image tokens as wide as the transformer's image_embed_dim; the video is the bucket (of target
+    16 in steps of 4) nearest the picture's aspect ratio on its side of square, the picture cropped to it."""
+    pipe = _load(folder("hunyuan-video15-i2v"))
+    tokens = pipe.encode_image(Image.new("RGB", (24, 12), (200, 30, 30)), 2, torch.device("cpu"), torch.float32)
+    assert tokens.shape == (2, 16, pipe.transformer.config.image_embed_dim) and tokens.abs().sum() > 0
+    assert pipe.transformer.config.task_type == "i2v" and not pipe.transformer.config.use_meanflow
+    assert pipe.transformer.config.in_channels == 2 * pipe.num_channels_latents + 1
+    for picture, video in (((12, 24), (12, 20)), ((24, 12), (20, 12)), ((10, 40), (8, 32))):
+        assert _run(pipe, "hunyuan-video15-i2v", 16, picture=picture).frames.shape[2:4] == video
 
 
 def test_gemma_tokenizer_encodes_words_whole_bytes_otherwise_and_round_trips(tmp_path):
