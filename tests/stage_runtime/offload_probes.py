@@ -58,8 +58,21 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
                                                                       b.contiguous().flatten().view(torch.uint8))
 
 
-def open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+def open_fds() -> dict[str, str]:
+    """This process's open descriptors → what each points at (a vanished one is left out)."""
+    fds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:                  # closed between the listing and the look (the listing's own, or another's)
+            continue
+    return fds
+
+
+def fds_opened_since(before: dict[str, str]) -> dict[str, str]:
+    """Descriptors open now that were not open (to the same file) at ``before``. Only what was opened counts: the
+    process is a shared test worker, where the collector may close an earlier test's files meanwhile."""
+    return {fd: target for fd, target in open_fds().items() if before.get(fd) != target}
 
 
 def offload_mappings() -> list[str]:

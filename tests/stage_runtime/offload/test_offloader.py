@@ -10,8 +10,9 @@ import threading
 import pytest
 import torch
 
-from offload_probes import (bitwise_equal, make_runner, materialised_bytes, max_diff, module_components,
-                            offload_mappings, open_fds, req, rss_bytes, run_request, run_steps, snapshot)
+from offload_probes import (bitwise_equal, fds_opened_since, make_runner, materialised_bytes, max_diff,
+                            module_components, offload_mappings, open_fds, req, rss_bytes, run_request, run_steps,
+                            snapshot)
 from stage_runtime.errors import ConfigError
 from stage_runtime.offload.manager import Residency
 from stage_runtime.offload.offloader import Offloader
@@ -152,7 +153,7 @@ def test_100_requests_leave_no_growth(tiny_sd_path):
             assert runner.offloader.manager.measured_resident_bytes() == 0
         stats = runner.offload_stats()
         assert stats["peak_resident_bytes"] == peak and stats["units_resident"] == 0
-        assert open_fds() == fds and offload_mappings() == maps
+        assert fds_opened_since(fds) == {} and offload_mappings() == maps
         assert rss_bytes() - rss < 32 * 2**20, f"RSS grew by {(rss_bytes() - rss) / 2**20:.1f} MiB"
         for unit in runner.offloader.units:                              # after ~110 round trips of every unit
             runner.offloader.manager.ensure(unit.name)
@@ -173,7 +174,7 @@ def test_close_releases_everything(tiny_sd_path):
     offloader = runner.offloader
     runner.close()
     assert materialised_bytes(modules) == 0
-    assert offload_mappings() == [] and open_fds() == fds
+    assert offload_mappings() == [] and fds_opened_since(fds) == {}
     assert [m for c in modules for m in c.modules() if m._forward_pre_hooks] == []
     assert not [t for t in threading.enumerate() if t.name.startswith("offload-prefetch")]
     assert offloader.manager.closed

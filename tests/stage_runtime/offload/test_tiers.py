@@ -10,7 +10,7 @@ import pytest
 import torch
 from diffusers import DiffusionPipeline
 
-from offload_probes import bitwise_equal, materialised_bytes, offload_mappings, open_fds, snapshot
+from offload_probes import bitwise_equal, materialised_bytes, fds_opened_since, offload_mappings, open_fds, snapshot
 from stage_runtime.offload.plan import resolve_units
 from stage_runtime.offload.tiers import DiskTier, HostTier
 
@@ -52,7 +52,7 @@ def test_round_trips_are_bitwise_and_keep_identity(sd_pipe, tmp_path, tier_kind,
         assert identities(module) == ident
         for name, t in [*module.named_parameters(), *module.named_buffers()]:
             assert bitwise_equal(t, snap[name]), name
-    assert open_fds() == fds                             # no descriptor kept: the mappings hold the bytes
+    assert fds_opened_since(fds) == {}                   # no descriptor kept: the mappings hold the bytes
     held = tier.held_bytes()
     assert held == (0 if tier_kind == "disk" else total)
     if tier_kind == "disk":
