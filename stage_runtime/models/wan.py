@@ -58,18 +58,20 @@ class WanExperts(RoutedDenoiser):
             return torch.ones_like(expert_timestep, dtype=torch.bool)
         return expert_timestep >= self.boundary
 
+    def expert_routes(self, expert_timestep: torch.Tensor) -> list[tuple[str, torch.Tensor | None]]:
+        """Which expert runs which rows: one expert for all of them, or the high-noise rows and the others."""
+        high = self.high_noise(expert_timestep)
+        if bool(high.all()) or self.transformer_2 is None:
+            return [("transformer", None)]
+        if not bool(high.any()):
+            return [("transformer_2", None)]
+        return [("transformer", high.nonzero().flatten()), ("transformer_2", (~high).nonzero().flatten())]
+
     def forward(self, hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
                 expert_timestep: torch.Tensor, encoder_hidden_states_image: torch.Tensor | None = None) -> torch.Tensor:
-        high = self.high_noise(expert_timestep)
         inputs = {"hidden_states": hidden_states, "timestep": timestep, "encoder_hidden_states": encoder_hidden_states,
                   "encoder_hidden_states_image": encoder_hidden_states_image}
-        if bool(high.all()) or self.transformer_2 is None:
-            routes = [("transformer", None)]
-        elif not bool(high.any()):
-            routes = [("transformer_2", None)]
-        else:
-            routes = [("transformer", high.nonzero().flatten()), ("transformer_2", (~high).nonzero().flatten())]
-        return self.run_routes(inputs, routes)
+        return self.run_routes(inputs, self.expert_routes(expert_timestep))
 
 
 class WanAdapter(StepContract, PipelineAdapter):

@@ -44,18 +44,11 @@ class WanVACEExperts(WanExperts):
 
     def forward(self, hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
                 expert_timestep: torch.Tensor, control_hidden_states: torch.Tensor) -> torch.Tensor:
-        high = self.high_noise(expert_timestep)
         inputs = {"hidden_states": hidden_states, "timestep": timestep, "encoder_hidden_states": encoder_hidden_states,
                   "control_hidden_states": control_hidden_states}
-        if bool(high.all()) or self.transformer_2 is None:
-            routes = [("transformer", None)]
-        elif not bool(high.any()):
-            routes = [("transformer_2", None)]
-        else:
-            routes = [("transformer", high.nonzero().flatten()), ("transformer_2", (~high).nonzero().flatten())]
         layers = len(self.transformer.config.vace_layers)
         scale = torch.full((layers,), CONDITIONING_SCALE, dtype=self.transformer.dtype, device=hidden_states.device)
-        return self.run_routes(inputs, routes, control_hidden_states_scale=scale)
+        return self.run_routes(inputs, self.expert_routes(expert_timestep), control_hidden_states_scale=scale)
 
 
 class WanVACEAdapter(WanAdapter):
