@@ -88,16 +88,18 @@ def scenarios(adapter) -> dict:
     """Every image the equality tests compare, keyed ``<scenario>/<request id>`` (uint8 arrays)."""
     import torch
 
+    from stage_runtime.outputs import Decoded
+
     out: dict = {}
     with torch.inference_mode():
         for guidance in (adapter.default_guidance, 1.0):
             tag = f"g{guidance:g}"
             batch = [_request(adapter, "a", "17", 2, 1, guidance), _request(adapter, "b", "red car", 2, 2, guidance)]
             for rid, img in adapter.run_batch(batch).items():
-                out[f"request-{tag}/{rid}"] = img
+                out[f"request-{tag}/{rid}"] = Decoded.of(img).images       # LTX-2's come with their sound
             single = [_request(adapter, "c", "3", 2, 3, guidance)]
             for rid, img in adapter.run_batch(single).items():
-                out[f"request1-{tag}/{rid}"] = img
+                out[f"request1-{tag}/{rid}"] = Decoded.of(img).images
             # 3 rows at guidance 1 (odd: padded split), then 1 row once s2 is done.
             steps = [_request(adapter, "s3", "42", 3, 4, guidance),
                      _request(adapter, "s2", "a cat", 2, 5, guidance, num_outputs=2)]
