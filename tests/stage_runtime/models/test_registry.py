@@ -7,13 +7,14 @@ import json
 import pytest
 import torch
 
+from stage_runtime import model_catalog
 from stage_runtime.config import ModelConfig
 from stage_runtime.errors import ModelLoadError
-from stage_runtime.models.dit import DiTAdapter
-from stage_runtime.models.sd import StableDiffusionAdapter
+from stage_runtime.models.families.dit import DiTAdapter
+from stage_runtime.models.families.sd import StableDiffusionAdapter
 from stage_runtime.plugins import import_object
-from stage_runtime.models.registry import (ADAPTERS, GENERIC, read_pipeline_class, resolve_adapter_class,
-                                           resolve_adapter_path)
+from stage_runtime.models.registry import (ADAPTERS, GENERIC, MOVED_TO_FAMILIES, current_adapter_path,
+                                           read_pipeline_class, resolve_adapter_class, resolve_adapter_path)
 
 
 def write_index(folder, content) -> str:
@@ -49,9 +50,9 @@ def test_model_index_that_is_not_an_object_is_a_model_load_error(tmp_path):
 
 
 @pytest.mark.parametrize(("pipeline_class", "adapter"), [
-    ("FluxPipeline", "stage_runtime.models.flux:FluxAdapter"),
-    ("FluxKontextPipeline", "stage_runtime.models.flux_kontext:FluxKontextAdapter"),
-    ("StableDiffusion3Pipeline", "stage_runtime.models.sd3:StableDiffusion3Adapter"),
+    ("FluxPipeline", "stage_runtime.models.families.flux:FluxAdapter"),
+    ("FluxKontextPipeline", "stage_runtime.models.families.flux_kontext:FluxKontextAdapter"),
+    ("StableDiffusion3Pipeline", "stage_runtime.models.families.sd3:StableDiffusion3Adapter"),
 ])
 def test_mmdit_families_resolve_by_model_index_class(tmp_path, pipeline_class, adapter):
     path = write_index(tmp_path, {"_class_name": pipeline_class, "_diffusers_version": "0.42.1"})
@@ -72,15 +73,35 @@ def test_adapter_override_wins_without_reading_the_folder(tmp_path):
     assert cls.__name__ == "RecordingSDAdapter" and issubclass(cls, StableDiffusionAdapter)
     # The folder is not even looked at when an adapter is given.
     assert resolve_adapter_class(ModelConfig(path=str(tmp_path / "absent"),
-                                             adapter="stage_runtime.models.dit:DiTAdapter")) is DiTAdapter
+                                             adapter="stage_runtime.models.families.dit:DiTAdapter")) is DiTAdapter
 
 
-@pytest.mark.parametrize("adapter", ["no_such_module_xyz:Adapter", "stage_runtime.models.sd:NoSuchAdapter"])
+@pytest.mark.parametrize("adapter", ["no_such_module_xyz:Adapter", "stage_runtime.models.families.sd:NoSuchAdapter"])
 def test_bad_adapter_import_path(tiny_sd_path, adapter):
     with pytest.raises(ModelLoadError, match=f"cannot import '{adapter}'"):
         resolve_adapter_class(ModelConfig(path=tiny_sd_path, adapter=adapter))
     with pytest.raises(ModelLoadError, match="cannot import"):
         import_object(adapter)
+
+
+# -- a family module's old place (before stage_runtime.models.families) ----------------------------------------
+def test_an_adapter_at_its_old_place_resolves_to_the_family_module(tiny_sd_path):
+    old = "stage_runtime.models.sd:StableDiffusionAdapter"
+    model = ModelConfig(path=tiny_sd_path, adapter=old)
+    assert resolve_adapter_path(model) == "stage_runtime.models.families.sd:StableDiffusionAdapter"
+    assert resolve_adapter_class(model) is StableDiffusionAdapter
+    assert StableDiffusionAdapter.load(tiny_sd_path, torch.device("cpu")).info().adapter == \
+        "stage_runtime.models.families.sd:StableDiffusionAdapter"       # ModelInfo names the new place
+
+
+def test_only_the_moved_family_modules_are_mapped():
+    assert {p.stem for p in model_catalog.FAMILIES_DIR.glob("*.py")} >= MOVED_TO_FAMILIES
+    assert not any((model_catalog.MODELS_DIR / f"{name}.py").exists() for name in MOVED_TO_FAMILIES)
+    for name in MOVED_TO_FAMILIES:
+        assert current_adapter_path(f"stage_runtime.models.{name}:X") == f"stage_runtime.models.families.{name}:X"
+    for same in ("stage_runtime.models.registry:X", "stage_runtime.models.families.sd:StableDiffusionAdapter",
+                 "stage_runtime.models.tiny.sd:X", "my_plugins.sd:MyAdapter", "adapters_for_tests:RecordingSDAdapter"):
+        assert current_adapter_path(same) == same
 
 
 def test_malformed_adapter_path_rejected_by_config():

@@ -15,7 +15,7 @@ Refusals (``PipelineAdapter.check_request``, by ``guidance``): a negative prompt
 FluxPipeline would ignore it; the message says to send ``true_cfg_scale > 1``) and, on [schnell], a guidance
 scale (no guidance embedding: ignored).
 
-Edits (img2img, inpainting): ``models.flux_edits``.
+Edits (img2img, inpainting): ``models.families.flux_edits``.
 
 True CFG (``true_cfg_scale > 1`` with a negative prompt, as diffusers: ``stage_runtime.true_cfg`` refuses a
 scale without a negative prompt, a negative prompt without the scale). diffusers calls the transformer twice
@@ -35,7 +35,7 @@ import torch
 
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.models.flow_match import flux_sigmas, request_flow_scheduler
-from stage_runtime.models.flux_edits import FluxEditMixin
+from stage_runtime.models.families.flux_edits import FluxEditMixin
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest

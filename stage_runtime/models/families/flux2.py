@@ -1,7 +1,7 @@
-"""FLUX.2 pipelines: ``Flux2Pipeline`` (FLUX.2 [dev]) here, ``Flux2KleinPipeline`` in ``models/flux2_klein.py``; both
+"""FLUX.2 pipelines: ``Flux2Pipeline`` (FLUX.2 [dev]) here, ``Flux2KleinPipeline`` in ``models/families/flux2_klein.py``; both
 over the same ``Flux2Transformer2DModel``, VAE and scheduler, so the step math they share is ``Flux2Base``.
 
-What FLUX.2 does differently from FLUX.1 (``models/flux.py``), as diffusers 0.42.1 runs it:
+What FLUX.2 does differently from FLUX.1 (``models/families/flux.py``), as diffusers 0.42.1 runs it:
 
     prompt      one text encoder (Mistral 3 for [dev], Qwen3 for Klein) in a chat template, padded to 512 tokens;
                 the hidden states of three layers stacked per token ((10, 20, 30) / (9, 18, 27)): no pooled vector

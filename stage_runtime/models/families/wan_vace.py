@@ -31,7 +31,7 @@ import torch
 from PIL import Image
 
 from stage_runtime.models.step_state import StepRequestState
-from stage_runtime.models.wan import WanAdapter, WanExperts
+from stage_runtime.models.families.wan import WanAdapter, WanExperts
 from stage_runtime.request import DiffusionRequest
 from stage_runtime.video_request import MAX_REFERENCE_IMAGES
 
