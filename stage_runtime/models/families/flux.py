@@ -33,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from stage_runtime.distributed.ulysses_joint import enable_joint_sequence_parallel, joint_attention_heads
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.models.flow_match import flux_sigmas, request_flow_scheduler
 from stage_runtime.models.families.flux_edits import FluxEditMixin
@@ -51,12 +52,15 @@ class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
     default_guidance = 3.5
     guidance = "distilled"
     parallel_kinds = frozenset({"cfg", "ulysses", "ring", "tp"})
-    sequence_attention = "joint"
+    sequence_parallel = staticmethod(enable_joint_sequence_parallel)   # the joint [text ‖ image] attention
     block_lists = ("transformer_blocks", "single_transformer_blocks")
     supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
     lora_components = ("transformer", "text_encoder")      # as FluxPipeline.load_lora_weights (CLIP, not T5)
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale", "true_cfg_scale")
     step_key_fields = ("height", "width")
+
+    def num_attention_heads(self) -> int:             # FluxAttention: no diffusers Attention
+        return joint_attention_heads(self.denoiser)
 
     def __init__(self, pipeline, device):
         super().__init__(pipeline, device)

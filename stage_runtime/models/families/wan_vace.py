@@ -18,7 +18,7 @@ request's ``[cond x n; uncond x n]`` rows, the experts and their guidance. Both 
 reference count: each one more latent frame); height, width and frames are there already.
 
 Not served here, each said where asked: Ulysses/ring (the VACE blocks run on the whole video sequence before the
-Wan blocks that ulysses_wan shards, and their hints are added to the sharded stream), the block cache (a skipped
+Wan blocks that wan_ulysses shards, and their hints are added to the sharded stream), the block cache (a skipped
 block would skip its control hint) and LoRA (the VACE blocks' keys are not mapped by the row-wise LoRA here).
 """
 

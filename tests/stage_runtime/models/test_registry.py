@@ -116,3 +116,52 @@ def test_model_info_reflects_the_adapter_declarations(tiny_sd_path):
     assert info.adapter == "adapters_for_tests:SingleRequestSDAdapter"
     assert info.pipeline_class == "StableDiffusionPipeline"
     assert info.supports_request_batch is False
+
+
+# -- the families package: one module per family, its facts beside its sequence-parallel hook ------------------
+# a module of models/families/ that is not a family is the private helper of exactly one (which imports it)
+FAMILY_HELPERS = {"sdxl_edits": "sdxl", "flux_edits": "flux", "qwen_vl_processor": "qwen_image_edit",
+                  "wan_ulysses": "wan"}
+SKELETON = ("stage_runtime.distributed.ulysses", "stage_runtime.distributed.ulysses_joint")
+
+
+def test_every_family_module_declares_its_adapters_and_its_sequence_parallel_hook():
+    modules = {p.stem for p in model_catalog.FAMILIES_DIR.glob("*.py")} - {"__init__"}
+    families = {f.module_path.stem for f in model_catalog.families()} | {"generic"}   # generic: registry.GENERIC
+    assert modules == families | set(FAMILY_HELPERS)
+    for helper, family in FAMILY_HELPERS.items():
+        assert f"from stage_runtime.models.families.{helper} import" in \
+            (model_catalog.FAMILIES_DIR / f"{family}.py").read_text()
+    for family in model_catalog.families():
+        cls = import_object(family.adapter)
+        assert cls.pipeline_classes == family.pipeline_classes and family.module_path.is_file()
+        hook = cls.sequence_parallel
+        assert callable(hook), f"{family.adapter}.sequence_parallel={hook!r}"
+        # declared in the class body (its own or a base's): the shared skeleton, or an installer of the declaring
+        # family's own module (or of its *_ulysses sibling)
+        owner = next(k for k in cls.__mro__ if "sequence_parallel" in vars(k)).__module__
+        assert hook.__module__ in (*SKELETON, owner, f"{owner}_ulysses"), f"{family.adapter}: {hook.__module__}"
+    assert not hasattr(import_object(GENERIC), "sequence_attention")      # the hook replaced the string
+
+
+def test_the_sequence_parallel_hook_is_what_enable_sequence_parallel_runs():
+    from stage_runtime.distributed import ulysses
+    from stage_runtime.errors import ConfigError
+    from stage_runtime.models.adapter import PipelineAdapter
+    from stage_runtime.models.families.qwen_image import QwenImageAdapter, enable_qwen_sequence_parallel
+
+    assert PipelineAdapter.sequence_parallel is ulysses.enable_sequence_parallel
+    assert StableDiffusionAdapter.sequence_parallel is ulysses.enable_sequence_parallel    # the default skeleton
+    assert QwenImageAdapter.sequence_parallel is enable_qwen_sequence_parallel            # beside its facts
+    calls = []
+
+    class Recording(StableDiffusionAdapter):
+        sequence_parallel = staticmethod(lambda denoiser, degree, make_mesh: calls.append((denoiser, degree, make_mesh)))
+        denoiser = "the denoiser"
+
+    adapter, make_mesh = object.__new__(Recording), object()
+    adapter.enable_sequence_parallel(2, make_mesh)
+    assert calls == [("the denoiser", 2, make_mesh)]
+    Recording.sequence_parallel = "joint"                                  # the string of before: a clear error
+    with pytest.raises(ConfigError, match="Recording.sequence_parallel='joint' is not an installer"):
+        adapter.enable_sequence_parallel(2, make_mesh)
