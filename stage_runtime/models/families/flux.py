@@ -59,13 +59,13 @@ class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale", "true_cfg_scale")
     step_key_fields = ("height", "width")
 
-    def num_attention_heads(self) -> int:             # FluxAttention: no diffusers Attention
-        return joint_attention_heads(self.denoiser)
-
     def __init__(self, pipeline, device):
         super().__init__(pipeline, device)
         if not self.pipe.transformer.config.guidance_embeds:      # FLUX.1 [schnell]
             self.guidance, self.default_guidance, self.default_steps = "none", 0.0, 4
+
+    def num_attention_heads(self) -> int:             # FluxAttention: no diffusers Attention
+        return joint_attention_heads(self.denoiser)
 
     def default_size(self) -> tuple[int, int]:
         side = self.pipe.vae.config.sample_size

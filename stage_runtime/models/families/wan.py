@@ -93,9 +93,6 @@ class WanAdapter(StepContract, PipelineAdapter):
                           "guidance_scale_2")
     step_key_fields = ("height", "width", "num_frames")     # timesteps, guidance and experts are per row
 
-    def num_attention_heads(self) -> int:             # WanAttention: no diffusers Attention
-        return joint_attention_heads(self.denoiser)
-
     def __init__(self, pipeline, device: torch.device):
         super().__init__(pipeline, device)
         ratio = pipeline.config.boundary_ratio
@@ -103,6 +100,9 @@ class WanAdapter(StepContract, PipelineAdapter):
         self.experts = WanExperts(pipeline.transformer, pipeline.transformer_2, boundary)
         if pipeline.transformer_2 is None:                 # ModelInfo says what this folder's adapters may target
             self.lora_components = ("transformer",)
+
+    def num_attention_heads(self) -> int:             # WanAttention: no diffusers Attention
+        return joint_attention_heads(self.denoiser)
 
     @property
     def denoiser(self) -> torch.nn.Module:
