@@ -54,7 +54,7 @@ def main() -> None:
 
     from stage_runtime.config import load_config
     from stage_runtime.engine import DiffusionEngine
-    from stage_runtime.models.qwen_vl_processor import load_processor
+    from stage_runtime.models.families.qwen_vl_processor import load_processor
     from stage_runtime.models.tiny import make_tiny_model
     from stage_runtime.request import DiffusionRequest, EditInput, SamplingParams
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from stage_runtime.config import ModelConfig, QuantizationConfig
-from stage_runtime.models.flux import FluxAdapter
+from stage_runtime.models.families.flux import FluxAdapter
 from stage_runtime.models.tiny.gguf_file import write_gguf
 from stage_runtime.models.tiny.gguf_layouts import to_layout
 from stage_runtime.quantization.gguf import check_gguf_file, load_gguf_denoiser

@@ -39,7 +39,7 @@ def big_adapter(device):
     import torch
     from diffusers import DiTPipeline, DiTTransformer2DModel
 
-    from stage_runtime.models.dit import DiTAdapter
+    from stage_runtime.models.families.dit import DiTAdapter
     from stage_runtime.models.tiny.common import ddim_scheduler, tiny_vae
 
     cpu = device.type == "cpu"

@@ -125,7 +125,7 @@ def bench_family(name: str, family: Family, args, root: str) -> None:
     path = family.build(root) if family.build else str(make_tiny_model(f"{root}/{family.kind}", kind=family.kind))
     extra = {}
     if family.edit:                 # transformers builds the folder's Qwen2-VL processor only with torchvision
-        from stage_runtime.models.qwen_vl_processor import load_processor
+        from stage_runtime.models.families.qwen_vl_processor import load_processor
 
         extra["processor"] = load_processor(path)
     bare = DiffusionPipeline.from_pretrained(path, local_files_only=True, low_cpu_mem_usage=False, **extra)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stats import machine, spread  # noqa: E402
 
-from stage_runtime.models.sd import StableDiffusionAdapter  # noqa: E402
+from stage_runtime.models.families.sd import StableDiffusionAdapter  # noqa: E402
 
 RELEASE = threading.Event()
 

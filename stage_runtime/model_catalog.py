@@ -1,6 +1,6 @@
 """The model families, read from the adapter modules without importing them.
 
-A family is one adapter module in ``stage_runtime/models/``. Its adapter class says, in its own body, which
+A family is one adapter module in ``stage_runtime/models/families/``. Its adapter class says, in its own body, which
 diffusers pipeline classes it serves and which tiny kinds build one::
 
     class StableDiffusionAdapter(...):
@@ -21,18 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
+FAMILIES_DIR = MODELS_DIR / "families"
+FAMILIES_PACKAGE = "stage_runtime.models.families"
 FACT_NAMES = ("pipeline_classes", "tiny_kinds")
 
 
 @dataclass(frozen=True)
 class Family:
-    adapter: str                         # "stage_runtime.models.sd:StableDiffusionAdapter"
+    adapter: str                         # "stage_runtime.models.families.sd:StableDiffusionAdapter"
     pipeline_classes: tuple[str, ...]    # model_index.json ``_class_name`` values it serves
     tiny_kinds: tuple[str, ...]          # make-tiny-model kinds that build one of them
 
     @property
     def module_path(self) -> Path:
-        return MODELS_DIR / (self.adapter.split(":")[0].rsplit(".", 1)[1] + ".py")
+        return FAMILIES_DIR / (self.adapter.split(":")[0].rsplit(".", 1)[1] + ".py")
 
 
 def class_facts(node: ast.ClassDef, where: str) -> dict[str, tuple[str, ...]]:
@@ -53,7 +55,7 @@ def class_facts(node: ast.ClassDef, where: str) -> dict[str, tuple[str, ...]]:
     return facts
 
 
-def read_families(models_dir: Path = MODELS_DIR, package: str = "stage_runtime.models") -> tuple[Family, ...]:
+def read_families(models_dir: Path = FAMILIES_DIR, package: str = FAMILIES_PACKAGE) -> tuple[Family, ...]:
     """Every adapter class (a class declaring ``pipeline_classes``) in the family modules of ``models_dir``."""
     found = []
     for path in sorted(models_dir.glob("*.py")):

@@ -11,7 +11,7 @@ code that ends in a source or doc suffix (``.py``, ``.md``, ``.lua``, ``.toml``)
 folder of the tree, or, in a code block, such a ``folder/…`` word (``.yaml`` too: the samples) or a
 ``name.py:Symbol`` (the diagrams). Every ``make TARGET`` in code is a target of the Makefile. A short form is
 tried from the page's folder, the repository root, then ``stage_runtime/``, ``operator/stage_operator/``,
-``e2e/`` and ``tests/`` (so ``models/sd.py``, ``builders/pod.py``, ``local/demo.py`` resolve); ``{a,b}`` is
+``e2e/`` and ``tests/`` (so ``models/families/sd.py``, ``builders/pod.py``, ``local/demo.py`` resolve); ``{a,b}`` is
 expanded and ``*`` globbed. Words with a placeholder (``<kind>``, ``…``, ``$VAR``), absolute or hidden paths
 (``/dev/shm``, ``.cluster/logs``) and words whose first folder is no folder of the tree (``diffstage.io/stage``,
 ``nvidia.com/gpu``) are not paths of the repository.

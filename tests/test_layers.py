@@ -11,6 +11,7 @@
     executor  ranks, IPC, async output               core, worker, distributed
     worker    device, groups, model runner           core, models, distributed, offload, compilation, quantization
     models    adapters, step contract, tiny builds   core, distributed
+              (families/: one module per family, its sequence-parallel installer beside its facts)
     train     the tiny digits model's training       core, models
     offload   weight residency                       core, distributed (DLO's gathers)
     compilation  the compiled denoiser (torch.compile)  core
@@ -238,6 +239,10 @@ def test_the_tree_keeps_the_layer_rules():
      "stage_runtime/executor/bad.py:1 imports stage_runtime.sched (executor → sched is not allowed"),
     ("stage_runtime/models/bad.py", "def f():\n    from stage_runtime.worker.worker import DiffusionWorker\n",
      "stage_runtime/models/bad.py:2 imports stage_runtime.worker.worker (models → worker is not allowed"),
+    ("stage_runtime/distributed/bad.py", "from stage_runtime.models.families.wan import WanAdapter\n",
+     "stage_runtime/distributed/bad.py:1 imports stage_runtime.models.families.wan (distributed → models is not allowed"),
+    ("stage_runtime/models/families/bad.py", "from stage_runtime.engine import DiffusionEngine\n",
+     "stage_runtime/models/families/bad.py:1 imports stage_runtime.engine (models → engine is not allowed"),
     ("stage_runtime/request.py", "import torch\n", "stage_runtime/request.py:1 imports torch (core never imports torch)"),
     ("stage_runtime/sched/bad.py", "from diffusers import DDIMScheduler\n",
      "stage_runtime/sched/bad.py:1 imports diffusers (sched never imports diffusers)"),

@@ -162,7 +162,7 @@ def bare_pipeline(path: str, kind: str, target, dtype: str):
 
     extra = {}
     if CALLS[kind].pictures:
-        from stage_runtime.models.qwen_vl_processor import load_processor
+        from stage_runtime.models.families.qwen_vl_processor import load_processor
 
         extra["processor"] = load_processor(path)
     pipe = DiffusionPipeline.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True, **extra)

@@ -9,9 +9,9 @@ reads its tokenizer files); only its weights are not used. Everything else is th
 from __future__ import annotations
 
 from stage_runtime.errors import ModelLoadError
-from stage_runtime.models.flux import FluxAdapter
-from stage_runtime.models.sdxl import StableDiffusionXLAdapter
-from stage_runtime.models.wan import WanAdapter
+from stage_runtime.models.families.flux import FluxAdapter
+from stage_runtime.models.families.sdxl import StableDiffusionXLAdapter
+from stage_runtime.models.families.wan import WanAdapter
 
 PIPES: dict[str, object] = {}          # model.path → the pipeline built for it
 

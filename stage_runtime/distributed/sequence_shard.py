@@ -1,7 +1,8 @@
 """The skeleton every sequence-parallel installer shares (Ulysses, ring, Ulysses × ring over a
-distributed.usp.SequenceMesh). A family's module brings only its attention processor and its split rule
-(ulysses.py: UNet/DiT self-attention; ulysses_joint.py: SD3 and FLUX.1; ulysses_qwen.py: Qwen-Image;
-ulysses_wan.py: Wan's video DiT).
+distributed.usp.SequenceMesh). An installer brings only its attention processor and its split rule: here
+ulysses.py (UNet/DiT self-attention) and ulysses_joint.py (SD3 and FLUX.1); a family with an attention of its own
+has its installer in its family module (models/families/: Qwen-Image, Z-Image, FLUX.2, HunyuanVideo-1.5, and Wan's
+in wan_ulysses.py), named by its adapter's ``sequence_parallel``.
 
 Per transformer (one ``Sharded``)::
 

@@ -143,7 +143,7 @@ def split_streams(mesh: SequenceMesh, args: tuple, kwargs: dict) -> Shard | None
 
 
 def split_joint(mesh: SequenceMesh, args: tuple, kwargs: dict) -> Shard | None:
-    """The split rule: both streams; FLUX.1 and FLUX.2 (distributed/ulysses_flux2.py): my rows of the rotary table,
+    """The split rule: both streams; FLUX.1 and FLUX.2 (models/families/flux2.py): my rows of the rotary table,
     for this block and every later one."""
     shard = split_streams(mesh, args, kwargs)
     if shard is not None and kwargs.get("image_rotary_emb") is not None:

@@ -14,6 +14,7 @@ import inspect
 import math
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
@@ -22,11 +23,15 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import logging as diffusers_logging
 from diffusers.models.attention_processor import Attention
 
+from stage_runtime.distributed import ulysses
 from stage_runtime.errors import ConfigError
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.models.refusals import Refusals, refusals_path
 from stage_runtime.models.routed import RoutedDenoiser
 from stage_runtime.request import DiffusionRequest
+
+# a family's sequence-parallel hook: installer(denoiser, ulysses_degree, make_mesh), see PipelineAdapter.sequence_parallel
+SequenceParallelInstaller = Callable[[torch.nn.Module, int, Callable], None]
 
 diffusers_logging.disable_progress_bar()
 
@@ -221,11 +226,8 @@ class PipelineAdapter(Refusals, ABC):
         return None if train is None else int(train) - int(config.get("steps_offset", 0) or 0)
 
     def num_attention_heads(self) -> int:
-        """The head count every attention layer of the denoiser is divisible by (gcd over layers)."""
-        if self.sequence_attention in ("joint", "wan"):  # FLUX's FluxAttention, WanAttention: no diffusers Attention
-            from stage_runtime.distributed.ulysses_joint import joint_attention_heads
-
-            return joint_attention_heads(self.denoiser)
+        """The head count every attention layer of the denoiser is divisible by (gcd over layers); a family whose
+        attention is not diffusers' ``Attention`` (FLUX's, Wan's) counts its own."""
         heads = [m.heads for m in self.denoiser.modules() if isinstance(m, Attention)]
         return math.gcd(*heads) if heads else 1
 
@@ -251,17 +253,13 @@ class PipelineAdapter(Refusals, ABC):
             return self.loras.subset(module, rows)
         return scope
 
-    # Which attention the sequence-parallel hooks below shard (Ulysses, ring, both), hence which installer:
-    # "self"  the self-attention of diffusers' BasicTransformerBlock stacks (UNet, DiT): distributed/ulysses.py
-    # "joint" an MMDiT's joint text+image attention (SD3, FLUX.1): distributed/ulysses_joint.py
-    # "qwen"  Qwen-Image's dual-stream joint attention with its text key mask: distributed/ulysses_qwen.py
-    # "wan"   the video self-attention of WanTransformer3DModel (each expert; text whole): distributed/ulysses_wan.py
-    # "hunyuan_video15"  HunyuanVideo-1.5's joint [video ‖ context] attention with its context mask:
-    #           distributed/ulysses_hunyuan_video15.py
-    # "zimage" Z-Image's single-stream attention over each row's [image ‖ caption] tokens, rows padded with a
-    #           key mask: distributed/ulysses_zimage.py
-    # "flux2" FLUX.2's double- and single-stream attention over [text ‖ image]: distributed/ulysses_flux2.py
-    sequence_attention: ClassVar[str] = "self"
+    # The family's sequence-parallel hook: the installer Ulysses and ring (and both) go through, called as
+    # ``installer(denoiser, ulysses_degree, make_mesh)``; it validates the whole denoiser, then shards its token
+    # sequence over the mesh ``make_mesh()`` builds (a distributed.usp.SequenceMesh). The default is the skeleton for
+    # the self-attention of diffusers' BasicTransformerBlock stacks (UNet, DiT); an MMDiT's joint text+image
+    # attention (SD3, FLUX.1) names distributed.ulysses_joint's; a family with an attention of its own (Qwen-Image,
+    # Z-Image, FLUX.2, HunyuanVideo-1.5, Wan) defines its installer in its own module (models/families/).
+    sequence_parallel: ClassVar[SequenceParallelInstaller] = staticmethod(ulysses.enable_sequence_parallel)
 
     def enable_ulysses(self, group, degree: int) -> None:
         """Shard the denoiser's token sequence across ``group``; attention trades tokens for heads."""
@@ -271,22 +269,12 @@ class PipelineAdapter(Refusals, ABC):
             self.enable_sequence_parallel(degree, lambda: SequenceMesh.ulysses(group, degree))
 
     def enable_sequence_parallel(self, ulysses_degree: int, make_mesh) -> None:
-        """Ulysses × ring over the mesh ``make_mesh()`` returns (a distributed.usp.SequenceMesh), by the
-        installer of ``sequence_attention``."""
-        from stage_runtime.distributed import (ulysses, ulysses_flux2, ulysses_hunyuan_video15, ulysses_joint,
-                                               ulysses_qwen, ulysses_wan, ulysses_zimage)
-        from stage_runtime.errors import ConfigError
-
-        installers = {"self": ulysses.enable_sequence_parallel, "joint": ulysses_joint.enable_joint_sequence_parallel,
-                      "qwen": ulysses_qwen.enable_qwen_sequence_parallel,
-                      "wan": ulysses_wan.enable_wan_sequence_parallel,
-                      "hunyuan_video15": ulysses_hunyuan_video15.enable_hunyuan_video15_sequence_parallel,
-                      "zimage": ulysses_zimage.enable_zimage_sequence_parallel,
-                      "flux2": ulysses_flux2.enable_flux2_sequence_parallel}
-        if self.sequence_attention not in installers:
-            raise ConfigError(f"{type(self).__name__}.sequence_attention={self.sequence_attention!r} is not one of "
-                              f"{', '.join(installers)}")
-        installers[self.sequence_attention](self.denoiser, ulysses_degree, make_mesh)
+        """Ulysses × ring over the mesh ``make_mesh()`` returns (a distributed.usp.SequenceMesh), by the family's
+        ``sequence_parallel`` installer."""
+        if not callable(self.sequence_parallel):
+            raise ConfigError(f"{type(self).__name__}.sequence_parallel={self.sequence_parallel!r} is not an installer "
+                              "(denoiser, ulysses_degree, make_mesh)")
+        self.sequence_parallel(self.denoiser, ulysses_degree, make_mesh)
 
     def enable_tensor_parallel(self, group, degree: int) -> None:
         """Split the heads and MLP hidden units of the denoiser's blocks across ``group`` (weights sharded)."""

@@ -30,7 +30,7 @@ class Refusals:
         as asked: the pipeline would fail on it, or silently ignore a field the client set."""
         s, name = request.sampling, info.pipeline_class
         if s.negative_prompt and not s.runs_true_cfg:          # "" is no negative prompt
-            # FLUX.1: a negative prompt only through true CFG (models.flux); without that path, none at all
+            # FLUX.1: a negative prompt only through true CFG (models.families.flux); without that path, none at all
             instead = (" except through true CFG: send true_cfg_scale > 1 with it (a second, negative pass per "
                        "step)") if info.true_cfg else ""
             if info.guidance == "distilled":

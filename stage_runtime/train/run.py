@@ -34,7 +34,7 @@ from stage_runtime.train.vae import encode_all, reconstruction_error, train_vae
 
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 ID2LABEL = {i: f"{i}, {word}" for i, word in enumerate(WORDS)}
-DEFAULT_STEPS, DEFAULT_GUIDANCE = 20, 4.0     # the engine's DiT defaults (models/dit.py, adapter.py)
+DEFAULT_STEPS, DEFAULT_GUIDANCE = 20, 4.0     # the engine's DiT defaults (models/families/dit.py, adapter.py)
 
 
 def folder_digest(folder: str | Path) -> str:

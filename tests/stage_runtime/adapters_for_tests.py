@@ -10,9 +10,9 @@ import json
 import os
 import time
 
-from stage_runtime.models.dit import DiTAdapter
-from stage_runtime.models.sd import StableDiffusionAdapter
-from stage_runtime.models.zimage import ZImageAdapter
+from stage_runtime.models.families.dit import DiTAdapter
+from stage_runtime.models.families.sd import StableDiffusionAdapter
+from stage_runtime.models.families.zimage import ZImageAdapter
 
 
 class RecordingSDAdapter(StableDiffusionAdapter):

@@ -54,7 +54,7 @@ def load_pipe(model_path: str):
     low_cpu_mem_usage = resolve_adapter_class(ModelConfig(path=model_path)).low_cpu_mem_usage
     extra = {}
     if (Path(model_path) / "processor").is_dir():   # Qwen-Image-Edit: transformers builds its processor only with
-        from stage_runtime.models.qwen_vl_processor import load_processor      # torchvision; the stage's own
+        from stage_runtime.models.families.qwen_vl_processor import load_processor      # torchvision; the stage's own
 
         extra["processor"] = load_processor(model_path)
     pipe = DiffusionPipeline.from_pretrained(model_path, local_files_only=True, low_cpu_mem_usage=low_cpu_mem_usage,

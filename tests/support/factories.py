@@ -7,7 +7,7 @@ from typing import Any
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.request import DiffusionRequest, SamplingParams
 
-_SD_INFO = dict(pipeline_class="StableDiffusionPipeline", adapter="stage_runtime.models.sd:StableDiffusionAdapter",
+_SD_INFO = dict(pipeline_class="StableDiffusionPipeline", adapter="stage_runtime.models.families.sd:StableDiffusionAdapter",
                 default_height=64, default_width=64, default_steps=20, default_guidance=7.5, size_multiple=8,
                 fixed_size=False, supports_request_batch=True, supports_step_execution=True,
                 num_attention_heads=4, max_steps=None, parallel_kinds=("cfg", "ulysses"), guidance="cfg",

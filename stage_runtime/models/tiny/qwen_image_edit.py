@@ -1,6 +1,6 @@
 """A tiny QwenImageEditPipeline: the tiny Qwen-Image parts (2-block dual-stream MMDiT, 2-layer Qwen2.5-VL
 text encoder with a 1-layer vision tower, flow-matching Euler with Qwen-Image's dynamic shift), a VAE that
-downsamples 16x, and the Qwen2.5-VL processor (models.qwen_vl_processor: tokenizer + PIL image processor).
+downsamples 16x, and the Qwen2.5-VL processor (models.families.qwen_vl_processor: tokenizer + PIL image processor).
 
 Why 16x: the Edit pipelines condition on the input image resized to about a megapixel (1024x1024 for a
 square one), whatever the output size; at 16x that is 32x32 packed tokens per input image (the tiny
@@ -94,7 +94,7 @@ def tiny_transformer(zero_cond_t: bool = False):
 def tiny_processor(tokenizer):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from stage_runtime.models.qwen_vl_processor import ImageTextProcessor
+    from stage_runtime.models.families.qwen_vl_processor import ImageTextProcessor
 
     image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=VL_MAX_PIXELS)
     return ImageTextProcessor(image_processor=image_processor, tokenizer=tokenizer,

@@ -280,9 +280,9 @@ def _job_models(rank, groups, parallel, run) -> dict:
 def installed(denoiser) -> dict:
     """What parallelism is installed on a denoiser: CFG forward wrapper, number of Ulysses processors."""
     from stage_runtime.distributed.ulysses import UlyssesAttnProcessor
-    from stage_runtime.distributed.ulysses_hunyuan_video15 import HunyuanVideo15UlyssesAttnProcessor
-    from stage_runtime.distributed.ulysses_qwen import QwenUlyssesAttnProcessor
-    from stage_runtime.distributed.ulysses_wan import WanUlyssesAttnProcessor
+    from stage_runtime.models.families.hunyuan_video15 import HunyuanVideo15UlyssesAttnProcessor
+    from stage_runtime.models.families.qwen_image import QwenUlyssesAttnProcessor
+    from stage_runtime.models.families.wan_ulysses import WanUlyssesAttnProcessor
 
     ulysses = (UlyssesAttnProcessor, QwenUlyssesAttnProcessor, WanUlyssesAttnProcessor,
                HunyuanVideo15UlyssesAttnProcessor)

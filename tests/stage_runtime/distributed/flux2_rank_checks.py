@@ -14,7 +14,7 @@ import joint_rank_checks as joint
 
 def installed(denoiser) -> dict:
     """CFG forward wrapper present; how many attentions run a FLUX.2 sequence-parallel processor, of each kind."""
-    from stage_runtime.distributed.ulysses_flux2 import Flux2UlyssesProcessor, Flux2UlyssesSingleProcessor
+    from stage_runtime.models.families.flux2 import Flux2UlyssesProcessor, Flux2UlyssesSingleProcessor
 
     processors = [getattr(m, "processor", None) for m in denoiser.modules()]
     return {"cfg": getattr(denoiser, "_diffstage_cfg_parallel", None) is not None,

@@ -18,10 +18,10 @@ def installed(denoiser) -> dict:
     layers and the local head counts."""
     from stage_runtime.distributed.tensor_parallel import RowParallelLinear
     from stage_runtime.distributed.ulysses import UlyssesAttnProcessor
-    from stage_runtime.distributed.ulysses_hunyuan_video15 import HunyuanVideo15UlyssesAttnProcessor
+    from stage_runtime.models.families.hunyuan_video15 import HunyuanVideo15UlyssesAttnProcessor
     from stage_runtime.distributed.ulysses_joint import JointUlyssesProcessor
-    from stage_runtime.distributed.ulysses_qwen import QwenUlyssesAttnProcessor
-    from stage_runtime.distributed.ulysses_wan import WanUlyssesAttnProcessor
+    from stage_runtime.models.families.qwen_image import QwenUlyssesAttnProcessor
+    from stage_runtime.models.families.wan_ulysses import WanUlyssesAttnProcessor
 
     kinds = (UlyssesAttnProcessor, JointUlyssesProcessor, QwenUlyssesAttnProcessor, WanUlyssesAttnProcessor,
              HunyuanVideo15UlyssesAttnProcessor)

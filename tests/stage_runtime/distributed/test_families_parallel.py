@@ -7,12 +7,12 @@ image-to-video requests in the same forwards), whose Ulysses is refused at load.
 
 The ranks are the session's two gloo ranks of conftest.two_rank_runs (they load every family once per run).
 Qwen-Image's Ulysses shards the image tokens of its dual-stream blocks and attends over [text ; image]
-(distributed/ulysses_qwen.py); SDXL's UNet transformer blocks take the UNet path of distributed/ulysses.py;
+(models/families/qwen_image.py); SDXL's UNet transformer blocks take the UNet path of distributed/ulysses.py;
 Wan's video tokens are sharded in each expert, cross-attention to the whole text stays local
-(distributed/ulysses_wan.py). The tiny Wan's videos hardly depend on its transformer, so Wan's denoiser is also
+(models/families/wan_ulysses.py). The tiny Wan's videos hardly depend on its transformer, so Wan's denoiser is also
 called directly (dist_rank_checks.wan_outputs: rows on both sides of Wan 2.2's expert boundary, 12, 9 and 1
 video tokens) and compared in float. HunyuanVideo-1.5's Ulysses cuts both streams of its joint [video ‖ context]
-attention (distributed/ulysses_hunyuan_video15.py); its tiny videos barely show guidance, so its transformer is
+attention (models/families/hunyuan_video15.py); its tiny videos barely show guidance, so its transformer is
 called directly too (dist_rank_checks.hunyuan_outputs: context masks of different lengths per row, 12, 9 and 1
 video tokens).
 """

@@ -1,6 +1,6 @@
 """FLUX.2 on 2 real gloo ranks equals one plain rank: CFG parallel (Klein: [negative; prompt] rows of one forward
 split across the ranks), Ulysses 2 and ring 2 (FLUX.2 [dev] and Klein: both token streams of every double- and
-single-stream block cut, distributed/ulysses_flux2.py) — images within 2 uint8 in request mode (a fused call of two
+single-stream block cut, models/families/flux2.py) — images within 2 uint8 in request mode (a fused call of two
 requests, a single request) and step mode (different step counts batched), at the default guidance and at 1 (Klein:
 guided and unguided rows), and the transformer called directly on uneven and too-short token counts within 1e-5.
 

@@ -15,7 +15,7 @@ from stage_runtime.config import ParallelConfig
 from stage_runtime.distributed.apply import apply_parallelism
 from stage_runtime.distributed.groups import single_rank_groups
 from stage_runtime.distributed.sequence_shard import ShardState
-from stage_runtime.distributed.ulysses_hunyuan_video15 import (
+from stage_runtime.models.families.hunyuan_video15 import (
     HunyuanVideo15UlyssesAttnProcessor,
     enable_hunyuan_video15_sequence_parallel,
     split_hunyuan,

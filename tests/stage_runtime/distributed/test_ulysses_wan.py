@@ -13,7 +13,7 @@ import torch
 from stage_runtime.config import ParallelConfig
 from stage_runtime.distributed.apply import apply_parallelism
 from stage_runtime.distributed.groups import single_rank_groups
-from stage_runtime.distributed.ulysses_wan import WanUlyssesAttnProcessor, enable_wan_sequence_parallel, split_video
+from stage_runtime.models.families.wan_ulysses import WanUlyssesAttnProcessor, enable_wan_sequence_parallel, split_video
 from stage_runtime.distributed.usp import SequenceMesh
 from stage_runtime.errors import ConfigError
 

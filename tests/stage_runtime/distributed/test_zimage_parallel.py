@@ -1,6 +1,6 @@
 """Z-Image on 2 real gloo ranks: CFG parallel (the transformer's list rows split, distributed/cfg_parallel_lists.py),
 Ulysses 2 and ring 2 (the unified [image ‖ caption] sequence of every main layer cut, with the key mask of rows
-padded to the longest: distributed/ulysses_zimage.py) each give the images of one plain rank within 2 uint8 in
+padded to the longest: models/families/zimage.py) each give the images of one plain rank within 2 uint8 in
 request and step mode (guided, weakly guided and unguided rows in one forward), and the transformer called
 directly within 1e-4 (CFG 2: a rank's rows may all have one length and run without the key mask the full batch
 needs, another SDPA path: ~1e-5 here; Ulysses 0, ring ~1e-6); tensor parallel is refused at load naming why.

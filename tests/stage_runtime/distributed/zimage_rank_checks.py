@@ -65,7 +65,7 @@ def transformer_outputs(adapter) -> dict:
 
 def installed(denoiser) -> dict:
     """The list CFG wrapper; the Z-Image sequence-parallel processors and their mesh sizes."""
-    from stage_runtime.distributed.ulysses_zimage import ZImageUlyssesAttnProcessor
+    from stage_runtime.models.families.zimage import ZImageUlyssesAttnProcessor
 
     sp = [m.processor for m in denoiser.modules() if isinstance(getattr(m, "processor", None),
                                                                 ZImageUlyssesAttnProcessor)]

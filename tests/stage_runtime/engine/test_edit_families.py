@@ -49,7 +49,7 @@ def bare(cls, path: str):
 
 
 def reference(family: str, path: str, prompt: str, seed: int, image: np.ndarray, n: int = 1) -> np.ndarray:
-    """The bare diffusers edit call (Kontext: conditioned at the request's size, see models/flux_kontext.py);
+    """The bare diffusers edit call (Kontext: conditioned at the request's size, see models/families/flux_kontext.py);
     ``n`` images from generators seed, seed+1… (the engine's per-image generators)."""
     _, cls, strength, _ = FAMILIES[family]
     kwargs = ({"max_area": SIZE * SIZE, "_auto_resize": False} if family == "kontext" else {"strength": strength})

@@ -16,7 +16,7 @@ from PIL import Image
 
 from stage_runtime.config import load_config
 from stage_runtime.engine import DiffusionEngine
-from stage_runtime.models.qwen_vl_processor import load_processor
+from stage_runtime.models.families.qwen_vl_processor import load_processor
 from stage_runtime.request import DiffusionRequest, EditInput, SamplingParams
 
 STEPS, GUIDANCE, PROMPT = 3, 4.0, "make it blue"

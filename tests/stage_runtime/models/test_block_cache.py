@@ -154,7 +154,7 @@ def test_one_request_mode_wave_of_mixed_policies_and_two_images_each_equals_its_
 
 def test_parallel_topologies_and_layerwise_offload_refuse_the_block_cache(tiny_dit_path):
     from stage_runtime.models.block_cache import block_cache_refusal
-    from stage_runtime.models.dit import DiTAdapter
+    from stage_runtime.models.families.dit import DiTAdapter
 
     adapter = DiTAdapter.load(tiny_dit_path, torch_cpu())
     base = {"model": {"path": tiny_dit_path}}

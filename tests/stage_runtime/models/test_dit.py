@@ -10,7 +10,7 @@ from family_checks import Family
 
 from stage_runtime.config import ModelConfig
 from stage_runtime.model_info import ModelInfo
-from stage_runtime.models.dit import DiTAdapter
+from stage_runtime.models.families.dit import DiTAdapter
 from stage_runtime.models.refusals import class_id
 from stage_runtime.models.registry import resolve_adapter_class
 from stage_runtime.request import DiffusionRequest
@@ -37,7 +37,7 @@ def dit_adapter(tiny_dit_path):
 def test_dit_model_info(dit_adapter):
     info = dit_adapter.info()
     assert info == ModelInfo(
-        pipeline_class="DiTPipeline", adapter="stage_runtime.models.dit:DiTAdapter",
+        pipeline_class="DiTPipeline", adapter="stage_runtime.models.families.dit:DiTAdapter",
         default_height=64, default_width=64, default_steps=20, default_guidance=4.0, size_multiple=8,
         fixed_size=True, supports_request_batch=True, num_attention_heads=4, max_steps=999,
         supports_step_execution=type(dit_adapter).supports_step_execution, parallel_kinds=("cfg", "ring", "tp", "ulysses"),

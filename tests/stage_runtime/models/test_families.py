@@ -71,7 +71,8 @@ def crd_builtins(crd: Path) -> set[str]:
 
 def doc_facts(cls: type, family: model_catalog.Family) -> dict[str, str]:
     """What the docs row must say, from the adapter class's attributes."""
-    return {"Tiny kind": ", ".join(f"`{kind}`" for kind in family.tiny_kinds) or "—", "Adapter": f"`models/{module_name(family)}.py`",
+    return {"Tiny kind": ", ".join(f"`{kind}`" for kind in family.tiny_kinds) or "—",
+            "Adapter": f"`models/families/{module_name(family)}.py`",
             "Guidance": cls.guidance, "Step mode": "yes" if cls.supports_step_execution else "no",
             "Parallel": ", ".join(sorted(cls.parallel_kinds)) or "—", "LoRA": "yes" if cls.lora_components else "no"}
 
@@ -132,11 +133,11 @@ def test_the_checklist_names_each_missing_piece(tmp_path):
     checklist once per missing piece; a docs row that disagrees with its adapter fails too."""
     (tmp_path / "newfamily.py").write_text("class NewAdapter:\n    pipeline_classes = ('NewPipeline',)\n"
                                            "    tiny_kinds = ('newfamily',)\n")
-    (new_family,) = model_catalog.read_families(tmp_path, "stage_runtime.models")
+    (new_family,) = model_catalog.read_families(tmp_path)
     fake = type("NewAdapter", (), {"guidance": "cfg", "supports_step_execution": True,
                                    "parallel_kinds": frozenset({"cfg"}), "lora_components": ()})
     problems = checklist_problems([new_family], classes=lambda _: fake)
-    new = "stage_runtime.models.newfamily:NewAdapter"
+    new = "stage_runtime.models.families.newfamily:NewAdapter"
     assert problems == [
         f"{new}: tiny kind 'newfamily' has no build(seed) in stage_runtime/models/tiny/newfamily.py",
         f"{new}: the CRD has no builtin tiny-newfamily (make crds)",
@@ -145,7 +146,7 @@ def test_the_checklist_names_each_missing_piece(tmp_path):
     (sd,) = [f for f in FAMILIES if "StableDiffusionPipeline" in f.pipeline_classes]
     lying = type("Lying", (adapter_class(sd),), {"parallel_kinds": frozenset({"cfg", "ulysses", "tp"})})
     assert checklist_problems([sd], classes=lambda _: lying) == [
-        "stage_runtime.models.sd:StableDiffusionAdapter: docs/model-families.md `StableDiffusionPipeline` says "
+        "stage_runtime.models.families.sd:StableDiffusionAdapter: docs/model-families.md `StableDiffusionPipeline` says "
         "Parallel='cfg, ulysses', the adapter 'cfg, tp, ulysses'"]
 
 

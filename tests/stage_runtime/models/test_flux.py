@@ -27,7 +27,7 @@ def adapter(tiny_flux_path):
 
 def test_facts(adapter):
     info = adapter.info()
-    assert (info.pipeline_class, info.adapter) == ("FluxPipeline", "stage_runtime.models.flux:FluxAdapter")
+    assert (info.pipeline_class, info.adapter) == ("FluxPipeline", "stage_runtime.models.families.flux:FluxAdapter")
     assert info.guidance == "distilled" and info.parallel_kinds == ("cfg", "ring", "tp", "ulysses") and info.true_cfg
     assert info.edit_tasks == ("img2img", "inpaint") and info.edit_step_rule == "flow"
     assert (info.default_steps, info.default_guidance, info.default_height, info.size_multiple) == (28, 3.5, 64, 4)

@@ -17,7 +17,7 @@ from stage_runtime.config import ModelConfig, ParallelConfig
 from stage_runtime.distributed.apply import apply_parallelism
 from stage_runtime.errors import ConfigError, InvalidRequestError
 from stage_runtime.model_info import ModelInfo
-from stage_runtime.models.flux2 import Flux2Adapter, flux2_scheduler
+from stage_runtime.models.families.flux2 import Flux2Adapter, flux2_scheduler
 from stage_runtime.models.registry import resolve_adapter_class
 from stage_runtime.request import DiffusionRequest, EditInput, SamplingParams
 
@@ -35,7 +35,7 @@ def adapter(tiny_flux2_path):
 
 def test_model_info(adapter):
     assert adapter.info() == ModelInfo(
-        pipeline_class="Flux2Pipeline", adapter="stage_runtime.models.flux2:Flux2Adapter",
+        pipeline_class="Flux2Pipeline", adapter="stage_runtime.models.families.flux2:Flux2Adapter",
         default_height=256, default_width=256, default_steps=50, default_guidance=4.0, size_multiple=4,
         fixed_size=False, supports_request_batch=True, supports_step_execution=True, num_attention_heads=4,
         max_steps=1000, parallel_kinds=("ring", "ulysses"), guidance="distilled", max_sequence_length=512,

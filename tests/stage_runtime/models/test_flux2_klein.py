@@ -15,7 +15,7 @@ from stage_runtime.config import ModelConfig, ParallelConfig
 from stage_runtime.distributed.apply import apply_parallelism
 from stage_runtime.errors import ConfigError, InvalidRequestError
 from stage_runtime.model_info import ModelInfo
-from stage_runtime.models.flux2_klein import Flux2KleinAdapter
+from stage_runtime.models.families.flux2_klein import Flux2KleinAdapter
 from stage_runtime.models.registry import resolve_adapter_class
 from stage_runtime.request import DiffusionRequest, SamplingParams
 
@@ -63,7 +63,7 @@ def load(path: str):
 
 def test_model_info(tiny_flux2_klein_path):
     assert load(tiny_flux2_klein_path).info() == ModelInfo(
-        pipeline_class="Flux2KleinPipeline", adapter="stage_runtime.models.flux2_klein:Flux2KleinAdapter",
+        pipeline_class="Flux2KleinPipeline", adapter="stage_runtime.models.families.flux2_klein:Flux2KleinAdapter",
         default_height=256, default_width=256, default_steps=50, default_guidance=4.0, size_multiple=4,
         fixed_size=False, supports_request_batch=True, supports_step_execution=True, num_attention_heads=4,
         max_steps=1000, parallel_kinds=("cfg", "ring", "ulysses"), guidance="cfg", max_sequence_length=512,

@@ -24,6 +24,6 @@ def test_facts(tiny_flux_kontext_path):
     cls = resolve_adapter_class(ModelConfig(path=tiny_flux_kontext_path))
     info = cls.load(tiny_flux_kontext_path, torch.device("cpu")).info()
     assert (info.pipeline_class, info.adapter) == (
-        "FluxKontextPipeline", "stage_runtime.models.flux_kontext:FluxKontextAdapter")
+        "FluxKontextPipeline", "stage_runtime.models.families.flux_kontext:FluxKontextAdapter")
     assert info.guidance == "distilled" and info.parallel_kinds == () and info.edit_tasks == ("instruct",)
     assert info.step_key == ("height", "width", "task") and info.lora_components == ("transformer", "text_encoder")

@@ -15,7 +15,7 @@ from family_checks import (bare_pipeline, check_abort_at_random_steps, check_pro
 from stage_runtime.config import ModelConfig, ParallelConfig
 from stage_runtime.distributed.apply import apply_parallelism
 from stage_runtime.errors import ConfigError, InvalidRequestError, ModelLoadError
-from stage_runtime.models.generic import GenericDiffusersAdapter
+from stage_runtime.models.families.generic import GenericDiffusersAdapter
 from stage_runtime.models.registry import resolve_adapter_class
 from stage_runtime.request import DiffusionRequest, SamplingParams
 
@@ -61,7 +61,7 @@ def test_abort_at_a_random_step_releases_everything(pag_engine):
 
 
 def test_startup_says_what_the_generic_adapter_cannot_do(tiny_pag_path, tiny_sag_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="stage_runtime.models.generic"):
+    with caplog.at_level(logging.WARNING, logger="stage_runtime.models.families.generic"):
         pag = GenericDiffusersAdapter.load(tiny_pag_path, torch.device("cpu"))
         sag = GenericDiffusersAdapter.load(tiny_sag_path, torch.device("cpu"))
     said = caplog.text
@@ -140,7 +140,7 @@ def _typing_lists(prompt: "Union[str, List[str]]", generator=None): ...  # noqa:
 def test_fused_batches_need_list_prompts_and_generators(fn, prompt, generator):
     import inspect
 
-    from stage_runtime.models.generic import _accepts_list
+    from stage_runtime.models.families.generic import _accepts_list
 
     params = inspect.signature(fn).parameters
     assert (_accepts_list(params["prompt"]), _accepts_list(params["generator"])) == (prompt, generator)

@@ -115,7 +115,7 @@ def step_engine(engines):
 def test_facts(tiny_path):
     info = resolve_adapter_class(ModelConfig(path=tiny_path)).load(tiny_path, torch.device("cpu")).info()
     assert (info.pipeline_class, info.adapter) == ("HunyuanVideo15Pipeline",
-                                                   "stage_runtime.models.hunyuan_video15:HunyuanVideo15Adapter")
+                                                   "stage_runtime.models.families.hunyuan_video15:HunyuanVideo15Adapter")
     assert info.video and info.frame_rule == (4, 1) and (info.default_frames, info.default_fps) == (121, 24)
     # the pipeline's own default: the 16:9 bucket nearest target_size 16 in steps of the VAE factor 4
     assert (info.default_height, info.default_width, info.size_multiple) == (12, 20, 4)

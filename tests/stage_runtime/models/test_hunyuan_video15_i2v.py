@@ -77,7 +77,7 @@ def decoded(pipe):
 def test_facts(tiny_path):
     info = resolve_adapter_class(ModelConfig(path=tiny_path)).load(tiny_path, torch.device("cpu")).info()
     assert (info.pipeline_class, info.adapter) == (
-        "HunyuanVideo15ImageToVideoPipeline", "stage_runtime.models.hunyuan_video15_i2v:HunyuanVideo15ImageToVideoAdapter")
+        "HunyuanVideo15ImageToVideoPipeline", "stage_runtime.models.families.hunyuan_video15_i2v:HunyuanVideo15ImageToVideoAdapter")
     assert info.reference == "required" and info.reference_buckets == BUCKETS
     assert info.video and info.frame_rule == (4, 1) and (info.default_frames, info.default_fps) == (121, 24)
     assert (info.default_height, info.default_width, info.size_multiple) == (12, 20, 4)   # T2V's 16:9 bucket

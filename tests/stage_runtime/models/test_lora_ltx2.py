@@ -1,4 +1,4 @@
-"""LoRA on LTX-2 (models/ltx2.py), the components of diffusers' LTX2LoraLoaderMixin: ``transformer`` (every guidance
+"""LoRA on LTX-2 (models/families/ltx2.py), the components of diffusers' LTX2LoraLoaderMixin: ``transformer`` (every guidance
 pass's rows of one fused forward: [uncond; cond; perturbed; isolated], video and audio streams) and ``connectors``
 (the text connectors, once per prompt: [negative; prompt] rows). A file holding both, in PEFT keys, is served per row
 beside a request without it in one step-mode tick and in one request-mode wave, each equal to diffusers'

@@ -1,4 +1,4 @@
-"""LoRA adapters on the Wan family through the real engine (models/wan.py, models/lora): adapters on the transformer's
+"""LoRA adapters on the Wan family through the real engine (models/families/wan.py, models/lora): adapters on the transformer's
 attention and feed-forward linears (what step-distillation LoRAs adapt), served unfused per row, against diffusers'
 own ``load_lora_weights`` + ``set_adapters`` on every frame.
 

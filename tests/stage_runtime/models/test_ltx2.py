@@ -23,7 +23,7 @@ from stage_runtime.distributed.apply import apply_parallelism
 from stage_runtime.distributed.groups import single_rank_groups
 from stage_runtime.engine import DiffusionEngine
 from stage_runtime.errors import ConfigError, InvalidRequestError
-from stage_runtime.models.ltx2 import LTX2Adapter
+from stage_runtime.models.families.ltx2 import LTX2Adapter
 from stage_runtime.models.registry import resolve_adapter_class
 
 torch.set_num_threads(1)
@@ -50,7 +50,7 @@ def run_alone(adapter: LTX2Adapter, request) -> tuple:
 
 def test_facts(adapter):
     info = adapter.info()
-    assert (info.pipeline_class, info.adapter) == ("LTX2Pipeline", "stage_runtime.models.ltx2:LTX2Adapter")
+    assert (info.pipeline_class, info.adapter) == ("LTX2Pipeline", "stage_runtime.models.families.ltx2:LTX2Adapter")
     assert info.video and info.frame_rule == (8, 1) and (info.default_frames, info.default_fps) == (121, 24)
     assert (info.default_height, info.default_width, info.size_multiple) == (512, 768, 32)
     assert (info.default_steps, info.default_guidance, info.max_sequence_length) == (30, 3.0, 1024)
@@ -209,7 +209,7 @@ def test_an_image_to_video_folder_is_served_by_the_same_adapter_and_needs_a_pict
     try:
         info = engine.model_info
         assert (info.pipeline_class, info.adapter) == ("LTX2ImageToVideoPipeline",
-                                                       "stage_runtime.models.ltx2:LTX2Adapter")
+                                                       "stage_runtime.models.families.ltx2:LTX2Adapter")
         assert info.reference == "required" and info.parallel_kinds == ("cfg",)
         with pytest.raises(InvalidRequestError, match=r"^input_reference=None: LTX2ImageToVideoPipeline makes a "
                                                       r"video from an image: give one"):

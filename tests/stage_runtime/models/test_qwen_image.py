@@ -13,7 +13,7 @@ from family_checks import (Family, bare_pipeline, check_abort_at_random_steps, c
 from stage_runtime.config import ModelConfig
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.models.flow_match import resolution_shift
-from stage_runtime.models.qwen_image import QwenImageAdapter
+from stage_runtime.models.families.qwen_image import QwenImageAdapter
 from stage_runtime.models.registry import resolve_adapter_class
 
 torch.set_num_threads(1)
@@ -59,7 +59,7 @@ def test_model_info(tiny_qwen_image_path):
     assert cls is QwenImageAdapter
     info = cls.load(tiny_qwen_image_path, torch.device("cpu")).info()
     assert info == ModelInfo(
-        pipeline_class="QwenImagePipeline", adapter="stage_runtime.models.qwen_image:QwenImageAdapter",
+        pipeline_class="QwenImagePipeline", adapter="stage_runtime.models.families.qwen_image:QwenImageAdapter",
         default_height=512, default_width=512, default_steps=50, default_guidance=4.0, size_multiple=8,
         fixed_size=False, supports_request_batch=True, supports_step_execution=True, num_attention_heads=4,
         max_steps=1000, parallel_kinds=("cfg", "ring", "ulysses"), guidance="true_cfg", max_sequence_length=512,

@@ -22,8 +22,8 @@ from stage_runtime.engine import DiffusionEngine
 from stage_runtime.engine.output_table import warmup_request
 from stage_runtime.engine.result_cache import result_key
 from stage_runtime.errors import InvalidRequestError
-from stage_runtime.models.qwen_image_edit import VAE_IMAGE_SIZE, picture_sizes
-from stage_runtime.models.qwen_vl_processor import load_processor
+from stage_runtime.models.families.qwen_image_edit import VAE_IMAGE_SIZE, picture_sizes
+from stage_runtime.models.families.qwen_vl_processor import load_processor
 from stage_runtime.request import DiffusionRequest, EditInput, SamplingParams
 
 torch.set_num_threads(1)
@@ -94,7 +94,7 @@ def plus_engine(tiny_qwen_image_edit_plus_path):
 
 
 def test_facts(edit_engine, plus_engine):
-    adapter = "stage_runtime.models.qwen_image_edit:QwenImageEditAdapter"
+    adapter = "stage_runtime.models.families.qwen_image_edit:QwenImageEditAdapter"
     for engine, name, most in ((edit_engine, "QwenImageEditPipeline", 1),
                                (plus_engine, "QwenImageEditPlusPipeline", 4)):
         info = engine.model_info

@@ -24,7 +24,7 @@ def test_sd_model_info(sd_adapter):
     info = sd_adapter.info()
     assert isinstance(info, ModelInfo)
     assert info == ModelInfo(
-        pipeline_class="StableDiffusionPipeline", adapter="stage_runtime.models.sd:StableDiffusionAdapter",
+        pipeline_class="StableDiffusionPipeline", adapter="stage_runtime.models.families.sd:StableDiffusionAdapter",
         default_height=64, default_width=64, default_steps=20, default_guidance=7.5, size_multiple=8,
         fixed_size=False, supports_request_batch=True, num_attention_heads=4, max_steps=999,
         supports_step_execution=type(sd_adapter).supports_step_execution, parallel_kinds=("cfg", "ulysses"),

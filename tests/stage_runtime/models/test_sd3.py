@@ -17,7 +17,7 @@ FAMILY = Family("sd3", guidances=(7.0, 1.0))
 def test_facts(tiny_sd3_path):
     adapter = resolve_adapter_class(ModelConfig(path=tiny_sd3_path)).load(tiny_sd3_path, torch.device("cpu"))
     info = adapter.info()
-    assert info.adapter == "stage_runtime.models.sd3:StableDiffusion3Adapter"
+    assert info.adapter == "stage_runtime.models.families.sd3:StableDiffusion3Adapter"
     assert info.guidance == "cfg" and info.parallel_kinds == ("cfg", "ring", "tp", "ulysses")
     assert (info.default_steps, info.default_guidance, info.default_height, info.size_multiple) == (28, 7.0, 64, 4)
     assert info.max_sequence_length == 256 and info.num_attention_heads == 2

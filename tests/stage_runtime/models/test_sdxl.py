@@ -13,7 +13,7 @@ from family_checks import (Family, bare_pipeline, check_abort_at_random_steps, c
 from stage_runtime.config import ModelConfig
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.models.registry import resolve_adapter_class
-from stage_runtime.models.sdxl import StableDiffusionXLAdapter
+from stage_runtime.models.families.sdxl import StableDiffusionXLAdapter
 
 torch.set_num_threads(1)
 FAMILY = Family("sdxl", guidances=(5.0, 5.0))      # the checklist (test_families.py): step mode, abort, progress
@@ -47,7 +47,7 @@ def test_model_info(tiny_sdxl_path):
     assert cls is StableDiffusionXLAdapter
     info = cls.load(tiny_sdxl_path, torch.device("cpu")).info()
     assert info == ModelInfo(
-        pipeline_class="StableDiffusionXLPipeline", adapter="stage_runtime.models.sdxl:StableDiffusionXLAdapter",
+        pipeline_class="StableDiffusionXLPipeline", adapter="stage_runtime.models.families.sdxl:StableDiffusionXLAdapter",
         default_height=64, default_width=64, default_steps=30, default_guidance=5.0, size_multiple=8,
         fixed_size=False, supports_request_batch=True, supports_step_execution=True, num_attention_heads=4,
         max_steps=999, parallel_kinds=("cfg", "ulysses"), guidance="cfg", max_sequence_length=77,

@@ -17,7 +17,7 @@ from diffusers.loaders.single_file_utils import (convert_flux_transformer_checkp
 from diffusers.quantizers.gguf.utils import GGUFParameter, dequantize_gguf_tensor
 
 from stage_runtime.config import ModelConfig, QuantizationConfig
-from stage_runtime.models.flux import FluxAdapter
+from stage_runtime.models.families.flux import FluxAdapter
 from stage_runtime.models.tiny.gguf_file import WRITABLE, write_folder_gguf
 from stage_runtime.models.tiny.gguf_layouts import flux_original, to_layout
 from stage_runtime.quantization.gguf import load_gguf_pipeline

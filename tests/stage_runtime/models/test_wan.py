@@ -28,7 +28,7 @@ WAN22 = FAMILIES[1]
 
 def test_facts(tiny_wan_path, tiny_wan22_path):
     info = resolve_adapter_class(ModelConfig(path=tiny_wan_path)).load(tiny_wan_path, torch.device("cpu")).info()
-    assert (info.pipeline_class, info.adapter) == ("WanPipeline", "stage_runtime.models.wan:WanAdapter")
+    assert (info.pipeline_class, info.adapter) == ("WanPipeline", "stage_runtime.models.families.wan:WanAdapter")
     assert info.video and info.frame_rule == (4, 1) and (info.default_frames, info.default_fps) == (81, 16)
     assert (info.default_height, info.default_width, info.size_multiple) == (480, 832, 16)
     assert info.step_key == ("height", "width", "num_frames") and not info.takes_guidance_2

@@ -39,7 +39,7 @@ def info(tiny_wan_vace_path):
 
 
 def test_facts(info):
-    assert (info.pipeline_class, info.adapter) == ("WanVACEPipeline", "stage_runtime.models.wan_vace:WanVACEAdapter")
+    assert (info.pipeline_class, info.adapter) == ("WanVACEPipeline", "stage_runtime.models.families.wan_vace:WanVACEAdapter")
     assert info.video and info.frame_rule == (4, 1) and info.video_input and info.max_reference_images == 8
     assert info.reference is None and info.parallel_kinds == ("cfg",) and info.lora_components == ()
     assert info.step_key == ("height", "width", "num_frames", "video_input")

@@ -17,7 +17,7 @@ from stage_runtime.config import ModelConfig, load_config
 from stage_runtime.engine import DiffusionEngine
 from stage_runtime.model_info import ModelInfo
 from stage_runtime.models.registry import resolve_adapter_class
-from stage_runtime.models.zimage import ZImageAdapter
+from stage_runtime.models.families.zimage import ZImageAdapter
 from stage_runtime.request import DiffusionRequest, SamplingParams
 
 torch.set_num_threads(1)
@@ -81,7 +81,7 @@ def test_model_info(tiny_zimage_path):
     assert cls is ZImageAdapter
     info = cls.load(tiny_zimage_path, torch.device("cpu")).info()
     assert info == ModelInfo(
-        pipeline_class="ZImagePipeline", adapter="stage_runtime.models.zimage:ZImageAdapter", default_height=64,
+        pipeline_class="ZImagePipeline", adapter="stage_runtime.models.families.zimage:ZImageAdapter", default_height=64,
         default_width=64, default_steps=50, default_guidance=5.0, size_multiple=4, fixed_size=False,
         supports_request_batch=True, supports_step_execution=True, num_attention_heads=4, max_steps=1000,
         parallel_kinds=("cfg", "ring", "ulysses"), guidance="cfg", max_sequence_length=512,

@@ -14,11 +14,11 @@ from offload_probes import offload_mappings
 from stage_runtime.config import load_config
 from stage_runtime.engine.engine import DiffusionEngine
 from stage_runtime.errors import ConfigError
-from stage_runtime.models.flux2_klein import Flux2KleinAdapter
-from stage_runtime.models.qwen_image import QwenImageAdapter
-from stage_runtime.models.sdxl import StableDiffusionXLAdapter
-from stage_runtime.models.wan import WanAdapter
-from stage_runtime.models.zimage import ZImageAdapter
+from stage_runtime.models.families.flux2_klein import Flux2KleinAdapter
+from stage_runtime.models.families.qwen_image import QwenImageAdapter
+from stage_runtime.models.families.sdxl import StableDiffusionXLAdapter
+from stage_runtime.models.families.wan import WanAdapter
+from stage_runtime.models.families.zimage import ZImageAdapter
 from stage_runtime.offload.plan import denoiser_blocks, resolve_units
 from stage_runtime.request import DiffusionRequest, SamplingParams
 

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType
 from stage_runtime.cli import main as cli_main
 from stage_runtime.config import ModelConfig, QuantizationConfig, load_config
 from stage_runtime.engine import DiffusionEngine
-from stage_runtime.models.flux import FluxAdapter
+from stage_runtime.models.families.flux import FluxAdapter
 from stage_runtime.quantization.gguf import load_gguf_pipeline
 from stage_runtime.quantization.weight_bytes import module_bytes
 

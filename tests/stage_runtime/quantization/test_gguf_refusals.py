@@ -15,11 +15,11 @@ import torch
 
 from stage_runtime.config import ModelConfig, QuantizationConfig
 from stage_runtime.errors import ConfigError
-from stage_runtime.models.dit import DiTAdapter
-from stage_runtime.models.flux import FluxAdapter
+from stage_runtime.models.families.dit import DiTAdapter
+from stage_runtime.models.families.flux import FluxAdapter
 from stage_runtime.models.tiny.gguf_file import write_folder_gguf, write_gguf
 from stage_runtime.models.tiny.gguf_layouts import to_layout
-from stage_runtime.models.wan import WanAdapter
+from stage_runtime.models.families.wan import WanAdapter
 from stage_runtime.quantization.gguf import load_gguf_pipeline
 
 CPU = torch.device("cpu")

@@ -15,7 +15,7 @@ from family_checks import bare_pipeline, edit_pictures, generators, to_uint8
 from PIL import Image
 from stage_process import running_stage
 
-from stage_runtime.models.qwen_vl_processor import load_processor
+from stage_runtime.models.families.qwen_vl_processor import load_processor
 
 torch.set_num_threads(1)
 STEPS = 3

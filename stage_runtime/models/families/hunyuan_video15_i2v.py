@@ -1,5 +1,5 @@
 """HunyuanVideo-1.5 image-to-video (HunyuanVideo15ImageToVideoPipeline): the text-to-video step loop
-(models/hunyuan_video15.py: one forward per step over every request's guider rows) with the picture in it.
+(models/families/hunyuan_video15.py: one forward per step over every request's guider rows) with the picture in it.
 
 The picture (``input_reference``, required) is prepared once per request, exactly as ``__call__`` does:
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from PIL import Image
 
-from stage_runtime.models.hunyuan_video15 import HunyuanStepState, HunyuanVideo15Adapter
+from stage_runtime.models.families.hunyuan_video15 import HunyuanStepState, HunyuanVideo15Adapter
 from stage_runtime.request import DiffusionRequest
 
 

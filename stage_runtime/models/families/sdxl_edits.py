@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from diffusers import StableDiffusionXLImg2ImgPipeline, StableDiffusionXLInpaintPipeline
 
-from stage_runtime.models.sd import StableDiffusionEditMixin
+from stage_runtime.models.families.sd import StableDiffusionEditMixin
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
 

@@ -31,7 +31,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from stage_runtime.distributed.ulysses_joint import joint_attention_heads
 from stage_runtime.models.adapter import PipelineAdapter
+from stage_runtime.models.families.wan_ulysses import enable_wan_sequence_parallel
 from stage_runtime.models.routed import RoutedDenoiser
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.models.step_state import StepRequestState
@@ -81,7 +83,7 @@ class WanAdapter(StepContract, PipelineAdapter):
     default_steps = 50
     default_guidance = 5.0
     parallel_kinds = frozenset({"cfg", "ulysses", "ring"})
-    sequence_attention = "wan"                     # the video tokens' self-attention; text whole on every rank
+    sequence_parallel = staticmethod(enable_wan_sequence_parallel)   # the video tokens; text whole on every rank
     low_cpu_mem_usage = None                                  # its norms are kept in float32 (diffusers' rule)
     block_lists = ("blocks",)                      # each expert's WanTransformerBlocks (offload, block cache)
     supports_block_cache = True        # models.block_cache, per expert: a residual never crosses the boundary
@@ -100,6 +102,9 @@ class WanAdapter(StepContract, PipelineAdapter):
         self.experts = WanExperts(pipeline.transformer, pipeline.transformer_2, boundary)
         if pipeline.transformer_2 is None:                 # ModelInfo says what this folder's adapters may target
             self.lora_components = ("transformer",)
+
+    def num_attention_heads(self) -> int:             # WanAttention: no diffusers Attention
+        return joint_attention_heads(self.denoiser)
 
     @property
     def denoiser(self) -> torch.nn.Module:

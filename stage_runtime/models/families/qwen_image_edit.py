@@ -1,11 +1,11 @@
 """Qwen-Image-Edit (QwenImageEditPipeline) and Qwen-Image-Edit-Plus (QwenImageEditPlusPipeline, several input
-images): instruction edits on Qwen-Image's transformer, VAE and Qwen2.5-VL encoder (models/qwen_image.py).
+images): instruction edits on Qwen-Image's transformer, VAE and Qwen2.5-VL encoder (models/families/qwen_image.py).
 
 An edit (``POST /v1/images/edits``: image(s) and the instruction, no mask, no strength) starts from noise and
 runs every step. Its pictures condition it twice, as the pipelines do:
 
     text      the instruction in the Edit prompt template, encoded by Qwen2.5-VL together with the picture(s)
-              (models/qwen_vl_processor.py). Edit: the picture resized to about a megapixel (its aspect ratio,
+              (models/families/qwen_vl_processor.py). Edit: the picture resized to about a megapixel (its aspect ratio,
               sides multiples of 32); Edit-Plus: each picture at about 384x384, each announced "Picture k: "
     tokens    each picture resized to about a megapixel, VAE-encoded (the mode), normalised and packed 2x2,
               appended to the image tokens of every forward; ``img_shapes`` lists the output's grid, then each
@@ -36,8 +36,8 @@ from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import (CONDITIO
 from PIL import Image
 
 from stage_runtime.models.flow_match import request_flow_scheduler
-from stage_runtime.models.qwen_image import DEFAULT_NEGATIVE, MAX_SEQUENCE_LENGTH, QWEN_MAX_SHIFT, QwenImageAdapter
-from stage_runtime.models.qwen_vl_processor import load_processor
+from stage_runtime.models.families.qwen_image import DEFAULT_NEGATIVE, MAX_SEQUENCE_LENGTH, QWEN_MAX_SHIFT, QwenImageAdapter
+from stage_runtime.models.families.qwen_vl_processor import load_processor
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest, EditInput
 

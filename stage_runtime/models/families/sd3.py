@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from stage_runtime.distributed.ulysses_joint import enable_joint_sequence_parallel, joint_attention_heads
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.models.flow_match import request_flow_scheduler
 from stage_runtime.models.step_contract import StepContract
@@ -30,13 +31,16 @@ class StableDiffusion3Adapter(StepContract, PipelineAdapter):
     default_steps = 28
     default_guidance = 7.0
     parallel_kinds = frozenset({"cfg", "ulysses", "ring", "tp"})
-    sequence_attention = "joint"
+    sequence_parallel = staticmethod(enable_joint_sequence_parallel)   # the joint [image ‖ text] attention
     block_lists = ("transformer_blocks",)
     supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
     compile_blocks = ("JointTransformerBlock",)   # SD3Transformer2DModel declares no _repeated_blocks
     lora_components = ("transformer", "text_encoder", "text_encoder_2")   # as SD3LoraLoaderMixin (not T5)
     request_key_fields = ("height", "width", "num_inference_steps", "guidance_scale")
     step_key_fields = ("height", "width")
+
+    def num_attention_heads(self) -> int:             # of every joint attention
+        return joint_attention_heads(self.denoiser)
 
     def size_multiple(self) -> int:
         return self.vae_scale_factor * self.pipe.transformer.config.patch_size

@@ -1,4 +1,4 @@
-"""FLUX.2 [klein] (``Flux2KleinPipeline``): FLUX.2's transformer, VAE and schedule (``models/flux2.py``'s
+"""FLUX.2 [klein] (``Flux2KleinPipeline``): FLUX.2's transformer, VAE and schedule (``models/families/flux2.py``'s
 ``Flux2Base``) with a Qwen3 text encoder and, unlike [dev], no guidance embedding: the base models run real
 classifier-free guidance against a negative prompt.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from stage_runtime.models.flux2 import Flux2Base
+from stage_runtime.models.families.flux2 import Flux2Base
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
 

@@ -12,7 +12,7 @@ multiple), i.e. FluxKontextPipeline with ``max_area = height × width`` and ``_a
 pipeline's preferred-resolution snap would condition a 64x64 edit on a 1024x1024 image. A Kontext folder
 also serves generations (no image: FLUX.1 [dev]'s math).
 
-True CFG (a negative prompt with ``true_cfg_scale > 1``) is FLUX.1's (models.flux): the negative rows carry the
+True CFG (a negative prompt with ``true_cfg_scale > 1``) is FLUX.1's (models.families.flux): the negative rows carry the
 same conditioning tokens, as FluxKontextPipeline's negative pass does.
 
 Compatibility: an edit doubles the image tokens, so the step key adds the task (edits and generations
@@ -30,7 +30,7 @@ import torch
 
 from stage_runtime.models.edit_images import pil_image
 from stage_runtime.models.flow_match import flux_sigmas, request_flow_scheduler
-from stage_runtime.models.flux import FLUX_MAX_SHIFT, FluxAdapter
+from stage_runtime.models.families.flux import FLUX_MAX_SHIFT, FluxAdapter
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
 

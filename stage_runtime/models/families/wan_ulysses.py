@@ -1,4 +1,5 @@
-"""Sequence parallelism (Ulysses, ring, Ulysses × ring) for Wan's video DiT (``WanTransformer3DModel``: Wan 2.1,
+"""Wan's sequence-parallel hook (``WanAdapter.sequence_parallel``, models/families/wan.py; apart from it only so that
+each stays within 400 lines). Sequence parallelism (Ulysses, ring, Ulysses × ring) for Wan's video DiT (``WanTransformer3DModel``: Wan 2.1,
 both experts of Wan 2.2 A14B, TI2V-5B, Wan 2.1 I2V), over the shared distributed.usp.SequenceMesh.
 
 A Wan block runs self-attention over the video tokens (3-D rotary positions), cross-attention from the video

@@ -18,7 +18,7 @@ request's ``[cond x n; uncond x n]`` rows, the experts and their guidance. Both 
 reference count: each one more latent frame); height, width and frames are there already.
 
 Not served here, each said where asked: Ulysses/ring (the VACE blocks run on the whole video sequence before the
-Wan blocks that ulysses_wan shards, and their hints are added to the sharded stream), the block cache (a skipped
+Wan blocks that wan_ulysses shards, and their hints are added to the sharded stream), the block cache (a skipped
 block would skip its control hint) and LoRA (the VACE blocks' keys are not mapped by the row-wise LoRA here).
 """
 
@@ -31,7 +31,7 @@ import torch
 from PIL import Image
 
 from stage_runtime.models.step_state import StepRequestState
-from stage_runtime.models.wan import WanAdapter, WanExperts
+from stage_runtime.models.families.wan import WanAdapter, WanExperts
 from stage_runtime.request import DiffusionRequest
 from stage_runtime.video_request import MAX_REFERENCE_IMAGES
 

@@ -18,7 +18,7 @@ encoded alone, so both text encoders see its n rows per call (prompt, then negat
 Parallel: CFG-parallel splits the rows (the ``added_cond_kwargs`` tensors included); Ulysses shards
 the tokens of the UNet's transformer blocks (BasicTransformerBlock, as SD's): both are the defaults.
 
-Edits (img2img, inpainting) over the generation components: ``models.sdxl_edits``.
+Edits (img2img, inpainting) over the generation components: ``models.families.sdxl_edits``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from stage_runtime.errors import ConfigError
 from stage_runtime.models.adapter import PipelineAdapter
-from stage_runtime.models.sdxl_edits import StableDiffusionXLEditMixin
+from stage_runtime.models.families.sdxl_edits import StableDiffusionXLEditMixin
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest

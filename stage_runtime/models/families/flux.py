@@ -15,7 +15,7 @@ Refusals (``PipelineAdapter.check_request``, by ``guidance``): a negative prompt
 FluxPipeline would ignore it; the message says to send ``true_cfg_scale > 1``) and, on [schnell], a guidance
 scale (no guidance embedding: ignored).
 
-Edits (img2img, inpainting): ``models.flux_edits``.
+Edits (img2img, inpainting): ``models.families.flux_edits``.
 
 True CFG (``true_cfg_scale > 1`` with a negative prompt, as diffusers: ``stage_runtime.true_cfg`` refuses a
 scale without a negative prompt, a negative prompt without the scale). diffusers calls the transformer twice
@@ -33,9 +33,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from stage_runtime.distributed.ulysses_joint import enable_joint_sequence_parallel, joint_attention_heads
 from stage_runtime.models.adapter import PipelineAdapter
 from stage_runtime.models.flow_match import flux_sigmas, request_flow_scheduler
-from stage_runtime.models.flux_edits import FluxEditMixin
+from stage_runtime.models.families.flux_edits import FluxEditMixin
 from stage_runtime.models.step_contract import StepContract
 from stage_runtime.models.step_state import StepRequestState
 from stage_runtime.request import DiffusionRequest
@@ -51,7 +52,7 @@ class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
     default_guidance = 3.5
     guidance = "distilled"
     parallel_kinds = frozenset({"cfg", "ulysses", "ring", "tp"})
-    sequence_attention = "joint"
+    sequence_parallel = staticmethod(enable_joint_sequence_parallel)   # the joint [text ‖ image] attention
     block_lists = ("transformer_blocks", "single_transformer_blocks")
     supports_block_cache = True          # models.block_cache: first block, then the rest or its residual
     lora_components = ("transformer", "text_encoder")      # as FluxPipeline.load_lora_weights (CLIP, not T5)
@@ -62,6 +63,9 @@ class FluxAdapter(FluxEditMixin, StepContract, PipelineAdapter):
         super().__init__(pipeline, device)
         if not self.pipe.transformer.config.guidance_embeds:      # FLUX.1 [schnell]
             self.guidance, self.default_guidance, self.default_steps = "none", 0.0, 4
+
+    def num_attention_heads(self) -> int:             # FluxAttention: no diffusers Attention
+        return joint_attention_heads(self.denoiser)
 
     def default_size(self) -> tuple[int, int]:
         side = self.pipe.vae.config.sample_size
