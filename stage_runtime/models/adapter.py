@@ -271,6 +271,10 @@ class PipelineAdapter(Refusals, ABC):
     def enable_sequence_parallel(self, ulysses_degree: int, make_mesh) -> None:
         """Ulysses × ring over the mesh ``make_mesh()`` returns (a distributed.usp.SequenceMesh), by the family's
         ``sequence_parallel`` installer."""
+        if hasattr(self, "sequence_attention"):        # an adapter written before the hook: never guess its attention
+            raise ConfigError(f"{type(self).__name__}.sequence_attention={self.sequence_attention!r} is no longer read: "
+                              "declare the installer itself, sequence_parallel = staticmethod(installer) "
+                              "(docs/adding-a-model-family.md)")
         if not callable(self.sequence_parallel):
             raise ConfigError(f"{type(self).__name__}.sequence_parallel={self.sequence_parallel!r} is not an installer "
                               "(denoiser, ulysses_degree, make_mesh)")

@@ -165,3 +165,9 @@ def test_the_sequence_parallel_hook_is_what_enable_sequence_parallel_runs():
     Recording.sequence_parallel = "joint"                                  # the string of before: a clear error
     with pytest.raises(ConfigError, match="Recording.sequence_parallel='joint' is not an installer"):
         adapter.enable_sequence_parallel(2, make_mesh)
+    Recording.sequence_parallel = staticmethod(ulysses.enable_sequence_parallel)
+    Recording.sequence_attention = "wan"                                   # an adapter written before the hook
+    with pytest.raises(ConfigError, match=r"Recording.sequence_attention='wan' is no longer read: declare the "
+                                          r"installer itself, sequence_parallel = staticmethod\(installer\)"):
+        adapter.enable_sequence_parallel(2, make_mesh)
+    assert calls == [("the denoiser", 2, make_mesh)]                       # neither ran an installer
