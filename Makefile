@@ -57,10 +57,11 @@ train-tiny: $(STAMP)
 train-tiny-check: $(STAMP)
 	$(PY) -m stage_runtime train-tiny .train-check --seed 0 --threads 1 --check
 
-# Two workers, one test module at a time each (its module and session fixtures are built once, on one worker):
-# the suite waits on processes, probes and resyncs about as much as it computes. PYTEST_ARGS adds options
+# Three workers on two cores, one test module at a time each (its module and session fixtures are built once, on one
+# worker): the suite waits on processes, probes and resyncs about as much as it computes (two workers: 26.6 min of
+# pytest from a clean clone on a quiet 2-core machine, three: 23.3; docs/testing.md#budgets). PYTEST_ARGS adds options
 # (a shuffled run: PYTEST_ARGS='--random-order-bucket=module --random-order-seed=N').
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
