@@ -8,13 +8,14 @@ from __future__ import annotations
 import pytest
 
 CFG2 = {"cfg_parallel_size": 2}
-CFG_ONLY = ("ltx2",)        # families that run CFG parallel but no Ulysses (refused at load)
+CFG_ONLY = ("ltx2", "wan-vace")        # families that run CFG parallel but no Ulysses (refused at load)
 
 
 @pytest.fixture(scope="session")
 def two_rank_runs(tiny_sd_path, tiny_dit_path, tiny_sdxl_path, tiny_qwen_image_path, tiny_wan_path, tiny_wan22_path,
                   tiny_wan_ti2v_path, tiny_wan_i2v_path, tiny_wan22_i2v_path, tiny_ltx2_path,
-                  tiny_hunyuan_video15_path, tiny_hunyuan_video15_i2v_path) -> tuple[dict[str, dict[int, dict]], dict]:
+                  tiny_hunyuan_video15_path, tiny_hunyuan_video15_i2v_path,
+                  tiny_wan_vace_path) -> tuple[dict[str, dict[int, dict]], dict]:
     """({run name: {rank: payload}}, references): references hold per kind the single-rank images,
     under ``<kind>-transformer`` the outputs of one directly called transformer (SD) or denoiser (Wan,
     HunyuanVideo-1.5), and
@@ -24,7 +25,8 @@ def two_rank_runs(tiny_sd_path, tiny_dit_path, tiny_sdxl_path, tiny_qwen_image_p
     paths = {"sd": tiny_sd_path, "dit": tiny_dit_path, "sdxl": tiny_sdxl_path, "qwen-image": tiny_qwen_image_path,
              "wan": tiny_wan_path, "wan22": tiny_wan22_path, "wan-ti2v": tiny_wan_ti2v_path,
              "wan-i2v": tiny_wan_i2v_path, "wan22-i2v": tiny_wan22_i2v_path, "ltx2": tiny_ltx2_path,
-             "hunyuan-video15": tiny_hunyuan_video15_path, "hunyuan-video15-i2v": tiny_hunyuan_video15_i2v_path}
+             "hunyuan-video15": tiny_hunyuan_video15_path, "hunyuan-video15-i2v": tiny_hunyuan_video15_i2v_path,
+             "wan-vace": tiny_wan_vace_path}
     runs = {
         "cfg": {"job": "models", "parallel": CFG2, "models": paths},
         "ulysses": {"job": "models", "parallel": {"ulysses_degree": 2},

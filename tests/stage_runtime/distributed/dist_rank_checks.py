@@ -55,12 +55,26 @@ def picture(side: int):
     return image.round().astype(np.uint8)
 
 
+def source_video(side: int, frames: int = 9):
+    """Wan VACE's video-to-video input: :func:`picture` drifting a pixel a frame, a mask generating its left half,
+    and the picture mirrored as one reference image."""
+    import numpy as np
+
+    from stage_runtime.video_request import VideoInput
+
+    base = picture(side)
+    clip = np.stack([np.roll(base, k, axis=1) for k in range(frames)])
+    mask = np.zeros_like(clip)
+    mask[:, :, : side // 2] = 255
+    return VideoInput(clip, mask, (np.ascontiguousarray(base[:, ::-1]),))
+
+
 def _request(adapter, rid: str, prompt: str, steps: int, seed: int, guidance: float, **kw):
     """Every tiny image model's 64 px (Qwen-Image's default is 512); a video model's 32 px (LTX-2 64, HunyuanVideo-1.5
     16: 4 x 4 x 3 = 48 video tokens a row; its 1985 context tokens a row are what cost), 9 frames (Wan: 2 x 2 x 3 =
     12 tokens a row, TI2V 3; LTX-2 8); with Wan 2.2's two experts, a second guidance scale when guided; a picture
     where the family needs one (Wan I2V), or for some requests where it takes one (LTX-2: text- and image-to-video
-    rows then share forwards)."""
+    rows then share forwards); Wan VACE's requests carry a source video, its mask and a reference image."""
     from stage_runtime.request import DiffusionRequest, SamplingParams
 
     info = adapter.info()
@@ -72,6 +86,8 @@ def _request(adapter, rid: str, prompt: str, steps: int, seed: int, guidance: fl
     req = DiffusionRequest(rid, prompt, SamplingParams(num_inference_steps=steps, seed=seed,
                                                        guidance_scale=guidance, **{**shape, **kw}), video=info.video,
                            reference=picture(side) if given else None)
+    if info.video_input:
+        req.video_input = source_video(side)
     return req.resolve(info)
 
 

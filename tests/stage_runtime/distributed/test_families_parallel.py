@@ -3,7 +3,8 @@ and two guidance scales, TI2V-5B, I2V with its picture, 2.2 I2V A14B with both) 
 image-to-video: its picture's SigLIP tokens valid in the context, its latents beside the noise) give the images of
 one plain rank (within 2 uint8) in request mode and step mode, with and without guidance (true-CFG rows for
 Qwen-Image; guider rows for HunyuanVideo-1.5); CFG parallel for LTX-2 too (rows of four guidance passes, text- and
-image-to-video requests in the same forwards), whose Ulysses is refused at load.
+image-to-video requests in the same forwards) and Wan VACE (each row's control latents split with it: a source
+video, its mask and a reference image per request), whose Ulysses is refused at load.
 
 The ranks are the session's two gloo ranks of conftest.two_rank_runs (they load every family once per run).
 Qwen-Image's Ulysses shards the image tokens of its dual-stream blocks and attends over [text ; image]
@@ -25,7 +26,7 @@ from parallel_equality import check_denoiser_outputs, check_images
 WAN = ("wan", "wan22", "wan-ti2v", "wan-i2v", "wan22-i2v")
 VIDEO = (*WAN, "hunyuan-video15", "hunyuan-video15-i2v")
 ULYSSES_FAMILIES = ("sdxl", "qwen-image", *VIDEO)
-FAMILIES = (*ULYSSES_FAMILIES, "ltx2")
+FAMILIES = (*ULYSSES_FAMILIES, "ltx2", "wan-vace")
 # self-attentions under Ulysses: tiny SDXL has 4 Transformer2DModels of one block (1 down, 1 mid, 2 up);
 # tiny Qwen-Image has 2 dual-stream blocks; tiny Wan 2 blocks per transformer (Wan 2.2: 2 experts); tiny
 # HunyuanVideo-1.5 1 dual-stream block.
