@@ -46,7 +46,8 @@ DENOISER = {"StableDiffusionPipeline": ("unet", SD_UNET_TARGETS),
             "Flux2KleinPipeline": ("transformer", FLUX2_TRANSFORMER_TARGETS),
             "ZImagePipeline": ("transformer", ZIMAGE_TRANSFORMER_TARGETS),
             "WanPipeline": ("transformer", WAN_TRANSFORMER_TARGETS),
-            "WanImageToVideoPipeline": ("transformer", WAN_TRANSFORMER_TARGETS)}
+            "WanImageToVideoPipeline": ("transformer", WAN_TRANSFORMER_TARGETS),
+            "WanVACEPipeline": ("transformer", WAN_TRANSFORMER_TARGETS)}     # its VACE blocks match too
 
 
 def load_pipe(model_path: str):
@@ -136,3 +137,30 @@ def bare_with_loras(model_path: str, adapters: dict[str, str], weights: list[flo
                output_type="np", **kw)
     images = out.frames if hasattr(out, "frames") else out.images
     return (images * 255).round().clip(0, 255).astype(np.uint8)
+
+
+def original_layout_file(path: str, out: Path, seed: int, biases: bool = False,
+                         name: str = "original.safetensors") -> Path:
+    """A random Wan LoRA in the layout its authors publish (lightx2v, CausVid): ``diffusion_model.blocks.N.self_attn.q``
+    …, kohya-style ``lora_down`` / ``lora_up`` with an ``alpha`` per module; ``biases``: also each module's bias
+    difference (``diff_b``) and the norms' zeroed ``diff`` keys, as CausVid and the lightx2v step-distill files carry."""
+    from safetensors.torch import save_file
+
+    transformer = load_pipe(path).transformer
+    generator, tensors = torch.Generator().manual_seed(seed), {}
+    for i in range(len(transformer.blocks)):
+        for module in ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.o",
+                       "ffn.0", "ffn.2"):
+            key = f"diffusion_model.blocks.{i}.{module}"
+            width = 32
+            tensors[f"{key}.lora_down.weight"] = torch.randn(4, width, generator=generator) / width ** 0.5
+            tensors[f"{key}.lora_up.weight"] = torch.randn(width, 4, generator=generator)
+            tensors[f"{key}.alpha"] = torch.tensor(2.0)
+            if biases:
+                tensors[f"{key}.diff_b"] = torch.randn(width, generator=generator) * 0.5
+        if biases:
+            for norm in ("self_attn.norm_q", "self_attn.norm_k", "cross_attn.norm_q", "cross_attn.norm_k"):
+                tensors[f"diffusion_model.blocks.{i}.{norm}.diff"] = torch.zeros(32)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / name))
+    return out / name

@@ -17,9 +17,12 @@ latents drop the reference frames. Everything else is WanAdapter's: one forward 
 request's ``[cond x n; uncond x n]`` rows, the experts and their guidance. Both keys add ``video_input`` (the
 reference count: each one more latent frame); height, width and frames are there already.
 
+LoRA is WanAdapter's, per row on the experts (WanLoraLoaderMixin's components): a Wan LoRA adapts the Wan blocks,
+one trained on VACE its VACE blocks too (every row of the control branch is the same row of the batch).
+
 Not served here, each said where asked: Ulysses/ring (the VACE blocks run on the whole video sequence before the
-Wan blocks that wan_ulysses shards, and their hints are added to the sharded stream), the block cache (a skipped
-block would skip its control hint) and LoRA (the VACE blocks' keys are not mapped by the row-wise LoRA here).
+Wan blocks that wan_ulysses shards, and their hints are added to the sharded stream) and the block cache (a skipped
+block would skip its control hint).
 """
 
 from __future__ import annotations
@@ -56,14 +59,12 @@ class WanVACEAdapter(WanAdapter):
     tiny_kinds = ("wan-vace",)
     parallel_kinds = frozenset({"cfg"})
     supports_block_cache = False
-    lora_components = ()
     request_key_fields = (*WanAdapter.request_key_fields, "video_input")
     step_key_fields = (*WanAdapter.step_key_fields, "video_input")
 
     def __init__(self, pipeline, device: torch.device):
         super().__init__(pipeline, device)
         self.experts = WanVACEExperts(pipeline.transformer, pipeline.transformer_2, self.experts.boundary)
-        self.lora_components = ()
 
     def family_facts(self) -> dict:
         return {**super().family_facts(), "video_input": True, "max_reference_images": MAX_REFERENCE_IMAGES}

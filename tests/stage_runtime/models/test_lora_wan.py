@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 from engine_probes import max_diff, run_together, runner_of
 from family_checks import Family, reference_image
-from lora_probes import bare_with_loras, load_pipe, two_expert_file, write_adapter
+from lora_probes import bare_with_loras, original_layout_file, two_expert_file, write_adapter
 
 from stage_runtime.config import load_config
 from stage_runtime.engine import DiffusionEngine
@@ -162,33 +162,6 @@ def test_a_transformer_2_key_on_wan21_is_refused_naming_it(tiny_model, files):
                                             r"components are transformer$"):
         engine.collective_rpc("load_lora", ("both", files["both"]))
     assert [a["name"] for a in engine.collective_rpc("list_loras")] == ["wan"]
-
-
-def original_layout_file(path: str, out: Path, seed: int, biases: bool = False,
-                         name: str = "original.safetensors") -> Path:
-    """A random Wan LoRA in the layout its authors publish (lightx2v, CausVid): ``diffusion_model.blocks.N.self_attn.q``
-    …, kohya-style ``lora_down`` / ``lora_up`` with an ``alpha`` per module; ``biases``: also each module's bias
-    difference (``diff_b``) and the norms' zeroed ``diff`` keys, as CausVid and the lightx2v step-distill files carry."""
-    from safetensors.torch import save_file
-
-    transformer = load_pipe(path).transformer
-    generator, tensors = torch.Generator().manual_seed(seed), {}
-    for i in range(len(transformer.blocks)):
-        for module in ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.o",
-                       "ffn.0", "ffn.2"):
-            key = f"diffusion_model.blocks.{i}.{module}"
-            width = 32
-            tensors[f"{key}.lora_down.weight"] = torch.randn(4, width, generator=generator) / width ** 0.5
-            tensors[f"{key}.lora_up.weight"] = torch.randn(width, 4, generator=generator)
-            tensors[f"{key}.alpha"] = torch.tensor(2.0)
-            if biases:
-                tensors[f"{key}.diff_b"] = torch.randn(width, generator=generator) * 0.5
-        if biases:
-            for norm in ("self_attn.norm_q", "self_attn.norm_k", "cross_attn.norm_q", "cross_attn.norm_k"):
-                tensors[f"diffusion_model.blocks.{i}.{norm}.diff"] = torch.zeros(32)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / name))
-    return out / name
 
 
 def test_a_published_layout_is_served_as_diffusers_converts_it(tiny_model, files, tmp_path):
