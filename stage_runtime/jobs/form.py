@@ -3,7 +3,8 @@
 The SDK always sends ``multipart/form-data``: ``prompt``, ``model``, ``seconds``, ``size`` and every
 ``extra_body`` key arrive as text fields (strings), ``input_reference`` as a file part. The text fields are
 parsed as their fields' types ("9" → 9 for ``num_frames``; "nine" is a 400 naming it); a JSON body is typed
-already and checked strictly, as on ``/v1/videos/sync`` (its ``input_reference`` is base64). A field given
+already and checked strictly, as on ``/v1/videos/sync`` (its ``input_reference``, ``input_video``, ``mask_video`` and
+``reference_image`` are base64). A field given
 twice, a file where a text field belongs and an unknown field are 400s naming the field.
 """
 
@@ -28,6 +29,9 @@ from stage_runtime.videoio import decode_upload
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 
 
+UPLOADS = {"input_reference", "input_video", "mask_video", "reference_image"}   # kept beside the record, not in it
+
+
 class VideoJobRequest(VideoOptions):
     """``POST /v1/videos``: the video's fields (those of ``/v1/videos/sync`` but how that call answers)."""
 
@@ -38,7 +42,7 @@ class VideoJobRequest(VideoOptions):
 
     def params(self, seed: int) -> dict[str, Any]:
         """What the record keeps to run the job again on any replica: the fields as given, the seed fixed."""
-        return {**self.model_dump(exclude={"input_reference"}, exclude_none=True), "seed": seed}
+        return {**self.model_dump(exclude=UPLOADS, exclude_none=True), "seed": seed}
 
 
 VIDEO_FIELDS = ("input_video", "mask_video")                 # video-to-video uploads (Wan VACE), one file each
@@ -50,8 +54,8 @@ async def read_job_body(request: web.Request, max_bytes: int, max_pixels: int
     """The validated fields, the decoded reference image (None without one) and the video-to-video uploads (None
     without any), each video decoded here with its bounds (``videoio.decode_upload``: bytes, duration, frames)."""
     if not request.content_type.startswith(FORM_TYPES):
-        body = parse_body(VideoJobRequest, await read_json(request))
-        return body, body.reference(max_pixels), None
+        body = parse_body(VideoJobRequest, await read_json(request, max_bytes))
+        return body, body.reference(max_pixels), await asyncio.to_thread(body.video_input, max_pixels)
     form = await read_form(request, max_bytes)
     fields: dict[str, Any] = {}
     reference, videos, references = None, {}, []

@@ -1,7 +1,7 @@
 """Reading request bodies at the edge: JSON (1 MiB) and the multipart form of ``POST /v1/images/edits``.
 
 The app's ``client_max_size`` is the upload limit (``--max-upload-bytes``); JSON bodies keep their own
-1 MiB bound. Uploaded images and masks are decoded here, once, into an EditInput (plain arrays):
+1 MiB bound, but for the video routes, whose JSON may carry base64 videos (Wan VACE), bounded by the upload limit. Uploaded images and masks are decoded here, once, into an EditInput (plain arrays):
 undecodable → 400 naming the part, too many bytes or pixels → 413, a repeated text field → 400. Several
 images (``image[]`` repeated, as the OpenAI SDK sends a list) are kept in order; whether the model takes
 that many is decided at admission (``EditInput.resolve``: a 400 naming ``image[k]``).
@@ -25,12 +25,12 @@ IMAGE_FIELDS = ("image", "image[]")
 MAX_EDIT_IMAGES = 16           # uploads decoded at most; how many the model takes is checked at admission
 
 
-async def read_json(request: web.Request) -> Any:
-    if request.content_length is not None and request.content_length > MAX_JSON_BYTES:
-        raise RequestTooLargeError("body", f"{request.content_length} bytes is over the JSON limit of {MAX_JSON_BYTES}")
+async def read_json(request: web.Request, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise RequestTooLargeError("body", f"{request.content_length} bytes is over the JSON limit of {max_bytes}")
     body = await request.read()
-    if len(body) > MAX_JSON_BYTES:
-        raise RequestTooLargeError("body", f"{len(body)} bytes is over the JSON limit of {MAX_JSON_BYTES}")
+    if len(body) > max_bytes:
+        raise RequestTooLargeError("body", f"{len(body)} bytes is over the JSON limit of {max_bytes}")
     try:
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):

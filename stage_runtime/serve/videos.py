@@ -3,8 +3,10 @@
 
 The body is JSON (docs/http-api.md): OpenAI's ``prompt``, ``model``, ``size``, ``seconds``, and the video knobs
 every video server takes (``num_frames``, ``fps``, steps, guidance, ``guidance_scale_2``, negative prompt,
-seed), the request's block-cache policy (``cache``) and LoRA adapters (``loras``) as for images, and for a
-family that takes one ``input_reference`` (the first frame's picture, base64). ``seconds`` without ``num_frames``
+seed), the request's block-cache policy (``cache``) and LoRA adapters (``loras``) as for images, for a
+family that takes one ``input_reference`` (the first frame's picture, base64), and for video-to-video (Wan VACE)
+``input_video``, ``mask_video`` (base64 videos) and ``reference_image`` (base64 pictures), decoded off the event
+loop with the bounds of a multipart upload (the body itself within the upload limit). ``seconds`` without ``num_frames``
 is ``seconds × fps + 1`` frames (N seconds are N × fps intervals); a request that ran with the block cache gets
 its counts in ``X-Cache-Steps-Computed`` / ``X-Cache-Steps-Skipped``.
 The answer is the MP4 (``video/mp4``: H.264, yuv420p) or, with ``response_format: "frames"``, the exact frames
@@ -43,8 +45,8 @@ from stage_runtime.serve.events import send
 from stage_runtime.serve.images import SERVICE, check_model, final_output
 from stage_runtime.serve.schemas import _EDGE, _SIZE, error_body, parse_body
 from stage_runtime.serve.wake import ensure_awake
-from stage_runtime.video_request import Fps, Frames, VideoInput
-from stage_runtime.videoio import encode_mp4
+from stage_runtime.video_request import MAX_REFERENCE_IMAGES, Fps, Frames, VideoInput
+from stage_runtime.videoio import decode_upload, encode_mp4
 
 
 class VideoOptions(BaseModel):
@@ -66,18 +68,32 @@ class VideoOptions(BaseModel):
     priority: Priority = 0
     # image-to-video: the first frame's picture, base64 (PNG, JPEG, WebP…; a data: URL is accepted too)
     input_reference: str | None = Field(None, min_length=1)
+    # video-to-video (Wan VACE), base64 in a JSON body (multipart on POST /v1/videos: file parts, jobs.form)
+    input_video: str | None = Field(None, min_length=1)
+    mask_video: str | None = Field(None, min_length=1)
+    reference_image: list[str] = Field(default_factory=list)
     cache: CachePolicyField = None                # "off" | {"threshold": x}; None: the stage's cache.mode
     loras: list[LoraRef] = Field(default_factory=list, max_length=MAX_LORAS_PER_REQUEST)   # applied in order
 
     def reference(self, max_pixels: int) -> np.ndarray | None:
         if self.input_reference is None:
             return None
-        text = self.input_reference.split(",", 1)[1] if self.input_reference.startswith("data:") else self.input_reference
-        try:
-            data = base64.b64decode(text, validate=True)
-        except ValueError:                              # binascii.Error, or a character outside ASCII
-            raise InvalidRequestError("input_reference", text[:32], "must be a base64 image (or a data: URL)") from None
-        return decode_image(data, "input_reference", max_pixels)
+        return decode_image(_base64(self.input_reference, "input_reference", "image"), "input_reference", max_pixels)
+
+    def video_input(self, max_pixels: int) -> VideoInput | None:
+        """The JSON body's video-to-video inputs, decoded and bounded as uploads are (blocking: PyAV decodes the
+        videos; call it off the event loop); None without any."""
+        if len(self.reference_image) > MAX_REFERENCE_IMAGES:
+            raise InvalidRequestError(f"reference_image[{MAX_REFERENCE_IMAGES}]", "<image>",
+                                      f"a video takes at most {MAX_REFERENCE_IMAGES} reference images")
+        videos = {name: decode_upload(_base64(text, name, "video"), name, max_pixels)
+                  for name, text in (("input_video", self.input_video), ("mask_video", self.mask_video))
+                  if text is not None}
+        pictures = tuple(decode_image(_base64(text, f"reference_image[{i}]", "image"), f"reference_image[{i}]",
+                                      max_pixels) for i, text in enumerate(self.reference_image))
+        if not videos and not pictures:
+            return None
+        return VideoInput(videos.get("input_video"), videos.get("mask_video"), pictures)
 
     def video_request(self, request_id: str, default_fps: int | None, reference: np.ndarray | None,
                       video_input: VideoInput | None = None, **sampling: object) -> DiffusionRequest:
@@ -112,8 +128,19 @@ class VideoGenerationRequest(VideoOptions):
     stream: bool = False                             # server-sent events: the phases, then the answer
 
     def to_request(self, default_fps: int | None, max_pixels: int = MAX_SIDE * MAX_SIDE) -> DiffusionRequest:
+        """The engine's request, its uploads decoded (blocking: :meth:`VideoOptions.video_input`)."""
         return self.video_request(self.request_id or f"video-{uuid.uuid4().hex}", default_fps,
-                                  self.reference(max_pixels), timeout_s=self.timeout_s, stream=self.stream)
+                                  self.reference(max_pixels), self.video_input(max_pixels), timeout_s=self.timeout_s,
+                                  stream=self.stream)
+
+
+def _base64(text: str, field: str, kind: str) -> bytes:
+    """A JSON body's base64 file (a ``data:`` URL too) → its bytes; a 400 naming ``field`` when it is not base64."""
+    payload = text.split(",", 1)[1] if text.startswith("data:") else text
+    try:
+        return base64.b64decode(payload, validate=True)
+    except ValueError:                                  # binascii.Error, or a character outside ASCII
+        raise InvalidRequestError(field, payload[:32], f"must be a base64 {kind} (or a data: URL)") from None
 
 
 def frames_zip(frames: np.ndarray) -> bytes:
@@ -130,10 +157,10 @@ async def create_video_sync(request: web.Request) -> web.Response:
     """``POST /v1/videos/sync`` (JSON) → the MP4, or the frames as a zip of PNGs."""
     service = request.app[SERVICE]
     try:
-        body = parse_body(VideoGenerationRequest, await read_json(request))
+        body = parse_body(VideoGenerationRequest, await read_json(request, service.config.server.max_upload_bytes))
         check_model(body, service)
         default_fps = service.model_info.default_fps if service.model_info is not None else None
-        engine_request = body.to_request(default_fps, service.config.server.max_image_pixels)
+        engine_request = await asyncio.to_thread(body.to_request, default_fps, service.config.server.max_image_pixels)
     except (InvalidRequestError, RequestTooLargeError) as exc:
         service.metrics.count(exc.outcome)
         raise
