@@ -12,7 +12,8 @@ Per transformer (one ``Sharded``)::
     blocks[1:] pre-hooks        the Shard's ``later`` arguments instead of the full ones (e.g. my rotary rows;
                                 by keyword name, or by position for blocks called positionally: Wan)
     every attention             the family's processor, which reads ``state.shard``
-    ``gather_at`` forward hook  my image tokens → all_gather (uneven counts) → every token, on every rank
+    ``gather_at`` forward hook  my image tokens → all_gather (uneven counts) → every token, on every rank (None: the
+                                tokens stay sharded for another Sharded of the same call: Wan VACE's hints)
 
 :func:`install` validates before it installs anything: the family's plan (heads, processor classes, block
 features) raises ConfigError first, then the mesh is built (its group checks), then the processors and
@@ -71,13 +72,13 @@ class ShardState:
 
 @dataclass
 class Sharded:
-    """One validated transformer to shard: its name (in errors), its blocks in call order, the module whose
-    output holds the image tokens to gather, the attentions whose processor ``processor(mesh, state, attn)``
-    replaces, and the family's split rule."""
+    """One validated transformer (or branch of one) to shard: its name (in errors), its blocks in call order, the
+    module whose output holds the image tokens to gather (None: none, its outputs stay sharded), the attentions whose
+    processor ``processor(mesh, state, attn)`` replaces, and the family's split rule."""
 
     name: str
     blocks: list[torch.nn.Module]
-    gather_at: torch.nn.Module
+    gather_at: torch.nn.Module | None
     attentions: list[torch.nn.Module]
     processor: Callable[[SequenceMesh, ShardState, torch.nn.Module], object]
     split: Callable[[SequenceMesh, tuple, dict], Shard | None]
@@ -121,4 +122,5 @@ def _install(target: Sharded, mesh: SequenceMesh) -> None:
     target.blocks[0].register_forward_pre_hook(shard, with_kwargs=True)
     for block in target.blocks[1:]:
         block.register_forward_pre_hook(later, with_kwargs=True)
-    target.gather_at.register_forward_hook(gather)
+    if target.gather_at is not None:
+        target.gather_at.register_forward_hook(gather)

@@ -18,6 +18,16 @@ Chunks may be uneven (``torch.tensor_split``); a call with fewer video tokens th
 every rank, through the model's own processor. The two experts of Wan 2.2 are two transformers, each sharded
 with its own hooks over the same mesh; the hooks, the shard state and validate-then-install are
 distributed/sequence_shard.py's.
+
+Wan VACE (``WanVACETransformer3DModel``) runs its control branch first: each VACE block attends over the control
+tokens (the video's grid, the same rotary tables) and hands a hint to the Wan block of its layer, added to that
+block's output. Both are sharded alike, so a hint is my chunk of the same tokens::
+
+    vace_blocks[0] pre-hook   my chunk of the video and of the control tokens, my rotary rows; later VACE blocks
+                              get my rows of the (unused) video and the tables; their control is the chunk the
+                              block before made, and their hints stay sharded
+    blocks[0] pre-hook        as above; each hint is added to my chunk after its block
+    norm_out forward hook     the gather (not blocks[-1]'s: the last layer's hint is added after that block)
 """
 
 from __future__ import annotations
@@ -30,9 +40,10 @@ from stage_runtime.distributed.ulysses_joint import chunk_sizes
 from stage_runtime.distributed.usp import SequenceMesh
 from stage_runtime.errors import ConfigError
 
-_TRANSFORMER = "WanTransformer3DModel"
+_TRANSFORMERS = ("WanTransformer3DModel", "WanVACETransformer3DModel")
 _PROCESSOR = "WanAttnProcessor"
 _BLOCK_ARGS = ("hidden_states", "encoder_hidden_states", "temb", "rotary_emb")   # WanTransformerBlock.forward
+_VACE_BLOCK_ARGS = ("hidden_states", "encoder_hidden_states", "control_hidden_states", "temb", "rotary_emb")
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -74,7 +85,19 @@ def split_video(mesh: SequenceMesh, args: tuple, kwargs: dict) -> Shard | None:
     chunk of the video tokens, my rows of the rotary tables and of TI2V's per-token modulation (``temb``
     (B, S, 6, C); Wan 2.1/2.2's (B, 6, C) is per row) for this block and every later one. None (unsharded)
     when there are fewer video tokens than sp ranks."""
-    call = {**dict(zip(_BLOCK_ARGS, args)), **kwargs}
+    return _split(mesh, args, kwargs, _BLOCK_ARGS, carried="hidden_states")
+
+
+def split_control(mesh: SequenceMesh, args: tuple, kwargs: dict) -> Shard | None:
+    """The split rule of a VACE block's call: my chunk of the video (what the first block adds to its control
+    input) and of the control tokens, my rotary rows; later VACE blocks carry the control chunk on."""
+    return _split(mesh, args, kwargs, _VACE_BLOCK_ARGS, carried="control_hidden_states")
+
+
+def _split(mesh: SequenceMesh, args: tuple, kwargs: dict, names: tuple[str, ...], carried: str) -> Shard | None:
+    """My chunk of every token stream of a block call named ``names`` (both by the video's token count), my rows of
+    the tables; every later block gets them too but ``carried``, the stream each block hands to the next."""
+    call = {**dict(zip(names, args)), **kwargs}
     video, degree, rank = call["hidden_states"], mesh.sp_size, mesh.sp_rank
     if video.shape[1] < degree:
         return None
@@ -82,20 +105,20 @@ def split_video(mesh: SequenceMesh, args: tuple, kwargs: dict) -> Shard | None:
     def mine(t: torch.Tensor) -> torch.Tensor:
         return torch.tensor_split(t, degree, dim=1)[rank]
 
-    local = {"hidden_states": mine(video)}
+    local = {name: mine(call[name]) for name in ("hidden_states", "control_hidden_states") if name in call}
     if call.get("rotary_emb") is not None:
         local["rotary_emb"] = tuple(mine(table) for table in call["rotary_emb"])
     if call["temb"].ndim == 4:
         local["temb"] = mine(call["temb"])
-    where = {name: i for i, name in enumerate(_BLOCK_ARGS[:len(args)])}      # positional: by index
+    where = {name: i for i, name in enumerate(names[:len(args)])}      # positional: by index
     changes = {where.get(name, name): value for name, value in local.items()}
-    later = {key: value for key, value in changes.items() if key not in (0, "hidden_states")}
+    later = {key: value for key, value in changes.items() if key not in (where.get(carried), carried)}
     return Shard(*sequence_shard.override(args, kwargs, changes), image=chunk_sizes(video.shape[1], degree),
                  later=later)
 
 
 def enable_wan_sequence_parallel(denoiser: torch.nn.Module, ulysses_degree: int, make_mesh) -> None:
-    """Shard the video tokens of every WanTransformer3DModel in ``denoiser`` (Wan 2.2: both experts) over the
+    """Shard the video tokens of every Wan transformer in ``denoiser`` (Wan 2.2: both experts; VACE's) over the
     mesh ``make_mesh()`` builds once everything is validated (ConfigError where it cannot: a self-attention
     processor other than diffusers' WanAttnProcessor, fused projections, heads ``ulysses_degree`` does not divide)."""
     sequence_shard.install(denoiser, make_mesh, lambda: _plan(denoiser, ulysses_degree))
@@ -103,21 +126,36 @@ def enable_wan_sequence_parallel(denoiser: torch.nn.Module, ulysses_degree: int,
 
 def _plan(denoiser: torch.nn.Module, degree: int) -> list[Sharded]:
     targets = [(name or type(denoiser).__name__, m) for name, m in denoiser.named_modules()
-               if type(m).__name__ == _TRANSFORMER and len(getattr(m, "blocks", ())) > 0]
+               if type(m).__name__ in _TRANSFORMERS and len(getattr(m, "blocks", ())) > 0]
     if not targets:
-        raise ConfigError(f"Wan sequence parallel: {type(denoiser).__name__} has no {_TRANSFORMER} blocks to shard")
-    return [_sharded(name, transformer, degree) for name, transformer in targets]
+        raise ConfigError(f"Wan sequence parallel: {type(denoiser).__name__} has no {' or '.join(_TRANSFORMERS)} "
+                          "blocks to shard")
+    return [sharded for name, transformer in targets for sharded in _sharded(name, transformer, degree)]
 
 
-def _sharded(name: str, transformer: torch.nn.Module, degree: int) -> Sharded:
-    blocks = list(transformer.blocks)
-    for i, block in enumerate(blocks):
-        attn, where = block.attn1, f"{name}.blocks.{i}.attn1"
+def _sharded(name: str, transformer: torch.nn.Module, degree: int) -> list[Sharded]:
+    """The Wan blocks (gathered after the last), or VACE's control branch and its Wan blocks (gathered at the output
+    norm, after the last hint)."""
+    blocks, vace = list(transformer.blocks), list(getattr(transformer, "vace_blocks", ()))
+    for attn, where in _self_attentions(name, blocks, vace):
         if type(attn.processor).__name__ != _PROCESSOR or attn.is_cross_attention:
             raise ConfigError(f"Wan sequence parallel: {where} uses {type(attn.processor).__name__}; only the "
                               f"self-attention of diffusers' {_PROCESSOR} is sharded")
         if getattr(attn, "fused_projections", False):
             raise ConfigError(f"Wan sequence parallel: {where} has fused q/k/v projections, which it does not implement")
         check_ulysses_heads(attn.heads, degree)
-    return Sharded(name, blocks, blocks[-1], [block.attn1 for block in blocks],
-                   lambda mesh, state, attn: WanUlyssesAttnProcessor(mesh, state, attn.processor), split_video)
+
+    def processor(mesh: SequenceMesh, state: ShardState, attn) -> WanUlyssesAttnProcessor:
+        return WanUlyssesAttnProcessor(mesh, state, attn.processor)
+
+    if not vace:
+        return [Sharded(name, blocks, blocks[-1], [block.attn1 for block in blocks], processor, split_video)]
+    return [Sharded(f"{name}.vace_blocks", vace, None, [block.attn1 for block in vace], processor, split_control),
+            Sharded(name, blocks, transformer.norm_out, [block.attn1 for block in blocks], processor, split_video)]
+
+
+def _self_attentions(name: str, blocks: list, vace: list):
+    """(attn1, its name in errors) of every Wan block and every VACE block."""
+    for label, group in (("blocks", blocks), ("vace_blocks", vace)):
+        for i, block in enumerate(group):
+            yield block.attn1, f"{name}.{label}.{i}.attn1"

@@ -20,9 +20,10 @@ reference count: each one more latent frame); height, width and frames are there
 LoRA is WanAdapter's, per row on the experts (WanLoraLoaderMixin's components): a Wan LoRA adapts the Wan blocks,
 one trained on VACE its VACE blocks too (every row of the control branch is the same row of the batch).
 
-Not served here, each said where asked: Ulysses/ring (the VACE blocks run on the whole video sequence before the
-Wan blocks that wan_ulysses shards, and their hints are added to the sharded stream) and the block cache (a skipped
-block would skip its control hint).
+Sequence parallel is Wan's installer (models/families/wan_ulysses.py), which shards the control branch alike: each
+VACE block's control tokens are my chunk of the video's, so its hint is added to my chunk of the Wan block's output.
+
+Not served here, said where asked: the block cache (a skipped block would skip its control hint).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class WanVACEExperts(WanExperts):
 class WanVACEAdapter(WanAdapter):
     pipeline_classes = ("WanVACEPipeline",)
     tiny_kinds = ("wan-vace",)
-    parallel_kinds = frozenset({"cfg"})
+    parallel_kinds = frozenset({"cfg", "ulysses", "ring"})
     supports_block_cache = False
     request_key_fields = (*WanAdapter.request_key_fields, "video_input")
     step_key_fields = (*WanAdapter.step_key_fields, "video_input")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 CFG2 = {"cfg_parallel_size": 2}
-CFG_ONLY = ("ltx2", "wan-vace")        # families that run CFG parallel but no Ulysses (refused at load)
+CFG_ONLY = ("ltx2",)        # families that run CFG parallel but no Ulysses (refused at load)
 
 
 @pytest.fixture(scope="session")

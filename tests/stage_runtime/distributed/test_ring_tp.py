@@ -1,7 +1,7 @@
 """Ring attention (ring_degree 2) and tensor parallel (tensor_parallel_size 2) on 2 real gloo ranks give the
 images of one plain rank (within 2 uint8) for tiny DiT, SD3 and FLUX.1 (MMDiTs, joint text+image
-attention), and ring 2 for Qwen-Image (joint [text ‖ image] with a text key mask), Wan 2.1 / 2.2 / I2V (video
-self-attention; I2V's picture tokens join the text in cross-attention) and HunyuanVideo-1.5 (joint [video ‖
+attention), and ring 2 for Qwen-Image (joint [text ‖ image] with a text key mask), Wan 2.1 / 2.2 / I2V / VACE (video
+self-attention; I2V's picture tokens join the text in cross-attention; VACE's control branch sharded alike) and HunyuanVideo-1.5 (joint [video ‖
 context] with a context mask; the video denoisers also called directly and compared in float) — in request mode
 (a fused call of
 two requests, a single request) and in step mode (two requests of different step counts batched), with and
@@ -19,12 +19,12 @@ import pytest
 from parallel_equality import check_denoiser_outputs, check_images
 
 TP_MODELS = ("dit", "sd3", "flux")
-VIDEO = ("wan", "wan22", "wan-i2v", "hunyuan-video15")
+VIDEO = ("wan", "wan22", "wan-i2v", "wan-vace", "hunyuan-video15")
 RING_MODELS = (*TP_MODELS, "qwen-image", *VIDEO)
 # sequence-parallel attention processors: tiny DiT 2 blocks; SD3 2 blocks + attn2 of block 0; FLUX 1 + 1 blocks;
 # Qwen-Image 2 dual-stream blocks; Wan 2 blocks per transformer (Wan 2.2: 2 experts); HunyuanVideo-1.5 1 block.
 SP_PROCESSORS = {"dit": 2, "sd3": 3, "flux": 2, "qwen-image": 2, "wan": 2, "wan22": 4, "wan-i2v": 2,
-                 "hunyuan-video15": 1}
+                 "wan-vace": 4, "hunyuan-video15": 1}
 # row-parallel layers under TP: DiT 2 × (to_out, ff); SD3 block 0: to_out, to_add_out, attn2.to_out, ff,
 # ff_context; block 1 (context_pre_only): to_out, ff. FLUX double block: to_out, to_add_out, ff, ff_context;
 # single block: proj_out over [attention ‖ MLP].
@@ -33,10 +33,10 @@ TP_ROW_LAYERS, HEADS = {"dit": 4, "sd3": 7, "flux": 5}, {"dit": 4, "sd3": 2, "fl
 
 @pytest.fixture(scope="module")
 def runs(tiny_dit_path, tiny_sd3_path, tiny_flux_path, tiny_qwen_image_path, tiny_wan_path, tiny_wan22_path,
-         tiny_wan_i2v_path, tiny_hunyuan_video15_path):
+         tiny_wan_i2v_path, tiny_wan_vace_path, tiny_hunyuan_video15_path):
     paths = {"dit": tiny_dit_path, "sd3": tiny_sd3_path, "flux": tiny_flux_path, "qwen-image": tiny_qwen_image_path,
              "wan": tiny_wan_path, "wan22": tiny_wan22_path, "wan-i2v": tiny_wan_i2v_path,
-             "hunyuan-video15": tiny_hunyuan_video15_path}
+             "wan-vace": tiny_wan_vace_path, "hunyuan-video15": tiny_hunyuan_video15_path}
     plan = {"kernel": {"job": "kernels", "parallel": {"ring_degree": 2}},
             "ring": {"job": "models", "parallel": {"ring_degree": 2}, "models": {k: paths[k] for k in RING_MODELS}},
             "tp": {"job": "models", "parallel": {"tensor_parallel_size": 2},

@@ -41,7 +41,7 @@ def info(tiny_wan_vace_path):
 def test_facts(info):
     assert (info.pipeline_class, info.adapter) == ("WanVACEPipeline", "stage_runtime.models.families.wan_vace:WanVACEAdapter")
     assert info.video and info.frame_rule == (4, 1) and info.video_input and info.max_reference_images == 8
-    assert info.reference is None and info.parallel_kinds == ("cfg",) and info.lora_components == ("transformer",)
+    assert info.reference is None and info.parallel_kinds == ("cfg", "ring", "ulysses") and info.lora_components == ("transformer",)
     assert info.step_key == ("height", "width", "num_frames", "video_input")
     assert info.request_key[-1] == "video_input" and info.block_cache_refusal is not None
 
