@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -26,10 +25,7 @@ ONE_WORKER = {
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile``, with the modules of each ONE_WORKER entry as one unit of work, the long units handed out
-    first: the local-cluster modules (e2e/: a few tests of a minute or more each) and the shared units, then the rest
-    by test count, most first (xdist's own order puts the modules with fewest tests last, which are e2e's: the run then
-    ends waiting on one worker's cluster while the others idle)."""
+    """``--dist loadfile``, with the modules of each ONE_WORKER entry as one unit of work."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -41,30 +37,7 @@ def pytest_xdist_make_scheduler(config, log):
             module = super()._split_scope(nodeid)
             return unit_of.get(module, module)
 
-        def schedule(self) -> None:
-            if self.collection is None and self.config.option.loadscopereorder:
-                self.config.option.loadscopereorder = False           # the order below is the queue's
-                for node, collection in self.registered_collections.items():
-                    self.registered_collections[node] = long_units_first(collection, self._split_scope)
-            super().schedule()
-
     return SharedFixtureScheduling(config, log)
-
-
-def long_units_first(nodeids: list[str], unit: Callable[[str], str]) -> list[str]:
-    """``nodeids`` grouped by unit: e2e's modules and the shared units first, then by test count (most first); the
-    order inside a unit and among equals kept (every worker collected the same list: they all get the same order)."""
-    count: dict[str, int] = {}
-    first: dict[str, int] = {}
-    for index, nodeid in enumerate(nodeids):
-        count[unit(nodeid)] = count.get(unit(nodeid), 0) + 1
-        first.setdefault(unit(nodeid), index)
-
-    def rank(item: tuple[int, str]) -> tuple:
-        name = unit(item[1])
-        return (not (name.startswith(("e2e/", "shared:"))), -count[name], first[name], item[0])
-
-    return [nodeid for _, nodeid in sorted(enumerate(nodeids), key=rank)]
 
 
 @pytest.fixture(scope="session")

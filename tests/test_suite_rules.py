@@ -109,24 +109,3 @@ def test_the_fixture_rule_finds_a_request():
     assert requesting('def test_a(two_rank_runs):\n    pass\n', 'two_rank_runs')
     assert requesting('async def outcome(x, two_rank_runs):\n    pass\n', 'two_rank_runs')
     assert not requesting('def test_a(runs):\n    two_rank_runs = 1\n', 'two_rank_runs')
-
-
-def test_the_long_units_are_handed_out_first_and_a_unit_stays_whole_and_in_order():
-    """xdist's loadfile queue (tests/conftest.py): local-cluster modules and shared units first, then the rest, each
-    group by test count;
-    a unit's tests keep their order; the order is a function of the list (every worker computes the same)."""
-    from conftest import long_units_first
-
-    nodeids = ["tests/a.py::t1", "tests/b.py::t1", "tests/b.py::t2", "e2e/local/test_c.py::t1", "tests/d.py::t1",
-               "tests/d.py::t2", "tests/d.py::t3", "tests/s1.py::t1", "tests/s2.py::t1", "tests/a.py::t2"]
-
-    def unit(nodeid: str) -> str:
-        module = nodeid.split("::")[0]
-        return "shared:x" if module in ("tests/s1.py", "tests/s2.py") else module
-
-    assert long_units_first(nodeids, unit) == [
-        "tests/s1.py::t1", "tests/s2.py::t1", "e2e/local/test_c.py::t1",
-        "tests/d.py::t1", "tests/d.py::t2", "tests/d.py::t3", "tests/a.py::t1", "tests/a.py::t2",
-        "tests/b.py::t1", "tests/b.py::t2"]
-    assert long_units_first(list(reversed(nodeids)), unit)[:3] == [
-        "tests/s2.py::t1", "tests/s1.py::t1", "e2e/local/test_c.py::t1"]
