@@ -89,7 +89,10 @@ def test_fifty_jobs_made_at_once_on_two_replicas_each_run_once_by_one_owner(clie
         runs = video.diffstage["runs"]
         assert (video.status, video.diffstage["attempts"], len(runs)) == ("completed", 1, 1), video
         assert runs[0]["outcome"] == "completed" and made_at <= runs[0]["started_at"] <= runs[0]["ended_at"]
-        assert lease_of(s3_server, bucket, video.id)["generation"] == 1          # claimed once: no takeover
+        # the lease given back at the end. Its generation may be 2 without a takeover: a replica that listed the job
+        # queued may win the lease released after the run, read the record completed and give it straight back (no
+        # run). A takeover of a running job would run it again: attempts and runs above say it did not happen.
+        assert lease_of(s3_server, bucket, video.id)["expires_at"] == 0.0
         owners.add(runs[0]["owner"])
     assert {int(owner.rsplit("-", 1)[1]) for owner in owners} == {s.proc.pid for s in stages}   # both ran jobs
 
