@@ -58,7 +58,6 @@ class WanVACEExperts(WanExperts):
 class WanVACEAdapter(WanAdapter):
     pipeline_classes = ("WanVACEPipeline",)
     tiny_kinds = ("wan-vace",)
-    parallel_kinds = frozenset({"cfg", "ulysses", "ring"})
     supports_block_cache = False
     request_key_fields = (*WanAdapter.request_key_fields, "video_input")
     step_key_fields = (*WanAdapter.step_key_fields, "video_input")
